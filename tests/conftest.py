@@ -1,0 +1,40 @@
+"""Shared test fixtures: the real-data location and a synthetic event helper."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mem_core import shared_data_dir
+from mem_core.events import SensorSize, make_events
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    """``../shared/data`` (or ``$MEM_DATA``). Missing data fails under CI and skips elsewhere."""
+    path = shared_data_dir()
+    if not path.is_dir():
+        if os.environ.get("CI"):
+            pytest.fail(f"real event data not found at {path} (set MEM_DATA)")
+        pytest.skip(f"real event data not found at {path}")
+    return path
+
+
+SMALL_SENSOR = SensorSize(32, 48)
+
+
+def synthetic_events(n: int, sensor: SensorSize = SMALL_SENSOR, seed: int = 0, t0: int = 0) -> np.ndarray:
+    """``n`` sorted random events on ``sensor`` (the one synthetic-event helper of the suite)."""
+    rng = np.random.default_rng(seed)
+    t = t0 + np.sort(rng.integers(0, 100 * max(n, 1), n))
+    return make_events(t, rng.integers(0, sensor.width, n), rng.integers(0, sensor.height, n), rng.integers(0, 2, n))
+
+
+@pytest.fixture
+def events_factory():
+    return synthetic_events
