@@ -47,6 +47,6 @@ def test_checker_catches_a_forbidden_import(tmp_path):
     (tmp_path / "mem_core").mkdir()
     (tmp_path / "mem_core" / "bad.py").write_text("import zmq\nfrom PySide6 import QtCore\n")
     assert violations("mem_core", RULES["mem_core"], tmp_path) == [
-        "mem_core/bad.py imports PySide6.QtCore",
+        "mem_core/bad.py imports PySide6",
         "mem_core/bad.py imports zmq",
     ]
