@@ -1,0 +1,214 @@
+"""Typed configs from dataclasses: TOML presets, config files and ``--set key=value`` overrides.
+
+A config is a (possibly nested) dataclass. Values come, in order of precedence, from ``--set`` overrides, a
+``--config FILE.toml``, a bundled preset (``configs/<name>.toml``) and the dataclass defaults. Every key is checked
+against the dataclass: an unknown key or a value of the wrong type is a ``ConfigError`` that names the key.
+A preset or file holds one table per stage (``[tokenizer]``, ``[pretrain]``, ``[finetune]``, ``[segment]``);
+nested dataclasses are sub-tables (``[finetune.model]``) or dotted keys (``model.depth = 4``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import tomllib
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+class ConfigError(ValueError):
+    """A config key or value that does not fit the config's dataclass."""
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.toml"))
+
+
+def load_toml(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+
+
+def load_preset(name: str) -> dict[str, Any]:
+    path = PRESET_DIR / f"{name}.toml"
+    if not path.is_file():
+        raise ConfigError(f"unknown preset {name!r}; bundled presets: {', '.join(preset_names())}")
+    return load_toml(path)
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _unknown_key(key: str, known: list[str], where: str) -> ConfigError:
+    close = difflib.get_close_matches(key, known, n=3)
+    hint = f"; did you mean {', '.join(close)}?" if close else f"; known keys: {', '.join(sorted(known))}"
+    return ConfigError(f"unknown config key {where}{key!r}{hint}")
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check ``value`` against the annotation ``tp`` (TOML values; strings from ``--set`` are parsed first)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[0] if errors else f"{key}: bad value {value!r}")
+    if origin is typing.Literal:
+        if value not in typing.get_args(tp):
+            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(repr, typing.get_args(tp)))}")
+        return value
+    if origin in (tuple, list):
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        args = typing.get_args(tp)
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(args) != len(value):
+                raise ConfigError(f"{key}: expected {len(args)} values, got {len(value)}")
+            return tuple(_coerce(v, a, key) for v, a in zip(value, args, strict=True))
+        item = args[0] if args else Any
+        return origin(_coerce(v, item, key) for v in value)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a table of {tp.__name__} fields, got {value!r}")
+        return from_dict(tp, value, prefix=f"{key}.")
+    if tp is Any:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    raise ConfigError(f"{key}: unsupported config type {tp!r}")
+
+
+def _expand_dotted(values: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        head, _, rest = key.partition(".")
+        if rest:
+            out.setdefault(head, {})
+            if not isinstance(out[head], dict):
+                raise ConfigError(f"config key {head!r} is a value, not a table (in {key!r})")
+            out[head][rest] = value
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key].update(value)
+        else:
+            out[key] = value
+    return {k: _expand_dotted(v) if isinstance(v, dict) else v for k, v in out.items()}
+
+
+def from_dict(cls: type[T], values: dict[str, Any], prefix: str = "") -> T:
+    """Build ``cls`` from a (nested) dict, checking every key and type; missing keys keep their defaults."""
+    return merge(cls(), values, prefix)
+
+
+def merge(config: T, values: dict[str, Any], prefix: str = "") -> T:
+    """A copy of ``config`` with ``values`` (nested or dotted keys) applied and type-checked."""
+    types_ = _field_types(type(config))
+    changes: dict[str, Any] = {}
+    for key, value in _expand_dotted(values).items():
+        if key not in types_:
+            raise _unknown_key(key, list(types_), prefix)
+        current = getattr(config, key)
+        if dataclasses.is_dataclass(current) and isinstance(value, dict):
+            changes[key] = merge(current, value, f"{prefix}{key}.")
+        else:
+            changes[key] = _coerce(value, types_[key], f"{prefix}{key}")
+    return dataclasses.replace(config, **changes)
+
+
+def parse_override(text: str) -> tuple[str, Any, str]:
+    """``key=value`` -> (key, value read as TOML, raw text); a value that is not TOML (a bare path) is a string."""
+    key, sep, raw = text.partition("=")
+    key, raw = key.strip(), raw.strip()
+    if not sep or not key:
+        raise ConfigError(f"override {text!r} is not of the form key=value")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key, value, raw
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    """A plain (JSON/TOML-serialisable) dict of a config: tuples become lists."""
+
+    def plain(v: Any) -> Any:
+        if isinstance(v, tuple | list):
+            return [plain(x) for x in v]
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        return v
+
+    return plain(dataclasses.asdict(config))
+
+
+def resolve(
+    cls: type[T],
+    stage: str,
+    *,
+    preset: str | None = None,
+    config_file: Path | None = None,
+    overrides: list[str] | None = None,
+    base: dict[str, Any] | None = None,
+) -> T:
+    """The config of ``stage``: defaults < preset table < file table < ``base`` (CLI options) < ``--set`` overrides."""
+    config = cls()
+    if preset:
+        config = merge(config, load_preset(preset).get(stage, {}))
+    if config_file:
+        config = merge(config, load_toml(Path(config_file)).get(stage, {}))
+    if base:
+        config = merge(config, base)
+    for text in overrides or []:
+        key, value, raw = parse_override(text)
+        try:
+            config = merge(config, {key: value})
+        except ConfigError:
+            if raw == value:
+                raise
+            try:  # a string field given a word TOML reads otherwise (name=true, tag=1e3)
+                config = merge(config, {key: raw})
+            except ConfigError:
+                raise ConfigError(f"--set {text}: " + str(_override_error(config, key, value))) from None
+    return config
+
+
+def _override_error(config: Any, key: str, value: Any) -> ConfigError:
+    try:
+        merge(config, {key: value})
+    except ConfigError as exc:
+        return exc
+    return ConfigError(f"{key}: bad value {value!r}")

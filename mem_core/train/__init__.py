@@ -1,0 +1,1 @@
+"""Training stages (tokenizer, pretrain, finetune, segment), each a ``run(config)``, and their shared helpers."""

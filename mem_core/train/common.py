@@ -1,0 +1,74 @@
+"""Setup shared by the stages: runtime, run directory, data sources, model input geometry, optimizers."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mem_core.configuration import to_dict
+from mem_core.datasets import EventSource, label_subset, open_source
+from mem_core.train.rundir import RunDir
+from mem_core.train.runtime import Runtime, setup_runtime
+
+
+def start_run(stage: str, cfg, out: Path | str, *, resume: bool) -> tuple[Runtime, RunDir]:
+    """Runtime (device, DDP) and the run directory holding the resolved config."""
+    runtime = setup_runtime(cfg.device, cfg.amp)
+    run = RunDir.create(out, stage, to_dict(cfg), resume=resume) if runtime.is_main else RunDir(out)
+    if runtime.distributed:
+        torch.distributed.barrier()
+    return runtime, run
+
+
+def fit_input(cfg):
+    """Derive the model's input geometry (channels, size) from the input spec, so the two never disagree."""
+    spec = cfg.input
+    if spec.size[0] != spec.size[1]:
+        raise ValueError(f"input.size must be square for the ViT, got {spec.size}")
+    model = cfg.model
+    if hasattr(model, "img_size"):
+        model = dataclasses.replace(model, img_size=spec.size[0], in_chans=spec.in_chans)
+    else:
+        model = dataclasses.replace(model, image_size=spec.size[0], in_chans=spec.in_chans)
+    return dataclasses.replace(cfg, model=model)
+
+
+def open_split(cfg, split: str) -> EventSource:
+    options = {"split_file": cfg.data.split_file} if cfg.data.dataset == "ncaltech101" and cfg.data.split_file else {}
+    return open_source(cfg.data.dataset, cfg.data.path or None, split, **options)
+
+
+def train_indices(cfg, source: EventSource) -> np.ndarray:
+    """The training samples: a stratified label fraction (when < 1) and an optional cap."""
+    if cfg.data.labels < 1:
+        labelled = source.labels >= 0
+        if not labelled.all():
+            raise ValueError(f"{cfg.data.dataset}: labels={cfg.data.labels} needs a labelled dataset")
+        idx = label_subset(source.labels, cfg.data.labels, cfg.data.label_seed)
+    else:
+        idx = np.arange(len(source))
+    if cfg.data.max_samples > 0 and len(idx) > cfg.data.max_samples:
+        idx = np.sort(np.random.default_rng(cfg.data.label_seed).permutation(idx)[: cfg.data.max_samples])
+    return idx
+
+
+def batch_generator(cfg, runtime: Runtime, epoch: int, step: int) -> torch.Generator:
+    """The generator of one step's batched augmentation (RandAugment, masking)."""
+    g = torch.Generator(device=runtime.device)
+    g.manual_seed(((cfg.seed * 1_000_003 + epoch) * 1_000_003 + step) * 64 + runtime.rank)
+    return g
+
+
+def wrap_model(model: torch.nn.Module, cfg, runtime: Runtime) -> torch.nn.Module:
+    """DDP (and optionally torch.compile) around ``model`` for training; ``model`` itself stays the saved one."""
+    model.to(runtime.device)
+    train_model = model
+    if cfg.compile:
+        train_model = torch.compile(train_model)
+    if runtime.distributed:
+        device_ids = [runtime.device.index] if runtime.device.type == "cuda" else None
+        train_model = torch.nn.parallel.DistributedDataParallel(train_model, device_ids=device_ids)
+    return train_model

@@ -1,0 +1,104 @@
+"""The typed configs of the training stages. Presets in ``configs/*.toml`` fill them; ``--set`` overrides them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from mem_core.models.tokenizer import TokenizerConfig
+from mem_core.models.vit import ViTConfig
+from mem_core.representation import InputSpec
+
+
+@dataclass
+class DataConfig:
+    """Which samples a stage trains and validates on."""
+
+    dataset: str = "ncars"
+    path: str = ""
+    train_split: str = "train"
+    val_split: str = "val"
+    labels: float = 1.0  # fraction of labelled training samples (stratified, seeded by label_seed)
+    label_seed: int = 0
+    max_samples: int = 0  # cap the training set (0 = all), for quick runs
+    num_workers: int = 2
+    split_file: str = ""  # ncaltech101: where the fixed split is stored (default: inside the dataset root)
+
+
+@dataclass
+class StageConfig:
+    """What every stage shares: optimisation, schedule, data, input pipeline and execution."""
+
+    seed: int = 0
+    epochs: int = 10
+    batch_size: int = 64  # global: split over DDP processes
+    lr: float = 1e-3
+    min_lr: float = 1e-6
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 0.05
+    schedule: Literal["cosine", "exponential", "constant"] = "cosine"
+    schedule_epochs: int = 0  # cosine length in epochs when longer than the run (paper: "cosine set for 300")
+    lr_gamma: float = 0.99  # per-epoch decay of the exponential schedule
+    warmup_epochs: float = 0.0
+    warmup_steps: int = 0  # takes precedence over warmup_epochs when > 0
+    grad_clip: float = 0.0  # max gradient norm (0 = off)
+    device: str = "auto"
+    amp: bool = True  # bf16 autocast on GPU (ignored on CPU)
+    compile: bool = False  # torch.compile the model (GPU)
+    eval_every: int = 1
+    data: DataConfig = field(default_factory=DataConfig)
+    input: InputSpec = field(default_factory=InputSpec)
+
+
+@dataclass
+class TokenizerStageConfig(StageConfig):
+    model: TokenizerConfig = field(default_factory=TokenizerConfig)
+    lr: float = 2e-4
+    schedule: Literal["cosine", "exponential", "constant"] = "exponential"
+    weight_decay: float = 0.0
+    grad_clip: float = 1e-2
+
+
+@dataclass
+class PretrainStageConfig(StageConfig):
+    model: ViTConfig = field(default_factory=ViTConfig)
+    method: Literal["mem", "emae"] = "mem"
+    emae_loss: Literal["masked", "all"] = "all"
+    mask_ratio: float = 0.5
+    lr: float = 3e-4
+    betas: tuple[float, float] = (0.9, 0.95)
+    warmup_steps: int = 1000
+    grad_clip: float = 30.0
+
+
+@dataclass
+class FinetuneStageConfig(StageConfig):
+    model: ViTConfig = field(default_factory=ViTConfig)
+    lr: float = 5e-4
+    betas: tuple[float, float] = (0.9, 0.95)
+    layer_decay: float = 0.65
+    label_smoothing: float = 0.1
+    ema_decay: float = 0.0  # 0 = no EMA; the paper reports 0.9999 on large datasets
+    mixup: float = 0.0
+    cutmix: float = 0.0
+    probe: bool = False  # linear probing: only the head's norm and linear layer train
+    warmup_epochs: float = 5.0
+
+
+@dataclass
+class SegmentStageConfig(StageConfig):
+    model: ViTConfig = field(default_factory=ViTConfig)
+    head_channels: int = 256
+    lr: float = 1e-4
+    betas: tuple[float, float] = (0.9, 0.999)
+    layer_decay: float = 0.65
+    warmup_epochs: float = 2.0
+    ignore_index: int = 255
+
+
+STAGES = {
+    "tokenizer": TokenizerStageConfig,
+    "pretrain": PretrainStageConfig,
+    "finetune": FinetuneStageConfig,
+    "segment": SegmentStageConfig,
+}

@@ -1,0 +1,188 @@
+"""The shared training machinery: deterministic epoch sampling, the optimisation step, progress and schedules.
+
+Determinism: every epoch reseeds torch and derives each sample's augmentation generator from
+``(seed, epoch, index)``, so a run resumed from an epoch checkpoint reproduces the uninterrupted run exactly, and
+the samples a step sees do not depend on the number of DDP processes or DataLoader workers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from torch.utils.data import Sampler
+
+from mem_core.train.runtime import Runtime, all_reduce_sum
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The loss became NaN or infinite: the run stops instead of training on garbage."""
+
+
+class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
+    """Batches of ``(index, epoch)`` pairs: a seeded permutation per epoch, the global batch split over ranks.
+
+    Each rank gets the slice ``[rank * b, (rank + 1) * b)`` of every global batch (``b = global_batch / world``),
+    so one process with batch B and N processes with batch B/N see the same samples in the same steps.
+    """
+
+    def __init__(
+        self,
+        n: int,
+        global_batch: int,
+        *,
+        seed: int,
+        shuffle: bool,
+        drop_last: bool,
+        rank: int = 0,
+        world_size: int = 1,
+    ):
+        if n <= 0:
+            raise ValueError("cannot sample from an empty dataset")
+        self.n, self.global_batch, self.seed = n, global_batch, seed
+        self.shuffle, self.drop_last = shuffle, drop_last
+        self.rank, self.world_size = rank, world_size
+        self.per_rank = global_batch // world_size
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _order(self) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(self.n)
+        return np.random.default_rng([self.seed, self.epoch]).permutation(self.n)
+
+    def __len__(self) -> int:
+        if self.drop_last:
+            return max(self.n // self.global_batch, 1 if self.n < self.global_batch else 0)
+        return math.ceil(self.n / self.global_batch)
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        order = self._order()
+        if self.drop_last and self.n < self.global_batch:
+            # fewer samples than one batch (tiny label fractions): repeat the permutation to fill one batch
+            order = np.resize(order, self.global_batch)
+        for b in range(len(self)):
+            batch = order[b * self.global_batch : (b + 1) * self.global_batch]
+            mine = batch[self.rank * self.per_rank : (self.rank + 1) * self.per_rank]
+            yield [(int(i), self.epoch) for i in mine]
+
+
+def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
+    """The augmentation generator of one sample in one epoch (independent of workers and ranks)."""
+    return np.random.default_rng([seed, epoch, index])
+
+
+def seed_everything(seed: int, epoch: int) -> None:
+    """Reseed torch's global generator at the start of an epoch (drop path, dropout, masking)."""
+    torch.manual_seed(seed * 100_003 + epoch)
+
+
+def progress_bar(runtime: Runtime) -> Progress:
+    """A rich progress bar with rate and ETA on the main process (silent on the others)."""
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]:>8}"),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[info]}"),
+        disable=not runtime.is_main,
+        transient=False,
+        refresh_per_second=4,
+    )
+
+
+@dataclass
+class StepResult:
+    loss: torch.Tensor
+    metrics: dict[str, float]
+    n: int
+
+
+def check_finite(loss: torch.Tensor, epoch: int, step: int) -> None:
+    if not torch.isfinite(loss).all():
+        raise NonFiniteLossError(
+            f"loss is {loss.item()} at epoch {epoch}, step {step}: stopping "
+            "(lower the learning rate, check grad_clip, or look for corrupt inputs)"
+        )
+
+
+class MetricMeter:
+    """Sample-weighted means of per-step metrics, reduced over processes at the end of an epoch."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.count = 0
+
+    def update(self, metrics: dict[str, float], n: int) -> None:
+        for k, v in metrics.items():
+            self.sums[k] = self.sums.get(k, 0.0) + float(v) * n
+        self.count += n
+
+    def current(self) -> dict[str, float]:
+        return {k: v / max(self.count, 1) for k, v in self.sums.items()}
+
+    def reduce(self, runtime: Runtime) -> dict[str, float]:
+        keys = sorted(self.sums)
+        packed = torch.tensor([self.sums[k] for k in keys] + [self.count], dtype=torch.float64)
+        packed = all_reduce_sum(packed, runtime).cpu()
+        count = max(packed[-1].item(), 1.0)
+        return {k: packed[i].item() / count for i, k in enumerate(keys)}
+
+
+def train_one_epoch(
+    *,
+    model: torch.nn.Module,
+    loader: Iterable,
+    step_fn: Callable[[object, int], StepResult],
+    optimizer: torch.optim.Optimizer,
+    runtime: Runtime,
+    epoch: int,
+    epochs: int,
+    steps_per_epoch: int,
+    grad_clip: float = 0.0,
+    on_update: Callable[[int], None] | None = None,
+    description: str = "train",
+) -> dict[str, float]:
+    """One pass over ``loader``: forward in autocast, finite-loss check, backward, clip, step, ``on_update``.
+
+    ``step_fn(batch, step)`` returns the loss and per-batch metrics; ``on_update(num_updates)`` steps schedulers/EMA.
+    Returns sample-weighted mean metrics over all processes.
+    """
+    model.train()
+    meter = MetricMeter()
+    with progress_bar(runtime) as bar:
+        task = bar.add_task(f"{description} {epoch + 1}/{epochs}", total=steps_per_epoch, rate="", info="")
+        for step, batch in enumerate(loader):
+            with runtime.autocast():
+                result = step_fn(batch, step)
+            check_finite(result.loss.detach(), epoch, step)
+            optimizer.zero_grad(set_to_none=True)
+            result.loss.backward()
+            if grad_clip > 0:
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+                result.metrics.setdefault("grad_norm", float(grad_norm))
+            optimizer.step()
+            if on_update is not None:
+                on_update(epoch * steps_per_epoch + step + 1)
+            meter.update({"loss": result.loss.item(), **result.metrics}, result.n)
+            elapsed = bar.tasks[task].elapsed or 1e-9
+            bar.update(
+                task,
+                advance=1,
+                rate=f"{meter.count * runtime.world_size / elapsed:.0f} sa/s",
+                info=" ".join(f"{k} {v:.4g}" for k, v in meter.current().items() if k != "grad_norm"),
+            )
+    stats = meter.reduce(runtime)
+    stats["lr"] = max(group["lr"] for group in optimizer.param_groups)
+    return stats
+
+

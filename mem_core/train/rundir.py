@@ -1,0 +1,149 @@
+"""A run directory: resolved config, metrics.jsonl, atomic checkpoints and PNG plots.
+
+Layout::
+
+    RUN/config.json        the resolved config (plain dict) and the stage name
+    RUN/metrics.jsonl      one JSON object per epoch (and one per evaluation)
+    RUN/checkpoint.pt      the latest state (model, optimizer, scheduler, EMA, epoch) - plain tensors and dicts
+    RUN/best.pt            the best model on the validation split (finetuning)
+    RUN/*.png              loss / accuracy curves and stage-specific pictures
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.jsonl"
+CHECKPOINT_FILE = "checkpoint.pt"
+BEST_FILE = "best.pt"
+
+
+class RunError(RuntimeError):
+    """A run directory that cannot be used: missing, incomplete or from another stage."""
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a crash leaves either the old or the new file, never half of one."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_torch_save(obj: Any, path: Path) -> None:
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        torch.save(obj, tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """Load a checkpoint with ``weights_only=True`` (no pickled objects), with a clear error for a bad file."""
+    path = Path(path)
+    if not path.is_file():
+        raise RunError(f"{path}: checkpoint not found")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises several types for corrupt or foreign files
+        raise RunError(f"{path}: not a readable MEM checkpoint ({type(exc).__name__}: {exc})") from None
+
+
+class RunDir:
+    """One stage's output directory."""
+
+    def __init__(self, path: Path | str):
+        self.path = Path(path)
+
+    @classmethod
+    def create(cls, path: Path | str, stage: str, config: dict[str, Any], *, resume: bool) -> RunDir:
+        """Start a run; with ``resume`` the directory must hold the same stage's run, else it must not hold one."""
+        run = cls(path)
+        if run.config_path.exists():
+            existing = run.read_config()
+            if not resume and run.checkpoint_path.exists():
+                raise RunError(f"{run.path} already holds a {existing.get('stage')} run; use --resume or a new --out")
+            if existing.get("stage") != stage:
+                raise RunError(f"{run.path} holds a {existing.get('stage')!r} run, not {stage!r}")
+        run.path.mkdir(parents=True, exist_ok=True)
+        if not resume or not run.config_path.exists():
+            run.write_json(CONFIG_FILE, {"stage": stage, "config": config})
+            run.metrics_path.unlink(missing_ok=True)
+        return run
+
+    @property
+    def config_path(self) -> Path:
+        return self.path / CONFIG_FILE
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.path / METRICS_FILE
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.path / CHECKPOINT_FILE
+
+    @property
+    def best_path(self) -> Path:
+        return self.path / BEST_FILE
+
+    def read_config(self) -> dict[str, Any]:
+        if not self.config_path.is_file():
+            raise RunError(f"{self.path}: not a MEM run directory (no {CONFIG_FILE})")
+        try:
+            return json.loads(self.config_path.read_text())
+        except json.JSONDecodeError as exc:
+            raise RunError(f"{self.config_path}: corrupt ({exc})") from None
+
+    def write_json(self, name: str, obj: Any) -> None:
+        atomic_write_bytes(self.path / name, (json.dumps(obj, indent=2, default=_json_default) + "\n").encode())
+
+    def log(self, record: dict[str, Any]) -> None:
+        """Append one metrics record (one JSON line; floats that are not finite are written as null)."""
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+        with open(self.metrics_path, "a") as f:
+            f.write(json.dumps(clean, default=_json_default) + "\n")
+
+    def metrics(self) -> list[dict[str, Any]]:
+        if not self.metrics_path.is_file():
+            return []
+        return [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
+
+    def truncate_metrics(self, after_epoch: int) -> None:
+        """Drop records of epochs after ``after_epoch`` (a resumed run rewrites them)."""
+        kept = [m for m in self.metrics() if m.get("epoch", -1) <= after_epoch]
+        atomic_write_bytes(self.metrics_path, "".join(json.dumps(m) + "\n" for m in kept).encode())
+
+    def save_checkpoint(self, state: dict[str, Any], best: bool = False) -> None:
+        atomic_torch_save(state, self.best_path if best else self.checkpoint_path)
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, Path):
+        return str(obj)
+    if hasattr(obj, "item"):
+        return obj.item()
+    if isinstance(obj, tuple):
+        return list(obj)
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
