@@ -303,7 +303,7 @@ class WindowDataset(Dataset):
     """
 
     def __init__(self, source: EventSource, spec, *, train: bool, seed: int = 0, indices: np.ndarray | None = None):
-        from mem_core.representation import augment_events  # noqa: F401  (fail early if missing)
+        from mem_core.augment import augment_events  # noqa: F401  (fail early if missing)
 
         self.source, self.spec, self.train, self.seed = source, spec, train, seed
         self.indices = np.arange(len(source)) if indices is None else np.asarray(indices, dtype=np.int64)
@@ -316,7 +316,7 @@ class WindowDataset(Dataset):
         return self.source.labels[self.indices]
 
     def __getitem__(self, key: int | tuple[int, int]):
-        from mem_core.representation import augment_events
+        from mem_core.augment import augment_events
         from mem_core.train.engine import sample_rng
 
         position, epoch = key if isinstance(key, tuple) else (key, 0)

@@ -78,6 +78,7 @@ class FinetuneStageConfig(StageConfig):
     betas: tuple[float, float] = (0.9, 0.95)
     layer_decay: float = 0.65
     label_smoothing: float = 0.1
+    head_dropout: float = 0.0
     ema_decay: float = 0.0  # 0 = no EMA; the paper reports 0.9999 on large datasets
     mixup: float = 0.0
     cutmix: float = 0.0

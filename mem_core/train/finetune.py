@@ -89,7 +89,7 @@ def run(cfg: FinetuneStageConfig, out: Path | str, *, init: Path | str | None = 
     )
     num_classes = len(train_src.classes)
     torch.manual_seed(cfg.seed)
-    model = MEMClassifier(MEMViT(cfg.model), num_classes)
+    model = MEMClassifier(MEMViT(cfg.model), num_classes, drop_rate=cfg.head_dropout)
     if pretrained is not None:
         report = load_pretrained_backbone(model, pretrained)
         if report.missing:

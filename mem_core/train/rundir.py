@@ -117,13 +117,12 @@ class RunDir:
             raise RunError(f"{self.config_path}: corrupt ({exc})") from None
 
     def write_json(self, name: str, obj: Any) -> None:
-        atomic_write_bytes(self.path / name, (json.dumps(obj, indent=2, default=_json_default) + "\n").encode())
+        atomic_write_bytes(self.path / name, (json.dumps(json_safe(obj), indent=2) + "\n").encode())
 
     def log(self, record: dict[str, Any]) -> None:
         """Append one metrics record (one JSON line; floats that are not finite are written as null)."""
-        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
         with open(self.metrics_path, "a") as f:
-            f.write(json.dumps(clean, default=_json_default) + "\n")
+            f.write(json.dumps(json_safe(record)) + "\n")
 
     def metrics(self) -> list[dict[str, Any]]:
         if not self.metrics_path.is_file():
@@ -139,11 +138,16 @@ class RunDir:
         atomic_torch_save(state, self.best_path if best else self.checkpoint_path)
 
 
-def _json_default(obj: Any) -> Any:
+def json_safe(obj: Any) -> Any:
+    """Plain JSON values: NaN/inf -> None, tuples -> lists, paths -> str, numpy/torch scalars -> numbers."""
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [json_safe(v) for v in obj]
     if isinstance(obj, Path):
         return str(obj)
-    if hasattr(obj, "item"):
-        return obj.item()
-    if isinstance(obj, tuple):
-        return list(obj)
-    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+    if hasattr(obj, "item") and not isinstance(obj, str | bytes):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
