@@ -197,6 +197,36 @@ def bench_data(
     bench.main(json_path)
 
 
+def _register_optional_commands() -> None:
+    """Commands that live in their own modules (recording, ingest, live app, demo) join when present."""
+    import importlib
+
+    for module, names in (
+        ("app.record_cli", ("record", "ingest")),
+        ("app.live_cli", ("serve", "view")),
+        ("app.demo", ("demo",)),
+    ):
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+            continue
+        for name in names:
+            app.command(name)(getattr(mod, name))
+    for module, name in (("bench.bench_record", "record"), ("bench.bench_live", "live")):
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+            continue
+        bench_app.command(name)(mod.cli)
+
+
+_register_optional_commands()
+
+
 def main() -> None:
     """Entry point: library errors become one clear line and exit status 2."""
     from mem_core.errors import USER_ERRORS

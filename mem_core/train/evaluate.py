@@ -73,39 +73,69 @@ def evaluate_run(
     return json_safe({"run": str(run_path), "dataset": dataset, "split": split, "classes": info["classes"], **result})
 
 
-def export_run(run_path: Path | str, out: Path | str) -> Path:
-    """Write ``model.safetensors`` + ``model.json`` (task, architecture, classes, input spec) to ``out``.
-
-    When the run was initialised from a MEM pretraining run, its tokenizer is exported beside it
-    (``tokenizer.safetensors`` + ``tokenizer.json``) so the live server can show the token overlay.
-    """
-    model, info = load_task_model(run_path, "cpu")
+def export_model(
+    model: torch.nn.Module,
+    out: Path | str,
+    *,
+    task: str,
+    architecture: dict[str, Any],
+    classes: list[str],
+    input_spec: InputSpec,
+    head_channels: int | None = None,
+    tokenizer: DiscreteVAE | None = None,
+    source_run: str | None = None,
+) -> Path:
+    """Write ``model.safetensors`` + ``model.json`` (and ``tokenizer.*`` when given) to ``out``."""
+    if task not in ("classification", "segmentation"):
+        raise ValueError(f"task must be classification or segmentation, got {task!r}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {
         "format_version": EXPORT_VERSION,
-        "task": "classification" if info["stage"] == "finetune" else "segmentation",
-        "architecture": info["config"]["model"],
-        "classes": info["classes"],
-        "input": to_dict(info["input"]),
-        "head_channels": info["config"].get("head_channels"),
-        "source_run": str(Path(run_path).resolve()),
+        "task": task,
+        "architecture": architecture,
+        "classes": classes,
+        "input": to_dict(input_spec),
+        "head_channels": head_channels,
+        "source_run": source_run,
     }
-    state = {k: v.contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(out / MODEL_FILE))
+    save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(out / MODEL_FILE))
     atomic_write_bytes(out / MODEL_JSON, (json.dumps(json_safe(meta), indent=2) + "\n").encode())
-    tokenizer_run = _tokenizer_of(Path(run_path))
-    if tokenizer_run is not None:
-        from mem_core.train.tokenizer import load_tokenizer
-
-        tok = load_tokenizer(tokenizer_run)
-        save_file({k: v.contiguous() for k, v in tok.state_dict().items()}, str(out / TOKENIZER_FILE))
-        tok_meta = {"format_version": EXPORT_VERSION, "architecture": to_dict(tok.config)}
+    if tokenizer is not None:
+        state = {k: v.detach().cpu().contiguous() for k, v in tokenizer.state_dict().items()}
+        save_file(state, str(out / TOKENIZER_FILE))
+        tok_meta = {"format_version": EXPORT_VERSION, "architecture": to_dict(tokenizer.config)}
         atomic_write_bytes(out / TOKENIZER_JSON, (json.dumps(tok_meta, indent=2) + "\n").encode())
     else:
         for name in (TOKENIZER_FILE, TOKENIZER_JSON):
             (out / name).unlink(missing_ok=True)
     return out
+
+
+def export_run(run_path: Path | str, out: Path | str) -> Path:
+    """Export a finetune/segment run's best model for the live server (see ``export_model``).
+
+    When the run was initialised from a MEM pretraining run, its tokenizer is exported beside it so the live
+    server can show the token overlay.
+    """
+    model, info = load_task_model(run_path, "cpu")
+    tokenizer_run = _tokenizer_of(Path(run_path))
+    tok = None
+    if tokenizer_run is not None:
+        from mem_core.train.tokenizer import load_tokenizer
+
+        tok = load_tokenizer(tokenizer_run)
+    return export_model(
+        model,
+        out,
+        task="classification" if info["stage"] == "finetune" else "segmentation",
+        architecture=info["config"]["model"],
+        classes=info["classes"],
+        input_spec=info["input"],
+        head_channels=info["config"].get("head_channels"),
+        tokenizer=tok,
+        source_run=str(Path(run_path).resolve()),
+    )
 
 
 def _tokenizer_of(run_path: Path) -> Path | None:
