@@ -70,6 +70,11 @@ class EventSource(ABC):
         """The per-pixel label image of sample ``index`` (segmentation sources), else None."""
         return None
 
+    @property
+    def mask_classes(self) -> list[str]:
+        """Names of the label-image values (segmentation); the class names unless a source says otherwise."""
+        return self.classes
+
 
 class FileSource(EventSource):
     """Samples stored one per file, read with ``mem_core.io.read_events``."""

@@ -54,9 +54,10 @@ def evaluate_run(
     runtime = setup_runtime(device, amp=True)
     model, info = load_task_model(run_path, runtime.device)
     source = open_source(dataset, data, split)
-    if source.classes != info["classes"]:
+    classes = source.classes if info["stage"] == "finetune" else source.mask_classes
+    if classes != info["classes"]:
         raise RunError(
-            f"{dataset} {split} has classes {source.classes}, but the model in {run_path} was trained on "
+            f"{dataset} {split} has classes {classes}, but the model in {run_path} was trained on "
             f"{info['classes']}"
         )
     loader, _ = build_loader(

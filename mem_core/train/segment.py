@@ -45,8 +45,8 @@ def run(cfg: SegmentStageConfig, out: Path | str, *, init: Path | str | None = N
     train_src, val_src = open_split(cfg, cfg.data.train_split), open_split(cfg, cfg.data.val_split)
     if train_src.mask(0) is None:
         raise RunError(f"dataset {cfg.data.dataset!r} has no label images: segmentation needs dsec-semantic or sim")
-    num_classes = len(train_src.classes)
-    run_dir.write_json("classes.json", {"classes": train_src.classes})
+    num_classes = len(train_src.mask_classes)
+    run_dir.write_json("classes.json", {"classes": train_src.mask_classes})
     loader, sampler = build_loader(
         train_src, cfg.input, train=True, seed=cfg.seed, batch_size=cfg.batch_size, runtime=runtime,
         num_workers=cfg.data.num_workers, indices=train_indices(cfg, train_src),
@@ -92,7 +92,7 @@ def run(cfg: SegmentStageConfig, out: Path | str, *, init: Path | str | None = N
         best.load_state_dict(load_checkpoint(run_dir.best_path)["model"])
         final = evaluate_segmenter(best.to(runtime.device), val_loader, cfg.input, runtime, num_classes,
                                    cfg.ignore_index)
-        run_dir.write_json("result.json", {"split": cfg.data.val_split, "classes": train_src.classes, **final})
+        run_dir.write_json("result.json", {"split": cfg.data.val_split, "classes": train_src.mask_classes, **final})
     return run_dir
 
 

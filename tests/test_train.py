@@ -1,0 +1,146 @@
+"""The three MEM stages and the baselines, end to end on tiny models (simulated camera data, CPU)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from mem_core.configuration import resolve
+from mem_core.train import finetune, pretrain, segment, tokenizer
+from mem_core.train.configs import STAGES
+from mem_core.train.engine import NonFiniteLossError
+from mem_core.train.evaluate import evaluate_run, export_run, load_export
+from mem_core.train.rundir import RunDir, RunError, load_checkpoint
+
+TINY_INPUT = ["input.size=[32, 32]", "input.n_max=3000", "input.shift_px=2", "data.num_workers=0"]
+TINY_VIT = ["model.patch_size=8", "model.embed_dim=32", "model.depth=2", "model.num_heads=2"]
+
+
+def config(stage: str, *extra: str, dataset: str = "sim", max_samples: int = 40):
+    overrides = [*TINY_INPUT, "epochs=1", "batch_size=8", f"data.max_samples={max_samples}", *extra]
+    if stage != "tokenizer":
+        overrides += TINY_VIT
+    else:
+        overrides += ["model.num_layers=3", "model.num_tokens=64", "model.hidden_dim=16", "model.codebook_dim=8"]
+    return resolve(STAGES[stage], stage, preset="cpu-tiny", overrides=overrides, base={"data.dataset": dataset})
+
+
+@pytest.fixture(scope="module")
+def tokenizer_run(tmp_path_factory):
+    return tokenizer.run(config("tokenizer", "epochs=2"), tmp_path_factory.mktemp("runs") / "tok").path
+
+
+@pytest.fixture(scope="module")
+def pretrain_run(tmp_path_factory, tokenizer_run):
+    out = tmp_path_factory.mktemp("runs") / "pre"
+    return pretrain.run(config("pretrain", "epochs=2"), out, tokenizer=tokenizer_run).path
+
+
+def test_tokenizer_run_writes_metrics_and_pictures(tokenizer_run):
+    records = RunDir(tokenizer_run).metrics()
+    assert [r["epoch"] for r in records] == [0, 1]
+    last = records[-1]
+    assert 0 < last["val_codebook_usage"] <= 1 and last["val_perplexity"] >= 1 and last["val_recon_mse"] >= 0
+    for name in ("reconstructions.png", "codebook.png", "curves.png", "checkpoint.pt", "config.json"):
+        assert (tokenizer_run / name).is_file(), name
+
+
+def test_pretrain_predicts_masked_tokens(pretrain_run):
+    records = RunDir(pretrain_run).metrics()
+    assert len(records) == 2
+    assert 0 <= records[-1]["val_acc"] <= 1
+    # the loss is a cross-entropy over a 64-token codebook: it starts near log(64) and must fall
+    assert records[-1]["train_loss"] < np.log(64)
+    assert (pretrain_run / "predictions.png").is_file()
+    state = load_checkpoint(pretrain_run / "checkpoint.pt")["model"]
+    assert "lm_head.weight" in state and state["lm_head.weight"].shape[0] == 64
+
+
+def test_finetune_from_pretraining_starts_from_its_weights(tmp_path, pretrain_run):
+    pre = load_checkpoint(pretrain_run / "checkpoint.pt")["model"]
+    run = finetune.run(config("finetune", "lr=0", "weight_decay=0", "label_smoothing=0"), tmp_path / "ft0",
+                       init=pretrain_run)
+    model, info = finetune.load_classifier(run.path)
+    block = model.backbone.blocks[0].attn.qkv.weight
+    assert torch.equal(block, pre["backbone.blocks.0.attn.qkv.weight"])
+    assert info["classes"] == ["disc", "square", "triangle", "cross", "ring"]
+
+
+def test_finetune_evaluate_export_roundtrip(tmp_path, pretrain_run):
+    run = finetune.run(config("finetune", "epochs=2"), tmp_path / "ft", init=pretrain_run)
+    result = json.loads((run.path / "result.json").read_text())
+    assert result["split"] == "val" and result["n"] == 200 and 0 <= result["top1"] <= 1
+    assert (run.path / "confusion.png").is_file() and (run.path / "best.pt").is_file()
+    evaluated = evaluate_run(run.path, "sim", None, "val", batch_size=16)
+    assert evaluated["top1"] == pytest.approx(result["top1"])  # deterministic evaluation, same model
+    assert evaluated["n"] == 200
+    export_dir = export_run(run.path, tmp_path / "export")
+    model, meta, tok = load_export(export_dir)
+    assert meta["task"] == "classification" and meta["classes"] == result["classes"]
+    assert tok is not None  # the MEM tokenizer travels with the export for the token overlay
+    x = torch.rand(2, 2, 32, 32)
+    reference, _ = finetune.load_classifier(run.path)
+    assert torch.allclose(model(x), reference(x))
+
+
+def test_linear_probe_trains_only_the_head(tmp_path, pretrain_run):
+    cfg = config("finetune", "probe=true", "lr=0.01")
+    run = finetune.run(cfg, tmp_path / "probe", init=pretrain_run)
+    pre = load_checkpoint(pretrain_run / "checkpoint.pt")["model"]
+    model, _ = finetune.load_classifier(run.path)
+    assert torch.equal(model.backbone.blocks[1].mlp.fc1.weight, pre["backbone.blocks.1.mlp.fc1.weight"])
+    assert model.head.weight.abs().sum() > 0
+
+
+@pytest.mark.parametrize("loss_on", ["masked", "all"])
+def test_emae_baseline(tmp_path, loss_on):
+    cfg = config("pretrain", "method=emae", f"emae_loss={loss_on}")
+    run = pretrain.run(cfg, tmp_path / "emae", tokenizer=None)
+    records = RunDir(run.path).metrics()
+    assert records[-1]["val_loss"] >= 0 and (run.path / "predictions.png").is_file()
+
+
+@pytest.mark.parametrize(("channels", "in_chans"), [("temporal", 8), ("timestamp", 3)])
+def test_input_variants_train_from_scratch(tmp_path, channels, in_chans):
+    run = finetune.run(config("finetune", f"input.channels={channels}"), tmp_path / channels)
+    model, info = finetune.load_classifier(run.path)
+    assert model.backbone.patch_embed.proj.in_channels == in_chans
+
+
+def test_segmentation_on_simulated_labels(tmp_path):
+    cfg = config("segment", "model.depth=4", "head_channels=16")
+    run = segment.run(cfg, tmp_path / "seg")
+    result = json.loads((run.path / "result.json").read_text())
+    assert result["classes"][0] == "background" and len(result["classes"]) == 6
+    for key in ("miou", "macc", "aacc"):
+        assert 0 <= result[key] <= 1
+    evaluated = evaluate_run(run.path, "sim", None, "val")
+    assert evaluated["miou"] == pytest.approx(result["miou"])
+
+
+def test_resume_reproduces_the_uninterrupted_run(tmp_path):
+    full = finetune.run(config("finetune", "epochs=2"), tmp_path / "full")
+    half = finetune.run(config("finetune", "epochs=1"), tmp_path / "half")
+    # continue the interrupted run to the full length
+    cfg = config("finetune", "epochs=2")
+    resumed = finetune.run(cfg, half.path, resume=True)
+    a = load_checkpoint(full.path / "checkpoint.pt")["model"]
+    b = load_checkpoint(resumed.path / "checkpoint.pt")["model"]
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    assert [r["epoch"] for r in RunDir(resumed.path).metrics()] == [0, 1]
+
+
+def test_existing_run_needs_resume(tmp_path):
+    finetune.run(config("finetune"), tmp_path / "ft")
+    with pytest.raises(RunError, match="already holds a finetune run"):
+        finetune.run(config("finetune"), tmp_path / "ft")
+
+
+def test_non_finite_loss_stops_with_a_clear_error(tmp_path):
+    with pytest.raises(NonFiniteLossError, match="loss is (nan|inf) at epoch 0"):
+        finetune.run(config("finetune", "lr=1e30", "warmup_epochs=0", "grad_clip=0"), tmp_path / "nan")
