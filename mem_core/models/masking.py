@@ -1,0 +1,93 @@
+"""BEiT block-wise masking: rectangles of patches are masked until exactly ``round(ratio * h * w)`` are."""
+
+# Adapted from microsoft/unilm beit/masking_generator.py (MIT): the block sampling rule, rewritten for numpy.
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+ATTEMPTS_PER_BLOCK = 10
+
+
+def as_numpy_generator(generator: torch.Generator | np.random.Generator) -> np.random.Generator:
+    """A numpy generator: itself, or one seeded by drawing from a ``torch.Generator`` (which advances it)."""
+    if isinstance(generator, np.random.Generator):
+        return generator
+    if isinstance(generator, torch.Generator):
+        seed = int(torch.randint(0, 2**63 - 1, (1,), generator=generator, device=generator.device))
+        return np.random.default_rng(seed)
+    raise TypeError(f"expected a torch.Generator or np.random.Generator, got {type(generator).__name__}")
+
+
+class BlockMaskGenerator:
+    """Samples BEiT block-wise masks over a patch grid.
+
+    Args:
+        grid: patch grid (h, w), e.g. (14, 14) for 224 / 16.
+        mask_ratio: fraction of patches to mask; exactly ``round(mask_ratio * h * w)`` are masked.
+        min_block: smallest block area in patches.
+        max_block: largest block area (default: the number of patches to mask).
+        aspect: range of block aspect ratios (height / width), sampled log-uniformly.
+    """
+
+    def __init__(
+        self,
+        grid: tuple[int, int] = (14, 14),
+        mask_ratio: float = 0.5,
+        min_block: int = 16,
+        max_block: int | None = None,
+        aspect: tuple[float, float] = (0.3, 1 / 0.3),
+    ) -> None:
+        if not 0.0 <= mask_ratio <= 1.0:
+            raise ValueError(f"mask_ratio must be in [0, 1], got {mask_ratio}")
+        if len(grid) != 2 or min(grid) < 1:
+            raise ValueError(f"grid must be (h, w) with positive sides, got {grid}")
+        if not 0 < aspect[0] <= aspect[1]:
+            raise ValueError(f"aspect must be (low, high) with 0 < low <= high, got {aspect}")
+        self.grid = (int(grid[0]), int(grid[1]))
+        self.num_masked = round(mask_ratio * self.grid[0] * self.grid[1])
+        self.min_block = min_block
+        self.max_block = self.num_masked if max_block is None else max_block
+        self.log_aspect = (math.log(aspect[0]), math.log(aspect[1]))
+
+    def _add_block(self, mask: np.ndarray, budget: int, rng: np.random.Generator) -> int:
+        """Mask one random rectangle adding between 1 and ``budget`` new patches; returns how many it added."""
+        height, width = self.grid
+        for _ in range(ATTEMPTS_PER_BLOCK):
+            area = rng.uniform(*sorted((self.min_block, budget)))
+            aspect = math.exp(rng.uniform(*self.log_aspect))
+            h = round(math.sqrt(area * aspect))
+            w = round(math.sqrt(area / aspect))
+            if not (1 <= h <= height and 1 <= w <= width):
+                continue
+            top = int(rng.integers(0, height - h + 1))
+            left = int(rng.integers(0, width - w + 1))
+            block = mask[top : top + h, left : left + w]  # a view: writing it masks the grid
+            added = int(block.size - block.sum())
+            if 0 < added <= budget:
+                block[...] = True
+                return added
+        return 0
+
+    def __call__(self, generator: torch.Generator | np.random.Generator) -> torch.Tensor:
+        """One mask: bool tensor ``(h, w)``, True = masked, with exactly ``num_masked`` True entries."""
+        rng = as_numpy_generator(generator)
+        mask = np.zeros(self.grid, dtype=bool)
+        count = 0
+        while count < self.num_masked:
+            added = self._add_block(mask, min(self.num_masked - count, self.max_block), rng)
+            if added == 0:
+                break
+            count += added
+        if count < self.num_masked:  # blocks no longer fit: top up with random single patches
+            free = np.flatnonzero(~mask)
+            mask.flat[rng.choice(free, self.num_masked - count, replace=False)] = True
+        return torch.from_numpy(mask)
+
+    def batch(self, batch_size: int, generator: torch.Generator | np.random.Generator) -> torch.Tensor:
+        """``batch_size`` independent masks flattened to ``(B, h * w)`` bool."""
+        rng = as_numpy_generator(generator)
+        return torch.stack([self(rng).flatten() for _ in range(batch_size)])

@@ -1,0 +1,167 @@
+"""The event tokenizer: a discrete VAE that turns a histogram into a grid of visual token ids.
+
+A conv encoder gives logits over ``num_tokens`` codebook entries per grid cell; a Gumbel-softmax relaxation
+(annealed temperature) mixes the codebook vectors; a conv-transpose decoder reconstructs the histogram.
+Training loss: MSE reconstruction + ``kl_weight`` * KL(q || uniform prior).
+"""
+
+# Adapted from the discrete VAE of lucidrains/DALLE-pytorch dalle_pytorch/dalle_pytorch.py (MIT), as used by MEM.
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    """dVAE architecture and relaxation schedule (defaults: the paper's 8192 x 32 codebook on a 14 x 14 grid)."""
+
+    in_chans: int = 2
+    image_size: int = 224
+    num_tokens: int = 8192
+    codebook_dim: int = 32
+    num_layers: int = 4  # each halves the resolution: patch size 2**num_layers
+    hidden_dim: int = 64
+    num_resnet_blocks: int = 1
+    temperature_start: float = 1.0
+    temperature_min: float = 1 / 16
+    temperature_anneal_steps: int = 10_000
+    kl_weight: float = 1e-10
+    straight_through: bool = False
+
+    def __post_init__(self) -> None:
+        if self.num_layers < 1 or self.image_size % self.patch_size:
+            raise ValueError(
+                f"image_size {self.image_size} must be a multiple of 2**num_layers = {self.patch_size} "
+                f"(num_layers={self.num_layers} >= 1)"
+            )
+        if not 0 < self.temperature_min <= self.temperature_start:
+            raise ValueError(
+                f"need 0 < temperature_min ({self.temperature_min}) <= temperature_start ({self.temperature_start})"
+            )
+
+    @property
+    def patch_size(self) -> int:
+        """Pixels per token side (the encoder's downsampling)."""
+        return 2**self.num_layers
+
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        side = self.image_size // self.patch_size
+        return side, side
+
+    def temperature(self, step: int) -> float:
+        """Gumbel-softmax temperature at ``step``: exponential decay from start to min over the anneal steps."""
+        progress = min(max(step, 0) / max(self.temperature_anneal_steps, 1), 1.0)
+        return self.temperature_start * (self.temperature_min / self.temperature_start) ** progress
+
+
+class ResBlock(nn.Module):
+    """Residual 3x3 -> 3x3 -> 1x1 conv block at constant width."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Conv2d(channels, channels, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(channels, channels, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(channels, channels, 1),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.net(x)
+
+
+def gumbel_softmax(
+    logits: torch.Tensor, temperature: float, hard: bool, dim: int, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """Gumbel-softmax sample along ``dim`` (straight-through one-hot when ``hard``), with an optional generator."""
+    gumbels = -torch.empty_like(logits).exponential_(generator=generator).log()  # Gumbel(0, 1) noise
+    soft = ((logits + gumbels) / temperature).softmax(dim)
+    if not hard:
+        return soft
+    one_hot = torch.zeros_like(soft).scatter_(dim, soft.argmax(dim, keepdim=True), 1.0)
+    return one_hot - soft.detach() + soft
+
+
+class DiscreteVAE(nn.Module):
+    """Histogram ``(B, C, H, W)`` <-> token ids ``(B, H / p, W / p)`` with ``p = 2**num_layers``."""
+
+    def __init__(self, config: TokenizerConfig) -> None:
+        super().__init__()
+        self.config = config
+        hidden = config.hidden_dim
+        encoder: list[nn.Module] = []
+        for i in range(config.num_layers):
+            encoder += [nn.Conv2d(config.in_chans if i == 0 else hidden, hidden, 4, stride=2, padding=1), nn.ReLU()]
+        encoder += [ResBlock(hidden) for _ in range(config.num_resnet_blocks)]
+        encoder.append(nn.Conv2d(hidden, config.num_tokens, 1))
+        self.encoder = nn.Sequential(*encoder)
+
+        self.codebook = nn.Embedding(config.num_tokens, config.codebook_dim)
+
+        decoder: list[nn.Module] = [nn.Conv2d(config.codebook_dim, hidden, 1)]
+        decoder += [ResBlock(hidden) for _ in range(config.num_resnet_blocks)]
+        for _ in range(config.num_layers):
+            decoder += [nn.ConvTranspose2d(hidden, hidden, 4, stride=2, padding=1), nn.ReLU()]
+        decoder.append(nn.Conv2d(hidden, config.in_chans, 1))
+        self.decoder = nn.Sequential(*decoder)
+
+    def _check_input(self, x: torch.Tensor) -> None:
+        c = self.config
+        expected = (c.in_chans, c.image_size, c.image_size)
+        if x.ndim != 4 or tuple(x.shape[1:]) != expected:
+            raise ValueError(f"DiscreteVAE expects input (B, {', '.join(map(str, expected))}), got {tuple(x.shape)}")
+
+    def forward(
+        self, x: torch.Tensor, temperature: float, generator: torch.Generator | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Relaxed encode -> decode of ``x`` ``(B, C, H, W)``.
+
+        Returns ``loss`` (to minimize), ``recon_loss`` (MSE), ``kl`` (to the uniform prior, per grid cell),
+        ``recon`` ``(B, C, H, W)`` and ``logits`` ``(B, num_tokens, h, w)``.
+        """
+        self._check_input(x)
+        logits = self.encoder(x)  # (B, V, h, w)
+        soft_one_hot = gumbel_softmax(logits, temperature, self.config.straight_through, dim=1, generator=generator)
+        z = torch.einsum("bvhw,vd->bdhw", soft_one_hot, self.codebook.weight.to(soft_one_hot.dtype))  # (B, d, h, w)
+        recon = self.decoder(z)
+        recon_loss = F.mse_loss(recon.float(), x.float())
+        log_q = F.log_softmax(logits.float(), dim=1)  # (B, V, h, w)
+        kl = (log_q.exp() * (log_q + math.log(self.config.num_tokens))).sum(1).mean()
+        loss = recon_loss + self.config.kl_weight * kl
+        return {"loss": loss, "recon_loss": recon_loss, "kl": kl, "recon": recon, "logits": logits}
+
+    @torch.no_grad()
+    def token_ids(self, x: torch.Tensor) -> torch.Tensor:
+        """The most likely token of every grid cell: ``(B, h, w)`` int64."""
+        self._check_input(x)
+        return self.encoder(x).argmax(dim=1)
+
+    @torch.no_grad()
+    def decode_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """Reconstruct histograms ``(B, C, H, W)`` from token ids ``(B, h, w)``."""
+        if ids.ndim != 3:
+            raise ValueError(f"token ids must be (B, h, w), got shape {tuple(ids.shape)}")
+        z = self.codebook(ids).permute(0, 3, 1, 2)  # (B, h, w, d) -> (B, d, h, w)
+        return self.decoder(z)
+
+
+def codebook_stats(ids: torch.Tensor, num_tokens: int) -> dict[str, float]:
+    """How well token ids use the codebook.
+
+    Returns ``usage`` (fraction of the ``num_tokens`` entries that occur) and ``perplexity`` (exp of the entropy
+    of the empirical token distribution: 1 = one token only, ``num_tokens`` = all equally often).
+    """
+    counts = torch.bincount(ids.flatten().long(), minlength=num_tokens)
+    if counts.numel() > num_tokens:
+        raise ValueError(f"token id {int(ids.max())} is out of range for a codebook of {num_tokens}")
+    probs = counts.float() / max(int(counts.sum()), 1)
+    entropy = -(probs[probs > 0] * probs[probs > 0].log()).sum()
+    return {"usage": float((counts > 0).sum()) / num_tokens, "perplexity": float(entropy.exp())}

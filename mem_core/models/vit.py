@@ -1,0 +1,356 @@
+"""The MEM Vision Transformer: timm's BEiT plus a mask token, and its pretraining / classification wrappers.
+
+``MEMViT`` subclasses ``timm.models.beit.Beit`` to reuse relative position bias, layer scale, drop path and
+SDPA attention; it adds the learnable mask embedding of masked event modeling. The wrappers hold the backbone
+under the attribute ``backbone`` so every state dict names its weights ``backbone.*`` and transfer between
+stages is a prefix match.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from timm.layers import trunc_normal_
+from timm.models.beit import Beit
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+BACKBONE_PREFIX = "backbone."
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    """Architecture of the MEM ViT (defaults: the paper's ViT-B/16 on 2-channel 224 x 224 histograms)."""
+
+    img_size: int = 224
+    patch_size: int = 16
+    in_chans: int = 2
+    embed_dim: int = 768
+    depth: int = 12
+    num_heads: int = 12
+    mlp_ratio: float = 4.0
+    drop_path: float = 0.1
+    layer_scale_init: float = 0.1
+    rel_pos_bias: bool = True
+    abs_pos_emb: bool = False
+
+    def __post_init__(self) -> None:
+        if self.img_size % self.patch_size:
+            raise ValueError(f"img_size {self.img_size} is not a multiple of patch_size {self.patch_size}")
+        if self.embed_dim % self.num_heads:
+            raise ValueError(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
+        if not (self.rel_pos_bias or self.abs_pos_emb):
+            raise ValueError("a ViT needs position information: enable rel_pos_bias or abs_pos_emb")
+
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        """Patch grid (h, w), e.g. 14 x 14 for 224 / 16."""
+        side = self.img_size // self.patch_size
+        return side, side
+
+
+def vit_base(**overrides: Any) -> ViTConfig:
+    """The paper's ViT-B/16: 12 blocks, 12 heads, width 768."""
+    return replace(ViTConfig(), **overrides)
+
+
+def vit_tiny(**overrides: Any) -> ViTConfig:
+    """A CPU-sized ViT (4 blocks, 4 heads, width 192) on the same 14 x 14 grid at 224 / 16."""
+    return replace(ViTConfig(embed_dim=192, depth=4, num_heads=4), **overrides)
+
+
+VIT_PRESETS = {"vit_base": vit_base, "vit_tiny": vit_tiny}
+
+
+def prefix_group_matcher(matcher: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """Re-root a timm ``group_matcher`` dict under a submodule name such as ``"backbone."``.
+
+    Each regex is anchored at ``prefix`` and wrapped in a non-capturing group, so the layer ordinals timm reads
+    from capturing groups (``blocks.(\\d+)``) are unchanged.
+    """
+
+    def wrap(pattern: str) -> str:
+        return "^" + re.escape(prefix) + "(?:" + pattern.removeprefix("^") + ")"
+
+    out: dict[str, Any] = {}
+    for name, spec in matcher.items():
+        if isinstance(spec, list | tuple):
+            out[name] = [(wrap(pattern), suffix) for pattern, suffix in spec]
+        else:
+            out[name] = wrap(spec)
+    return out
+
+
+class MEMViT(Beit):
+    """BEiT-style ViT whose patch embeddings can be replaced by a learnable mask token.
+
+    Input ``(B, C, H, W)`` histograms in [0, 1]; ``forward`` returns the mean-pooled normalized patch tokens
+    ``(B, D)`` (there is no classifier inside the backbone: see ``MEMClassifier``).
+    """
+
+    def __init__(self, config: ViTConfig) -> None:
+        super().__init__(
+            img_size=config.img_size,
+            patch_size=config.patch_size,
+            in_chans=config.in_chans,
+            num_classes=0,
+            global_pool="avg",
+            embed_dim=config.embed_dim,
+            depth=config.depth,
+            num_heads=config.num_heads,
+            mlp_ratio=config.mlp_ratio,
+            drop_path_rate=config.drop_path,
+            init_values=config.layer_scale_init,
+            use_abs_pos_emb=config.abs_pos_emb,
+            use_rel_pos_bias=config.rel_pos_bias,
+            use_fc_norm=False,  # the final LayerNorm normalizes every token (the LM head needs it)
+        )
+        self.config = config
+        self.mask_token = nn.Parameter(torch.zeros(1, 1, config.embed_dim))
+        trunc_normal_(self.mask_token, std=0.02)
+
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        return tuple(self.patch_embed.grid_size)
+
+    @property
+    def num_patches(self) -> int:
+        return self.patch_embed.num_patches
+
+    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
+        """timm layer groups: stem (embeddings, mask token), one group per block, then the final norm."""
+        return dict(
+            stem=r"^cls_token|mask_token|pos_embed|patch_embed|rel_pos_bias",
+            blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))],
+        )
+
+    def no_weight_decay(self) -> set[str]:
+        return super().no_weight_decay() | {"mask_token"}
+
+    def _check_input(self, x: torch.Tensor) -> None:
+        expected = (self.in_chans, *self.patch_embed.img_size)
+        if x.ndim != 4 or tuple(x.shape[1:]) != expected:
+            raise ValueError(f"MEMViT expects input (B, {', '.join(map(str, expected))}), got {tuple(x.shape)}")
+
+    def embed(self, x: torch.Tensor, bool_masked_pos: torch.Tensor | None = None) -> torch.Tensor:
+        """Patch-embed ``x``, swap masked patches for the mask token, prepend cls: ``(B, 1 + N, D)``.
+
+        Args:
+            x: ``(B, C, H, W)`` histograms.
+            bool_masked_pos: ``(B, N)`` or ``(B, h, w)`` bool, True where the patch is masked.
+        """
+        self._check_input(x)
+        x = self.patch_embed(x)  # (B, N, D)
+        batch, num_patches, _ = x.shape
+        if bool_masked_pos is not None:
+            mask = bool_masked_pos.reshape(bool_masked_pos.shape[0], -1)  # (B, N)
+            if tuple(mask.shape) != (batch, num_patches) or mask.dtype != torch.bool:
+                raise ValueError(
+                    f"bool_masked_pos must be a bool tensor of {batch} x {num_patches} patches, "
+                    f"got {mask.dtype} {tuple(bool_masked_pos.shape)}"
+                )
+            x = torch.where(mask.unsqueeze(-1), self.mask_token.to(x.dtype), x)
+        x = torch.cat((self.cls_token.expand(batch, -1, -1).to(x.dtype), x), dim=1)  # (B, 1 + N, D)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed
+        return self.pos_drop(x)
+
+    def _blocks(self, x: torch.Tensor, keep: list[int] | None = None) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """Run the blocks on tokens ``(B, 1 + N, D)``; with ``keep``, stop after the last kept block.
+
+        Returns the last output and ``{block index: output}`` for the kept blocks.
+        """
+        rel_pos_bias = self.rel_pos_bias() if self.rel_pos_bias is not None else None
+        stop = len(self.blocks) if keep is None else max(keep) + 1
+        kept = {}
+        for i, blk in enumerate(self.blocks[:stop]):
+            if self.grad_checkpointing and torch.is_grad_enabled():
+                x = checkpoint(blk, x, shared_rel_pos_bias=rel_pos_bias, use_reentrant=False)
+            else:
+                x = blk(x, shared_rel_pos_bias=rel_pos_bias)
+            if keep is not None and i in keep:
+                kept[i] = x
+        return x, kept
+
+    def forward_features(self, x: torch.Tensor, bool_masked_pos: torch.Tensor | None = None) -> torch.Tensor:
+        """Normalized tokens ``(B, 1 + N, D)`` (cls first) with masked patches replaced by the mask token."""
+        x, _ = self._blocks(self.embed(x, bool_masked_pos))
+        return self.norm(x)
+
+    def forward_tokens(self, x: torch.Tensor, bool_masked_pos: torch.Tensor | None = None) -> torch.Tensor:
+        """Normalized patch tokens without cls: ``(B, N, D)``."""
+        return self.forward_features(x, bool_masked_pos)[:, self.num_prefix_tokens :]
+
+    def features(self, x: torch.Tensor, indices: tuple[int, ...] | list[int]) -> list[torch.Tensor]:
+        """Raw outputs of the blocks ``indices`` (negative counts from the end) as maps ``(B, D, h, w)``."""
+        depth = len(self.blocks)
+        wanted = [i + depth if i < 0 else i for i in indices]
+        if not wanted or any(not 0 <= i < depth for i in wanted):
+            raise ValueError(f"block indices {tuple(indices)} out of range for a ViT of depth {depth}")
+        _, outputs = self._blocks(self.embed(x), keep=wanted)
+        h, w = self.grid_size
+        maps = []
+        for i in wanted:
+            tokens = outputs[i][:, self.num_prefix_tokens :]  # (B, N, D)
+            maps.append(tokens.transpose(1, 2).reshape(tokens.shape[0], -1, h, w))  # (B, D, h, w)
+        return maps
+
+
+class BackboneModel(nn.Module):
+    """Base of the task models: holds ``self.backbone`` (a ``MEMViT``) and exposes timm's optimizer interface.
+
+    ``group_matcher`` puts the backbone's stem and blocks in their layer groups and every head parameter in the
+    top group, so ``timm.optim.create_optimizer_v2(model, ..., layer_decay=...)`` decays the backbone only.
+    """
+
+    backbone: MEMViT
+
+    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
+        return prefix_group_matcher(self.backbone.group_matcher(coarse), BACKBONE_PREFIX)
+
+    def no_weight_decay(self) -> set[str]:
+        return {BACKBONE_PREFIX + name for name in self.backbone.no_weight_decay()}
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        self.backbone.set_grad_checkpointing(enable)
+
+
+class MEMPretrainModel(BackboneModel):
+    """Masked event modeling: predict the tokenizer's id of every masked patch (BEiT's masked image modeling)."""
+
+    def __init__(self, backbone: MEMViT, num_tokens: int) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.num_tokens = num_tokens
+        self.lm_head = nn.Linear(backbone.embed_dim, num_tokens)
+        trunc_normal_(self.lm_head.weight, std=0.02)
+        nn.init.zeros_(self.lm_head.bias)
+
+    def forward(
+        self, x: torch.Tensor, bool_masked_pos: torch.Tensor, target_ids: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """Cross-entropy over the masked patches only.
+
+        Args:
+            x: ``(B, C, H, W)`` histograms.
+            bool_masked_pos: ``(B, N)`` or ``(B, h, w)`` bool, True = masked.
+            target_ids: ``(B, N)`` or ``(B, h, w)`` token ids from ``DiscreteVAE.token_ids``.
+
+        Returns:
+            ``loss`` (scalar), ``acc`` (fraction of masked patches predicted right), ``logits`` ``(M, num_tokens)``
+            for the ``M`` masked patches in row-major (batch, patch) order.
+        """
+        batch = x.shape[0]
+        mask = bool_masked_pos.reshape(batch, -1)  # (B, N)
+        targets = target_ids.reshape(batch, -1)  # (B, N)
+        if targets.shape != mask.shape:
+            raise ValueError(f"target_ids {tuple(target_ids.shape)} do not match the mask {tuple(mask.shape)}")
+        tokens = self.backbone.forward_tokens(x, mask)  # (B, N, D)
+        logits = self.lm_head(tokens[mask])  # (M, num_tokens): the head only runs on masked patches
+        target = targets[mask]  # (M,)
+        loss = F.cross_entropy(logits.float(), target)
+        acc = (logits.argmax(-1) == target).float().mean()
+        return {"loss": loss, "acc": acc, "logits": logits}
+
+
+class MEMClassifier(BackboneModel):
+    """Backbone -> mean of the patch tokens -> LayerNorm -> Linear (the paper's finetuning head)."""
+
+    def __init__(
+        self, backbone: MEMViT, num_classes: int, drop_rate: float = 0.0, head_init_scale: float = 0.001
+    ) -> None:
+        super().__init__()
+        self.backbone = backbone
+        backbone.mask_token.requires_grad_(False)  # unused without masking (and DDP rejects unused parameters)
+        self.num_classes = num_classes
+        self.num_features = backbone.embed_dim
+        self.head_init_scale = head_init_scale
+        self.fc_norm = nn.LayerNorm(backbone.embed_dim, eps=1e-6)
+        self.head_drop = nn.Dropout(drop_rate)
+        self.backbone_frozen = False
+        self.reset_classifier(num_classes)
+
+    def reset_classifier(self, num_classes: int) -> None:
+        """A fresh head for ``num_classes`` (0 = identity, the model outputs pooled features)."""
+        self.num_classes = num_classes
+        if num_classes > 0:
+            self.head = nn.Linear(self.num_features, num_classes)
+            # a small head keeps the first finetuning steps from wrecking the pretrained features
+            trunc_normal_(self.head.weight, std=0.02 * self.head_init_scale)
+            nn.init.zeros_(self.head.bias)
+        else:
+            self.head = nn.Identity()
+
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Backbone tokens ``(B, 1 + N, D)``."""
+        return self.backbone.forward_features(x)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Tokens ``(B, 1 + N, D)`` -> logits ``(B, num_classes)`` (or the pooled, normalized ``(B, D)``)."""
+        x = self.fc_norm(x[:, self.backbone.num_prefix_tokens :].mean(dim=1))  # (B, D)
+        x = self.head_drop(x)
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def freeze_backbone(self) -> None:
+        """Linear probing: only ``fc_norm`` and ``head`` stay trainable; the backbone also stays in eval mode."""
+        self.backbone.requires_grad_(False)
+        self.backbone_frozen = True
+        self.train(self.training)
+
+    def train(self, mode: bool = True) -> MEMClassifier:
+        super().train(mode)
+        if self.backbone_frozen:
+            self.backbone.eval()  # no drop path / dropout noise in frozen features
+        return self
+
+
+class LoadReport(NamedTuple):
+    """What ``load_pretrained_backbone`` did: keys the backbone lacked, keys it did not know, keys it dropped."""
+
+    missing: list[str]
+    unexpected: list[str]
+    dropped: list[str]
+
+
+PRETRAIN_ONLY_KEYS = ("mask_token",)
+
+
+def load_pretrained_backbone(model: BackboneModel, state_dict: dict[str, torch.Tensor]) -> LoadReport:
+    """Load pretrained backbone weights into ``model.backbone`` of a task model (classifier, segmenter).
+
+    Accepts the state dict of any ``BackboneModel`` (keys ``backbone.*``; its heads such as ``lm_head`` are
+    dropped) or of a bare ``MEMViT``. The mask token is dropped. Every other tensor must match in shape,
+    including the relative position bias tables (so the patch grid must be the same).
+
+    Raises:
+        ValueError: a tensor's shape differs from the backbone's (named in the message).
+    """
+    if any(key.startswith(BACKBONE_PREFIX) for key in state_dict):
+        dropped = [key for key in state_dict if not key.startswith(BACKBONE_PREFIX)]
+        weights = {key.removeprefix(BACKBONE_PREFIX): v for key, v in state_dict.items() if key not in dropped}
+    else:
+        dropped, weights = [], dict(state_dict)
+    dropped += [key for key in PRETRAIN_ONLY_KEYS if weights.pop(key, None) is not None]
+    own = model.backbone.state_dict()
+    wrong = [
+        f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(own[k].shape)}"
+        for k, v in weights.items()
+        if k in own and own[k].shape != v.shape
+    ]
+    if wrong:
+        raise ValueError(
+            "pretrained backbone does not fit (different architecture or patch grid?): " + "; ".join(wrong)
+        )
+    result = model.backbone.load_state_dict(weights, strict=False)
+    missing = [key for key in result.missing_keys if key not in PRETRAIN_ONLY_KEYS]
+    return LoadReport(missing=missing, unexpected=list(result.unexpected_keys), dropped=dropped)

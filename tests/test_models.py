@@ -1,0 +1,461 @@
+"""MEM models: tokenizer, masking, ViT + pretraining / classification / segmentation heads, eMAE (tiny sizes)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from timm.optim import create_optimizer_v2
+
+from mem_core.models import (
+    BlockMaskGenerator,
+    DiscreteVAE,
+    EMAEPretrainModel,
+    MEMClassifier,
+    MEMPretrainModel,
+    MEMViT,
+    SegmentationModel,
+    TokenizerConfig,
+    ViTConfig,
+    codebook_stats,
+    confusion_matrix,
+    load_pretrained_backbone,
+    patchify,
+    segmentation_metrics,
+    unpatchify,
+    vit_base,
+    vit_tiny,
+)
+from mem_core.models.tokenizer import gumbel_softmax
+
+IMG, PATCH, DIM, DEPTH, TOKENS = 32, 8, 64, 2, 64
+GRID = (IMG // PATCH, IMG // PATCH)
+N = GRID[0] * GRID[1]
+
+
+@pytest.fixture(autouse=True)
+def _seed_weights():
+    torch.manual_seed(0)  # weight initialisation (timm) draws from torch's default generator
+
+
+def tiny_config(**overrides) -> ViTConfig:
+    return ViTConfig(
+        **{"img_size": IMG, "patch_size": PATCH, "embed_dim": DIM, "depth": DEPTH, "num_heads": 4, **overrides}
+    )
+
+
+def tiny_vit(**overrides) -> MEMViT:
+    return MEMViT(tiny_config(**overrides))
+
+
+def histograms(batch: int = 2, seed: int = 0, channels: int = 2) -> torch.Tensor:
+    return torch.rand(batch, channels, IMG, IMG, generator=torch.Generator().manual_seed(seed))
+
+
+def half_mask(batch: int = 2, seed: int = 0) -> torch.Tensor:
+    return BlockMaskGenerator(GRID, 0.5, min_block=2).batch(batch, np.random.default_rng(seed))
+
+
+# ---------------------------------------------------------------- ViT
+
+
+def test_vit_shapes():
+    vit = tiny_vit().eval()
+    x = histograms()
+    assert vit.forward_features(x).shape == (2, 1 + N, DIM)
+    assert vit.forward_tokens(x, half_mask()).shape == (2, N, DIM)
+    assert vit(x).shape == (2, DIM)
+    maps = vit.features(x, (1, 0))
+    assert [m.shape for m in maps] == [(2, DIM, *GRID)] * 2
+    # maps come back in the requested order and are the raw block outputs
+    assert torch.equal(maps[1], vit.features(x, (0,))[0])
+
+
+@pytest.mark.parametrize("channels", [3, 8])
+def test_vit_input_variants(channels):
+    vit = tiny_vit(in_chans=channels).eval()
+    assert vit(histograms(channels=channels)).shape == (2, DIM)
+
+
+def test_vit_rejects_wrong_input_and_indices():
+    vit = tiny_vit()
+    with pytest.raises(ValueError, match=r"\(B, 2, 32, 32\)"):
+        vit(torch.rand(1, 2, 64, 64))
+    with pytest.raises(ValueError, match="out of range"):
+        vit.features(histograms(), (DEPTH,))
+    with pytest.raises(ValueError, match="bool"):
+        vit.forward_features(histograms(), torch.zeros(2, N))
+
+
+def test_vit_config_presets_and_validation():
+    base = vit_base()
+    assert (base.depth, base.num_heads, base.embed_dim, base.patch_size, base.grid_size) == (12, 12, 768, 16, (14, 14))
+    assert vit_tiny().grid_size == (14, 14)
+    assert vit_tiny(img_size=112, patch_size=8).grid_size == (14, 14)
+    with pytest.raises(ValueError, match="patch_size"):
+        ViTConfig(img_size=100, patch_size=16)
+    with pytest.raises(ValueError, match="num_heads"):
+        ViTConfig(embed_dim=100, num_heads=12)
+
+
+def test_masked_patches_are_hidden_from_the_model():
+    """With a mask, what lies under masked patches cannot influence any output; visible content does."""
+    vit = tiny_vit().eval()
+    mask = half_mask()
+    x = histograms()
+    pixel_mask = mask.reshape(2, 1, *GRID).repeat_interleave(PATCH, 2).repeat_interleave(PATCH, 3)  # (B, 1, H, W)
+    changed_under_mask = torch.where(pixel_mask, histograms(seed=1), x)
+    changed_visible = torch.where(pixel_mask, x, histograms(seed=1))
+    with torch.no_grad():
+        reference = vit.forward_tokens(x, mask)
+        assert torch.equal(vit.forward_tokens(changed_under_mask, mask), reference)
+        assert not torch.allclose(vit.forward_tokens(changed_visible, mask), reference)
+        # at the input, masking replaces exactly the masked embeddings by the mask token
+        plain, masked = vit.embed(x)[:, 1:], vit.embed(x, mask)[:, 1:]
+        assert torch.equal(masked[~mask], plain[~mask])
+        assert torch.equal(masked[mask], vit.mask_token[0].expand(int(mask.sum()), -1))
+
+
+def test_grad_checkpointing_gives_the_same_result():
+    vit = tiny_vit().eval()
+    x = histograms()
+    reference = vit.forward_features(x)
+    vit.set_grad_checkpointing(True)
+    assert torch.allclose(vit.forward_features(x), reference)
+
+
+# ---------------------------------------------------------------- masking
+
+
+@pytest.mark.parametrize(
+    ("grid", "ratio", "min_block"),
+    [((14, 14), 0.5, 16), ((14, 14), 0.25, 16), ((14, 14), 0.75, 16), ((4, 4), 0.5, 2), ((7, 5), 0.4, 4)],
+)
+def test_block_mask_masks_exactly_the_ratio(grid, ratio, min_block):
+    generator = BlockMaskGenerator(grid, ratio, min_block=min_block)
+    rng = np.random.default_rng(0)
+    expected = round(ratio * grid[0] * grid[1])
+    for _ in range(20):
+        mask = generator(rng)
+        assert mask.dtype == torch.bool and mask.shape == grid
+        assert int(mask.sum()) == expected
+
+
+def test_block_mask_tops_up_when_blocks_do_not_fit():
+    generator = BlockMaskGenerator((4, 4), 0.5, min_block=100)  # no block fits: all patches come from the top-up
+    assert int(generator(np.random.default_rng(0)).sum()) == 8
+    assert int(BlockMaskGenerator((4, 4), 1.0)(np.random.default_rng(0)).sum()) == 16
+    assert int(BlockMaskGenerator((4, 4), 0.0)(np.random.default_rng(0)).sum()) == 0
+
+
+def test_block_mask_forms_blocks():
+    """Block-wise masking masks contiguous rectangles: most masked patches have a masked 4-neighbour."""
+    mask = BlockMaskGenerator((14, 14), 0.5)(np.random.default_rng(0)).numpy()
+    padded = np.pad(mask, 1)
+    neighbour = padded[:-2, 1:-1] | padded[2:, 1:-1] | padded[1:-1, :-2] | padded[1:-1, 2:]
+    assert (neighbour[mask]).mean() > 0.9
+
+
+def test_block_mask_is_reproducible_with_a_seed():
+    generator = BlockMaskGenerator((14, 14), 0.5)
+    a = generator.batch(4, np.random.default_rng(7))
+    assert a.shape == (4, 196) and a.dtype == torch.bool
+    assert torch.equal(a, generator.batch(4, np.random.default_rng(7)))
+    assert not torch.equal(a, generator.batch(4, np.random.default_rng(8)))
+    assert not torch.equal(a[0], a[1])  # samples of a batch are independent
+    t = generator.batch(4, torch.Generator().manual_seed(7))
+    assert torch.equal(t, generator.batch(4, torch.Generator().manual_seed(7)))
+    with pytest.raises(TypeError, match="Generator"):
+        generator(7)
+
+
+# ---------------------------------------------------------------- pretraining (MEM)
+
+
+def test_pretrain_loss_is_cross_entropy_on_masked_patches_only():
+    model = MEMPretrainModel(tiny_vit(), TOKENS).eval()
+    x, mask = histograms(), half_mask()
+    targets = torch.randint(0, TOKENS, (2, N), generator=torch.Generator().manual_seed(0))
+    out = model(x, mask, targets.reshape(2, *GRID))
+    with torch.no_grad():
+        all_logits = model.lm_head(model.backbone.forward_tokens(x, mask))  # (B, N, V)
+    manual = F.cross_entropy(all_logits[mask], targets[mask])
+    assert out["logits"].shape == (int(mask.sum()), TOKENS)
+    assert torch.allclose(out["loss"], manual, atol=1e-6)
+    assert float(out["acc"]) == pytest.approx(float((all_logits[mask].argmax(-1) == targets[mask]).float().mean()))
+    # the targets of visible patches play no part
+    other_visible = torch.where(mask, targets, (targets + 1) % TOKENS)
+    assert torch.allclose(model(x, mask, other_visible)["loss"], out["loss"])
+    assert not torch.allclose(model(x, mask, (targets + 1) % TOKENS)["loss"], out["loss"])
+
+
+def test_pretrain_runs_under_bf16_autocast():
+    model = MEMPretrainModel(tiny_vit(), TOKENS)
+    targets = torch.randint(0, TOKENS, (2, N))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(histograms(), half_mask(), targets)
+    out["loss"].backward()
+    assert math.isfinite(out["loss"].item())
+    assert model.backbone.mask_token.grad is not None
+
+
+# ---------------------------------------------------------------- task models and the optimizer interface
+
+
+def make_task_model(kind: str) -> torch.nn.Module:
+    if kind == "pretrain":
+        return MEMPretrainModel(tiny_vit(), TOKENS)
+    if kind == "classifier":
+        return MEMClassifier(tiny_vit(), num_classes=5)
+    if kind == "segmentation":
+        return SegmentationModel(tiny_vit(), num_classes=3, channels=16)
+    return EMAEPretrainModel(tiny_vit(), loss_on=kind.removeprefix("emae-"))
+
+
+def task_loss(kind: str, model: torch.nn.Module) -> torch.Tensor:
+    x, mask = histograms(), half_mask()
+    if kind == "pretrain":
+        return model(x, mask, torch.randint(0, TOKENS, (2, N)))["loss"]
+    if kind == "classifier":
+        return F.cross_entropy(model(x), torch.tensor([0, 4]))
+    if kind == "segmentation":
+        return F.cross_entropy(model(x), torch.randint(0, 3, (2, IMG, IMG)))
+    return model(x, mask)["loss"]
+
+
+TASKS = ["pretrain", "classifier", "segmentation", "emae-masked", "emae-all"]
+
+
+@pytest.mark.parametrize("kind", TASKS)
+def test_every_trainable_parameter_gets_a_gradient(kind):
+    """DDP fails on trainable parameters that receive no gradient: every task model must have none."""
+    model = make_task_model(kind).train()
+    task_loss(kind, model).backward()
+    assert [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None] == []
+
+
+@pytest.mark.parametrize("kind", TASKS)
+def test_layer_decay_groups_scale_lr_down_with_depth(kind):
+    model = make_task_model(kind)
+    optimizer = create_optimizer_v2(model, "adamw", lr=1e-3, weight_decay=0.05, layer_decay=0.65)
+    scale_of = {}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            scale_of[id(p)] = (group["lr_scale"], group["weight_decay"])
+    named = dict(model.named_parameters())
+
+    def scale(name: str) -> float:
+        return scale_of[id(named[name])][0]
+
+    # stem < block 0 < block 1 < final norm / heads, each step a factor 0.65
+    stem = scale("backbone.patch_embed.proj.weight")
+    block0 = scale("backbone.blocks.0.attn.qkv.weight")
+    block1 = scale("backbone.blocks.1.attn.qkv.weight")
+    assert stem == pytest.approx(0.65 * block0) and block0 == pytest.approx(0.65 * block1)
+    assert scale("backbone.cls_token") == stem
+    head = next(n for n in named if not n.startswith("backbone.") and named[n].ndim >= 2)
+    assert scale(head) == 1.0
+    assert block1 < 1.0
+    # embeddings and relative position tables are excluded from weight decay
+    assert scale_of[id(named["backbone.cls_token"])][1] == 0.0
+    assert scale_of[id(named["backbone.blocks.0.attn.relative_position_bias_table"])][1] == 0.0
+    assert scale_of[id(named["backbone.blocks.0.attn.qkv.weight"])][1] == 0.05
+    if named["backbone.mask_token"].requires_grad:
+        assert scale_of[id(named["backbone.mask_token"])] == (stem, 0.0)
+
+
+# ---------------------------------------------------------------- classification, transfer, probing
+
+
+def test_classifier_shapes_and_small_head():
+    model = MEMClassifier(tiny_vit(), num_classes=5).eval()
+    x = histograms()
+    assert model(x).shape == (2, 5)
+    assert model.forward_head(model.forward_features(x), pre_logits=True).shape == (2, DIM)
+    assert model.head.weight.abs().max() < 1e-3  # near-zero head: finetuning starts from the pretrained features
+    model.reset_classifier(7)
+    assert model(x).shape == (2, 7)
+    assert model.get_classifier() is model.head
+
+
+def test_pretrained_weights_transfer_to_the_classifier():
+    pretrain = MEMPretrainModel(tiny_vit(), TOKENS)
+    classifier = MEMClassifier(tiny_vit(drop_path=0.0), num_classes=5)  # a different random init
+    report = load_pretrained_backbone(classifier, pretrain.state_dict())
+    assert report.missing == [] and report.unexpected == []
+    assert sorted(report.dropped) == ["lm_head.bias", "lm_head.weight", "mask_token"]
+    source = pretrain.backbone.state_dict()
+    for name, tensor in classifier.backbone.state_dict().items():
+        if name != "mask_token":
+            assert torch.equal(tensor, source[name]), name
+    # a bare backbone state dict works too
+    assert load_pretrained_backbone(classifier, pretrain.backbone.state_dict()).dropped == ["mask_token"]
+
+
+def test_transfer_rejects_a_different_patch_grid():
+    pretrain = MEMPretrainModel(MEMViT(tiny_config(patch_size=4)), TOKENS)
+    with pytest.raises(ValueError, match="relative_position_bias_table"):
+        load_pretrained_backbone(MEMClassifier(tiny_vit(), 5), pretrain.state_dict())
+
+
+def test_linear_probe_trains_only_the_head():
+    model = MEMClassifier(tiny_vit(), num_classes=5)
+    model.freeze_backbone()
+    trainable = sorted(n for n, p in model.named_parameters() if p.requires_grad)
+    assert trainable == ["fc_norm.bias", "fc_norm.weight", "head.bias", "head.weight"]
+    model.train()
+    assert model.training and not model.backbone.training  # frozen features without drop-path noise
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
+    task_loss("classifier", model).backward()
+    optimizer.step()
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed == {"fc_norm.bias", "fc_norm.weight", "head.bias", "head.weight"}
+
+
+# ---------------------------------------------------------------- segmentation
+
+
+def test_segmentation_output_and_feature_blocks():
+    model = SegmentationModel(tiny_vit(depth=6), num_classes=3, channels=16).eval()
+    assert model.indices == (2, 3, 4, 5)  # the last four blocks (8-11 for ViT-B)
+    assert model(histograms()).shape == (2, 3, IMG, IMG)
+    with pytest.raises(ValueError, match="4 blocks"):
+        SegmentationModel(tiny_vit(), num_classes=3, indices=(0, 1))
+
+
+def test_confusion_matrix_counts_and_ignores():
+    target = torch.tensor([[0, 0, 1, 255], [2, 2, 1, 0]])
+    pred = torch.tensor([[0, 1, 1, 2], [2, 0, 1, 0]])
+    confusion = confusion_matrix(pred, target, 3, ignore_index=255)
+    expected = torch.zeros(3, 3, dtype=torch.long)
+    for t, p in zip(target.flatten().tolist(), pred.flatten().tolist(), strict=True):
+        if t != 255:
+            expected[t, p] += 1
+    assert torch.equal(confusion, expected)
+    with pytest.raises(ValueError, match="outside"):
+        confusion_matrix(pred, torch.full_like(target, 3), 3)
+
+
+def test_segmentation_metrics_on_a_hand_made_confusion():
+    # rows = truth, columns = prediction; class 2 never occurs and is never predicted
+    confusion = torch.tensor([[3, 1, 0], [0, 4, 0], [0, 0, 0]])
+    metrics = segmentation_metrics(confusion)
+    iou = [3 / (4 + 3 - 3), 4 / (4 + 5 - 4)]  # tp / (row + column - tp)
+    acc = [3 / 4, 4 / 4]  # tp / row
+    assert metrics["miou"] == pytest.approx(sum(iou) / 2)
+    assert metrics["macc"] == pytest.approx(sum(acc) / 2)
+    assert metrics["aacc"] == pytest.approx(7 / 8)
+    assert math.isnan(metrics["iou"][2]) and math.isnan(metrics["acc"][2])
+
+
+# ---------------------------------------------------------------- eMAE
+
+
+def test_patchify_round_trip_and_layout():
+    x = torch.rand(2, 2, 8, 12)
+    patches = patchify(x, 4)  # (B, 2 * 3 patches, 4 * 4 * 2)
+    assert patches.shape == (2, 6, 32)
+    assert torch.equal(unpatchify(patches, 4, (2, 3)), x)
+    # patch 4 is row 1, column 1: its values are that 4 x 4 window, (row, column, channel) order
+    assert torch.equal(patches[:, 4], x[:, :, 4:8, 4:8].permute(0, 2, 3, 1).reshape(2, -1))
+
+
+@pytest.mark.parametrize("loss_on", ["masked", "all"])
+def test_emae_loss(loss_on):
+    model = EMAEPretrainModel(tiny_vit(), loss_on=loss_on).eval()
+    x, mask = histograms(), half_mask()
+    out = model(x, mask)
+    assert out["pred"].shape == (2, N, PATCH * PATCH * 2)
+    error = (out["pred"] - patchify(x, PATCH)).pow(2).mean(-1)  # (B, N)
+    expected = error[mask].mean() if loss_on == "masked" else error.mean()
+    assert torch.allclose(out["loss"], expected, atol=1e-6)
+    # perturbing the prediction of visible patches matters only when the loss covers the whole histogram
+    perturbed = torch.where(mask.unsqueeze(-1), out["pred"], out["pred"] + 1.0)
+    same = torch.allclose(model.forward_loss(x, perturbed, mask), out["loss"])
+    assert same == (loss_on == "masked")
+
+
+def test_emae_rejects_unknown_loss():
+    with pytest.raises(ValueError, match="loss_on"):
+        EMAEPretrainModel(tiny_vit(), loss_on="visible")
+
+
+# ---------------------------------------------------------------- tokenizer (dVAE)
+
+
+def tiny_tokenizer_config(**overrides) -> TokenizerConfig:
+    return TokenizerConfig(image_size=IMG, num_tokens=TOKENS, codebook_dim=8, num_layers=3, hidden_dim=16, **overrides)
+
+
+def test_dvae_shapes_and_ids():
+    vae = DiscreteVAE(tiny_tokenizer_config())
+    x = histograms()
+    out = vae(x, temperature=1.0)
+    assert out["recon"].shape == x.shape
+    assert out["logits"].shape == (2, TOKENS, 4, 4)
+    assert out["kl"] >= 0
+    ids = vae.token_ids(x)
+    assert ids.shape == (2, 4, 4) and ids.dtype == torch.int64
+    assert int(ids.min()) >= 0 and int(ids.max()) < TOKENS
+    assert vae.decode_ids(ids).shape == x.shape
+    with pytest.raises(ValueError, match=r"\(B, 2, 32, 32\)"):
+        vae.token_ids(torch.rand(2, 2, 30, 30))
+
+
+def test_dvae_loss_decreases_on_a_fixed_batch():
+    vae = DiscreteVAE(tiny_tokenizer_config())
+    x = histograms(batch=4)
+    optimizer = torch.optim.Adam(vae.parameters(), lr=3e-3)
+    generator = torch.Generator().manual_seed(0)
+    losses = []
+    for _ in range(20):
+        loss = vae(x, temperature=1.0, generator=generator)["loss"]
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0]
+
+
+def test_dvae_sampling_is_reproducible_with_a_generator():
+    vae = DiscreteVAE(tiny_tokenizer_config())
+    x = histograms()
+    a = vae(x, 1.0, generator=torch.Generator().manual_seed(3))["recon"]
+    b = vae(x, 1.0, generator=torch.Generator().manual_seed(3))["recon"]
+    assert torch.equal(a, b)
+
+
+def test_straight_through_gumbel_is_one_hot_with_gradients():
+    logits = torch.randn(2, 5, 3, 3, requires_grad=True)
+    sample = gumbel_softmax(logits, 0.5, hard=True, dim=1, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(sample.sum(1), torch.ones(2, 3, 3))
+    assert set(sample.detach().unique().tolist()) == {0.0, 1.0}
+    (sample * torch.arange(5.0).reshape(1, 5, 1, 1)).sum().backward()
+    assert logits.grad is not None and logits.grad.abs().sum() > 0
+
+
+def test_temperature_schedule_anneals_from_start_to_min():
+    config = TokenizerConfig(temperature_anneal_steps=100)
+    temps = [config.temperature(step) for step in range(0, 150, 10)]
+    assert temps[0] == pytest.approx(1.0)
+    assert config.temperature(100) == pytest.approx(1 / 16) and temps[-1] == pytest.approx(1 / 16)
+    assert all(a >= b for a, b in itertools.pairwise(temps))
+    assert config.grid_size == (14, 14) and config.patch_size == 16
+    with pytest.raises(ValueError, match="image_size"):
+        TokenizerConfig(image_size=100)
+
+
+def test_codebook_stats():
+    one_token = codebook_stats(torch.zeros(4, 3, 3, dtype=torch.long), TOKENS)
+    assert one_token == {"usage": 1 / TOKENS, "perplexity": pytest.approx(1.0)}
+    every_token = codebook_stats(torch.arange(TOKENS).repeat(3), TOKENS)
+    assert every_token["usage"] == 1.0 and every_token["perplexity"] == pytest.approx(TOKENS, rel=1e-4)
+    half = codebook_stats(torch.arange(TOKENS // 2), TOKENS)
+    assert half["usage"] == 0.5 and half["perplexity"] == pytest.approx(TOKENS / 2, rel=1e-4)
+    with pytest.raises(ValueError, match="out of range"):
+        codebook_stats(torch.tensor([TOKENS]), TOKENS)
