@@ -197,6 +197,43 @@ def bench_data(
     bench.main(json_path)
 
 
+@experiment_app.command("label-efficiency")
+def label_efficiency(
+    out: OutOpt,
+    dataset: DatasetOpt = "ncars",
+    data: DataOpt = None,
+    preset: Annotated[str, typer.Option("--preset", help="Preset of every stage.")] = "cpu-tiny",
+    config: ConfigOpt = None,
+    fractions: Annotated[str, typer.Option("--fractions", help="Comma-separated label fractions.")] = "0.1,1.0",
+    seeds: Annotated[str, typer.Option("--seeds", help="Comma-separated finetuning seeds.")] = "0,1,2",
+    set_: Annotated[list[str] | None, typer.Option("--set", help="STAGE:key=value (STAGE: tokenizer, pretrain, "
+                                                   "finetune or all); repeatable.")] = None,
+) -> None:
+    """Pretrain without labels, then finetune MEM and scratch models per label fraction and seed; table + plot."""
+    from mem_core.train.experiment import LabelEfficiencyConfig, run
+
+    overrides: dict[str, list[str]] = {}
+    for item in set_ or []:
+        stage, sep, rest = item.partition(":")
+        if not sep or stage not in ("tokenizer", "pretrain", "finetune", "all"):
+            fail(f"--set {item!r}: write STAGE:key=value with STAGE tokenizer, pretrain, finetune or all")
+        overrides.setdefault(stage, []).append(rest)
+    try:
+        cfg = LabelEfficiencyConfig(
+            dataset=dataset, data=str(data) if data else "", out=str(out), preset=preset,
+            config_file=str(config) if config else None,
+            fractions=tuple(float(f) for f in fractions.split(",")), seeds=tuple(int(s) for s in seeds.split(",")),
+            overrides=overrides,
+        )
+    except ValueError as exc:
+        fail(f"--fractions/--seeds: {exc}")
+    report = run(cfg)
+    from mem_core.train.experiment import markdown_table
+
+    typer.echo(markdown_table(report["summary"]))
+    typer.echo(f"results: {out / 'results.json'}, plot: {out / 'label_efficiency.png'}")
+
+
 def _register_optional_commands() -> None:
     """Commands that live in their own modules (recording, ingest, live app, demo) join when present."""
     import importlib

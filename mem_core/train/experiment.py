@@ -1,0 +1,147 @@
+"""Label efficiency: does masked event pretraining beat training from scratch when labels are few?
+
+One command runs the paper's central comparison on a dataset the user has: train the tokenizer and pretrain on
+the training split *without labels*, then finetune a MEM-initialised and a from-scratch model with the same
+recipe and budget for every label fraction and seed, evaluate both on the validation split, and write
+``results.json``, ``results.md`` (a table) and ``label_efficiency.png`` (top-1 vs label fraction, both arms).
+Every stage is a normal run directory under ``out``; finished runs are reused, so an interrupted experiment
+continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mem_core.configuration import resolve
+from mem_core.train.configs import STAGES
+from mem_core.train.rundir import RunDir, json_safe
+
+
+@dataclass
+class LabelEfficiencyConfig:
+    dataset: str = "ncars"
+    data: str = ""
+    out: str = "runs/label-efficiency"
+    preset: str = "cpu-tiny"
+    config_file: str | None = None
+    fractions: tuple[float, ...] = (0.1, 1.0)
+    seeds: tuple[int, ...] = (0, 1, 2)
+    overrides: dict[str, list[str]] = field(default_factory=dict)  # stage -> ["key=value", ...]
+
+
+def _stage_config(cfg: LabelEfficiencyConfig, stage: str, *extra: str):
+    base = {"data.dataset": cfg.dataset, **({"data.path": cfg.data} if cfg.data else {})}
+    overrides = [*cfg.overrides.get("all", []), *cfg.overrides.get(stage, []), *extra]
+    return resolve(STAGES[stage], stage, preset=cfg.preset, config_file=cfg.config_file, overrides=overrides, base=base)
+
+
+def _done(run_path: Path, marker: str) -> bool:
+    if not (run_path / marker).exists():
+        return False
+    if marker == "checkpoint.pt":  # a finished tokenizer/pretrain run has logged its last epoch
+        info = RunDir(run_path).read_config()["config"]
+        records = RunDir(run_path).metrics()
+        return bool(records) and records[-1]["epoch"] == info["epochs"] - 1
+    return True
+
+
+def run(cfg: LabelEfficiencyConfig) -> dict[str, Any]:
+    """Run (or continue) the whole experiment and return the results table."""
+    from mem_core.train import finetune, pretrain, tokenizer
+
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    timings: dict[str, float] = {}
+
+    def timed(name: str, fn):
+        t0 = time.perf_counter()
+        result = fn()
+        timings[name] = timings.get(name, 0.0) + time.perf_counter() - t0
+        return result
+
+    tok_path, pre_path = out / "tokenizer", out / "pretrain"
+    if not _done(tok_path, "checkpoint.pt"):
+        timed("tokenizer", lambda: tokenizer.run(_stage_config(cfg, "tokenizer"), tok_path,
+                                                 resume=tok_path.exists()))
+    if not _done(pre_path, "checkpoint.pt"):
+        timed("pretrain", lambda: pretrain.run(_stage_config(cfg, "pretrain"), pre_path, tokenizer=tok_path,
+                                               resume=pre_path.exists()))
+    rows = []
+    for fraction in cfg.fractions:
+        for seed in cfg.seeds:
+            for arm, init in (("mem", pre_path), ("scratch", None)):
+                path = out / f"finetune-{arm}-labels{fraction:g}-seed{seed}"
+                if not _done(path, "result.json"):
+                    ft_cfg = _stage_config(cfg, "finetune", f"seed={seed}", f"data.labels={fraction}",
+                                           f"data.label_seed={seed}")
+                    timed(f"finetune-{arm}", lambda c=ft_cfg, p=path, i=init: finetune.run(c, p, init=i,
+                                                                                          resume=p.exists()))
+                result = json.loads((path / "result.json").read_text())
+                records = RunDir(path).metrics()
+                final = next(r["val_top1"] for r in reversed(records) if "val_top1" in r)
+                rows.append({"arm": arm, "labels": fraction, "seed": seed, "final_top1": final,
+                             "best_top1": result["top1"], "train_samples": result["train_samples"],
+                             "run": str(path)})
+    summary = summarize(rows)
+    report = {"dataset": cfg.dataset, "data": cfg.data, "preset": cfg.preset, "rows": rows, "summary": summary,
+              "seconds": timings}
+    (out / "results.json").write_text(json.dumps(json_safe(report), indent=2) + "\n")
+    (out / "results.md").write_text(markdown_table(summary) + "\n")
+    plot(summary, out / "label_efficiency.png", cfg.dataset)
+    return report
+
+
+def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Mean and std over seeds of the final-epoch and best-epoch validation top-1, per arm and label fraction."""
+    out = []
+    for fraction in sorted({r["labels"] for r in rows}):
+        for arm in ("mem", "scratch"):
+            sel = [r for r in rows if r["labels"] == fraction and r["arm"] == arm]
+            if not sel:
+                continue
+            final = np.array([r["final_top1"] for r in sel])
+            best = np.array([r["best_top1"] for r in sel])
+            out.append({"arm": arm, "labels": fraction, "seeds": len(sel), "train_samples": sel[0]["train_samples"],
+                        "final_mean": float(final.mean()), "final_std": float(final.std()),
+                        "best_mean": float(best.mean()), "best_std": float(best.std())})
+    return out
+
+
+def markdown_table(summary: list[dict[str, Any]]) -> str:
+    lines = ["| labels | train samples | arm | top-1 final epoch (mean ± std) | top-1 best epoch | seeds |",
+             "|---|---|---|---|---|---|"]
+    for s in summary:
+        lines.append(f"| {s['labels']:.0%} | {s['train_samples']} | {s['arm']} | "
+                     f"{100 * s['final_mean']:.2f} ± {100 * s['final_std']:.2f} | "
+                     f"{100 * s['best_mean']:.2f} ± {100 * s['best_std']:.2f} | {s['seeds']} |")
+    return "\n".join(lines)
+
+
+def plot(summary: list[dict[str, Any]], path: Path, dataset: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for arm, color in (("mem", "tab:red"), ("scratch", "tab:blue")):
+        pts = [s for s in summary if s["arm"] == arm]
+        if not pts:
+            continue
+        xs = [100 * s["labels"] for s in pts]
+        ax.errorbar(xs, [100 * s["final_mean"] for s in pts], yerr=[100 * s["final_std"] for s in pts],
+                    marker="o", capsize=4, color=color, label="MEM pretrained" if arm == "mem" else "from scratch")
+    ax.set_xscale("log")
+    ax.set(xlabel="labelled training samples (%)", ylabel="validation top-1 (%)",
+           title=f"Label efficiency on {dataset}")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
