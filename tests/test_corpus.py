@@ -1,0 +1,364 @@
+"""The corpus store: round trips, windows and time slices, segments, crash and full-disk safety, DataLoader use."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import pickle
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from mem_core import corpus as corpus_module
+from mem_core.corpus import Corpus, CorpusError, CorpusFullError, CorpusWriter
+from mem_core.events import EVENT_DTYPE, SensorSize, make_events
+
+SENSOR = SensorSize(32, 48)
+CHILD = Path(__file__).with_name("corpus_writer_child.py")
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """Chunks (and time-index stride) of 64 events, so tiny recordings span many chunks."""
+    monkeypatch.setattr(corpus_module, "CHUNK_EVENTS", 64)
+
+
+def batches(events: np.ndarray, size: int) -> list[np.ndarray]:
+    return [events[i : i + size] for i in range(0, events.size, size)]
+
+
+def test_samples_round_trip_and_share_one_shard(tmp_path, events_factory):
+    samples = [events_factory(n, seed=k) for k, n in enumerate([300, 0, 1234, 57])]
+    with CorpusWriter(tmp_path / "c", provenance={"dataset": "synthetic"}) as w:
+        for k, ev in enumerate(samples):
+            w.add_recording(f"s{k}", ev, SENSOR, label=k % 2, metadata={"file": f"s{k}.dat"})
+
+    c = Corpus(tmp_path / "c")
+    assert len(c) == 4 and c.total_events == sum(s.size for s in samples)
+    assert len({r.shard for r in c.recordings}) == 1
+    for k, (info, ev) in enumerate(zip(c.recordings, samples, strict=True)):
+        assert info.name == f"s{k}" and info.label == k % 2 and info.metadata == {"file": f"s{k}.dat"}
+        assert info.sensor == SENSOR and info.complete and info.n_events == ev.size
+        np.testing.assert_array_equal(c.events(k), ev)
+        assert c.events(k).dtype == EVENT_DTYPE
+    assert c.recordings[1].t_min is None and c.recordings[0].t_min == int(samples[0]["t"][0])
+    assert c.provenance[0]["dataset"] == "synthetic"
+
+    d = json.loads(json.dumps(c.describe()))
+    nonempty = [s for s in samples if s.size]
+    assert d["recordings"] == 4 and d["events"] == c.total_events
+    assert d["t_min"] == min(int(s["t"][0]) for s in nonempty)
+    assert d["t_max"] == max(int(s["t"][-1]) for s in nonempty)
+    assert d["sensors"] == [{"height": 32, "width": 48, "recordings": 4}]
+    assert d["labels"] == {"0": 2, "1": 2}
+
+
+@pytest.mark.parametrize(("start", "count"), [(0, 10), (0, 5000), (63, 2), (100, 777), (4990, 100), (6000, 5)])
+def test_window_reads_exactly_the_requested_events(tmp_path, events_factory, small_chunks, start, count):
+    first, live = events_factory(101, seed=1), events_factory(5000, seed=2)
+    with CorpusWriter(tmp_path) as w:
+        w.add_recording("first", first, SENSOR)  # the live recording starts mid-chunk
+        w.begin_recording("live", SENSOR)
+        for part in batches(live, 333):
+            w.append(part)
+    np.testing.assert_array_equal(Corpus(tmp_path).window(1, start, count), live[start : start + count])
+
+
+def test_time_slice_matches_a_full_scan(tmp_path, events_factory, small_chunks):
+    first, live = events_factory(101, seed=1), events_factory(5000, seed=2)
+    live["t"][1000:1100] = live["t"][1000]  # a run of equal times across chunk boundaries
+    with CorpusWriter(tmp_path) as w:
+        w.add_recording("first", first, SENSOR)
+        w.add_recording("live", live, SENSOR)
+    c = Corpus(tmp_path)
+    t = live["t"]
+    edges = [int(t[0]) - 5, int(t[0]), int(t[1000]), int(t[1000]) + 1, int(t[2500]), int(t[-1]), int(t[-1]) + 1]
+    rng = np.random.default_rng(0)
+    edges += [int(v) for v in rng.integers(int(t[0]), int(t[-1]), 12)]
+    for t0 in edges:
+        for t1 in edges:
+            expected = live[(t >= t0) & (t < t1)]
+            np.testing.assert_array_equal(c.time_slice(1, t0, t1), expected, err_msg=f"t0={t0}, t1={t1}")
+
+
+def test_reopen_appends_and_keeps_names_unique(tmp_path, events_factory):
+    a, b = events_factory(200, seed=1), events_factory(300, seed=2)
+    with CorpusWriter(tmp_path, provenance={"run": 1}) as w:
+        w.add_recording("a", a, SENSOR)
+    with CorpusWriter(tmp_path, provenance={"run": 2}) as w:
+        with pytest.raises(ValueError, match="'a' already exists"):
+            w.add_recording("a", b, SENSOR)
+        w.add_recording("b", b, SENSOR)
+    c = Corpus(tmp_path)
+    assert [r.name for r in c.recordings] == ["a", "b"]
+    assert c.recordings[0].shard != c.recordings[1].shard  # a shard is only ever written by one writer
+    np.testing.assert_array_equal(c.events(c.index("b")), b)
+    assert [p["run"] for p in c.provenance] == [1, 2]
+
+
+def test_only_one_writer_at_a_time(tmp_path):
+    with CorpusWriter(tmp_path), pytest.raises(CorpusError, match="another CorpusWriter"):
+        CorpusWriter(tmp_path)
+    CorpusWriter(tmp_path).close()
+
+
+def test_rotate_and_full_shards_cut_a_session_into_segments(tmp_path, events_factory):
+    live = events_factory(2500, seed=3)
+    with CorpusWriter(tmp_path, shard_max_events=1000) as w:
+        w.begin_recording("drive", SENSOR, label="street", metadata={"camera": "sim"})
+        w.append(live[:300])
+        w.rotate()
+        for part in batches(live[300:], 700):
+            w.append(part)
+    c = Corpus(tmp_path)
+    assert [r.name for r in c.recordings] == ["drive", "drive/1", "drive/2", "drive/3"]
+    assert [r.n_events for r in c.recordings] == [300, 1000, 1000, 200]
+    assert {r.session for r in c.recordings} == {"drive"} and [r.segment for r in c.recordings] == [0, 1, 2, 3]
+    assert len({r.shard for r in c.recordings}) == 4
+    assert all(r.complete and r.label == "street" and r.metadata == {"camera": "sim"} for r in c.recordings)
+    np.testing.assert_array_equal(np.concatenate([c.events(i) for i in range(len(c))]), live)
+
+
+def test_ingest_never_splits_a_sample_that_fits_in_a_shard(tmp_path, events_factory):
+    with CorpusWriter(tmp_path, shard_max_events=1000) as w:
+        for k in range(5):
+            w.add_recording(f"s{k}", events_factory(400, seed=k), SENSOR)
+    c = Corpus(tmp_path)
+    assert [r.n_events for r in c.recordings] == [400] * 5
+    assert [r.shard for r in c.recordings] == ["shard-00000.h5"] * 2 + ["shard-00001.h5"] * 2 + ["shard-00002.h5"]
+
+
+@pytest.mark.parametrize(("interval", "visible"), [(0.0, 600), (3600.0, 0)])
+def test_appends_are_committed_each_flush_interval_and_readable_live(tmp_path, events_factory, interval, visible):
+    live = events_factory(600)
+    with CorpusWriter(tmp_path, flush_interval_s=interval) as w:
+        w.begin_recording("live", SENSOR)
+        for part in batches(live, 200):
+            w.append(part)
+        c = Corpus(tmp_path)  # read while the writer is still recording: only committed events show
+        assert c.total_events == visible
+        if visible:
+            assert not c.recordings[0].complete
+            np.testing.assert_array_equal(c.events(0), live[:visible])
+        c.close()
+    assert Corpus(tmp_path).recordings[0].n_events == 600
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (lambda e: e[::-1], "not sorted"),
+        (lambda e: make_events(e["t"], e["x"] + 100, e["y"], e["p"]), "outside the sensor"),
+        (lambda e: make_events(e["t"] - 10**9, e["x"], e["y"], e["p"]), "back in time"),
+        (lambda e: np.zeros(5), "EVENT_DTYPE"),
+    ],
+)
+def test_invalid_appends_are_rejected_whole(tmp_path, events_factory, bad, message):
+    ev = events_factory(400)
+    with CorpusWriter(tmp_path, flush_interval_s=0) as w:
+        w.begin_recording("live", SENSOR)
+        w.append(ev[:200])
+        with pytest.raises(ValueError, match=message):
+            w.append(bad(ev[200:]))
+        w.append(ev[200:])
+    np.testing.assert_array_equal(Corpus(tmp_path).events(0), ev)
+
+
+def test_misuse_is_reported(tmp_path, events_factory):
+    with CorpusWriter(tmp_path) as w:
+        with pytest.raises(CorpusError, match="begin_recording"):
+            w.append(events_factory(10))
+        with pytest.raises(ValueError, match="without '/'"):
+            w.begin_recording("a/b", SENSOR)
+        w.begin_recording("a", SENSOR)
+        with pytest.raises(CorpusError, match="still open"):
+            w.begin_recording("b", SENSOR)
+    with pytest.raises(CorpusError, match="closed"):
+        w.begin_recording("c", SENSOR)
+
+
+def test_killed_writer_leaves_a_readable_corpus(tmp_path):
+    sys.path.insert(0, str(CHILD.parent))
+    from corpus_writer_child import BATCH, live_events, sample_events
+
+    root = tmp_path / "c"
+    child = subprocess.Popen([sys.executable, str(CHILD), str(root), "stream"])
+    try:
+        deadline = time.monotonic() + 60
+        while _committed(root, "live") < 3 * BATCH:  # let it commit a few times, then kill it mid-stream
+            assert child.poll() is None and time.monotonic() < deadline, "writer child died or stalled"
+            time.sleep(0.05)
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+
+    c = Corpus(root)
+    live = c.recordings[c.index("live")]
+    assert not live.complete and live.n_events >= 3 * BATCH and live.metadata == {"source": "child"}
+    np.testing.assert_array_equal(c.events(c.index("live")), live_events(0, live.n_events))
+    for k in range(2):
+        np.testing.assert_array_equal(c.events(c.index(f"sample{k}")), sample_events(k))
+
+    with CorpusWriter(root) as w:  # the lock died with the child; the corpus takes more recordings
+        w.add_recording("after", sample_events(0), SENSOR)
+    assert Corpus(root).recordings[-1].name == "after"
+
+
+def _committed(root: Path, name: str) -> int:
+    """Events of recording ``name`` in the manifest right now (0 before it exists)."""
+    try:
+        manifest = json.loads((root / "manifest.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return 0
+    return sum(r["n_events"] for r in manifest["recordings"] if r["name"] == name)
+
+
+def test_real_write_failure_raises_corpus_full_and_keeps_committed_events(tmp_path):
+    sys.path.insert(0, str(CHILD.parent))
+    from corpus_writer_child import BATCH, live_events
+
+    root = tmp_path / "c"
+    done = subprocess.run(
+        [sys.executable, str(CHILD), str(root), "fsize"], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["error"] == "CorpusFullError" and report["errno"] == errno.EFBIG
+    assert str(root) in report["message"] and "bytes free" in report["message"]
+    c = Corpus(root)
+    live = c.recordings[c.index("live")]
+    assert live.n_events >= BATCH and not live.complete
+    np.testing.assert_array_equal(c.events(c.index("live")), live_events(0, live.n_events))
+
+
+def test_low_free_space_stops_the_writer_with_a_clear_error(tmp_path, events_factory, monkeypatch):
+    ev = events_factory(1000)
+    w = CorpusWriter(tmp_path, flush_interval_s=0, min_free_bytes=10_000)
+    w.begin_recording("live", SENSOR)
+    w.append(ev[:500])
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=12_345))
+    with pytest.raises(CorpusFullError, match=re.escape(f"{tmp_path}: only 12345 bytes free")) as info:
+        w.append(ev[500:])
+    assert isinstance(info.value, OSError) and info.value.errno == errno.ENOSPC
+    with pytest.raises(CorpusError, match="earlier error"):
+        w.append(ev[500:])
+    w.close()
+    c = Corpus(tmp_path)
+    np.testing.assert_array_equal(c.events(0), ev[:500])
+
+
+@pytest.mark.parametrize(("code", "full"), [(errno.ENOSPC, True), (errno.EIO, False)])
+def test_failed_shard_write_surfaces_as_corpus_error(tmp_path, events_factory, monkeypatch, code, full):
+    ev = events_factory(1000)
+    w = CorpusWriter(tmp_path, flush_interval_s=0)
+    w.begin_recording("live", SENSOR)
+    w.append(ev[:500])
+
+    def failing_write(self, key, value):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(h5py.Dataset, "__setitem__", failing_write)
+    with pytest.raises(CorpusError, match=r"shard-00000\.h5") as info:
+        w.append(ev[500:])
+    assert isinstance(info.value, CorpusFullError) == full
+    assert ("bytes free" in str(info.value)) == full
+    monkeypatch.undo()
+    w.close()
+    assert not (tmp_path / ".reserve").exists()
+    np.testing.assert_array_equal(Corpus(tmp_path).events(0), ev[:500])
+
+
+def _corpus_with_one_recording(root: Path, events: np.ndarray) -> None:
+    with CorpusWriter(root) as w:
+        w.add_recording("a", events, SENSOR)
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda root: (root / "manifest.json").unlink(), "no corpus manifest"),
+        (lambda root: (root / "manifest.json").write_text('{"format_version": 1, "recor'), "corrupt corpus manifest"),
+        (lambda root: (root / "manifest.json").write_text("[1, 2]"), "not a corpus manifest"),
+        (
+            lambda root: (root / "manifest.json").write_text(
+                (root / "manifest.json").read_text().replace('"format_version": 1', '"format_version": 99')
+            ),
+            "format_version 99",
+        ),
+        (
+            lambda root: (root / "manifest.json").write_text(
+                (root / "manifest.json").read_text().replace('"offset"', '"offst"')
+            ),
+            "malformed recording entry",
+        ),
+    ],
+)
+def test_damaged_manifest_is_a_clear_error(tmp_path, events_factory, damage, message):
+    _corpus_with_one_recording(tmp_path, events_factory(100))
+    damage(tmp_path)
+    with pytest.raises(CorpusError, match=message) as info:
+        Corpus(tmp_path)
+    assert "manifest.json" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda shard: shard.unlink(), "is missing"),
+        (lambda shard: shard.write_bytes(b"not an hdf5 file" * 100), "cannot open shard"),
+    ],
+)
+def test_damaged_shard_is_a_clear_error(tmp_path, events_factory, damage, message):
+    _corpus_with_one_recording(tmp_path, events_factory(100))
+    damage(tmp_path / "shard-00000.h5")
+    c = Corpus(tmp_path)
+    with pytest.raises(CorpusError, match=message) as info:
+        c.events(0)
+    assert "shard-00000.h5" in str(info.value)
+
+
+def test_manifest_claiming_more_events_than_the_shard_holds_is_a_clear_error(tmp_path, events_factory):
+    _corpus_with_one_recording(tmp_path, events_factory(100))
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(manifest.read_text().replace('"n_events": 100', '"n_events": 5000'))
+    with pytest.raises(CorpusError, match=r"shard-00000\.h5: holds 100 events"):
+        Corpus(tmp_path).events(0)
+
+
+def test_corpus_reads_in_dataloader_workers_and_after_pickling(tmp_path, events_factory):
+    torch = pytest.importorskip("torch")
+    samples = [events_factory(300 + 50 * k, seed=k) for k in range(6)]
+    with CorpusWriter(tmp_path) as w:
+        for k, ev in enumerate(samples):
+            w.add_recording(f"s{k}", ev, SENSOR, label=k % 2)
+    c = Corpus(tmp_path)
+    c.events(0)  # the parent holds an open HDF5 handle when the workers fork
+
+    class Windows(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return len(c)
+
+        def __getitem__(self, i: int):
+            return torch.from_numpy(c.window(i, 10, 200)["x"].astype(np.int64)), os.getpid()
+
+    loader = torch.utils.data.DataLoader(Windows(), batch_size=2, num_workers=2)
+    got, pids = [], set()
+    for x, pid in loader:
+        got.extend(x.numpy())
+        pids.update(pid.tolist())
+    for k, x in enumerate(got):
+        np.testing.assert_array_equal(x, samples[k]["x"][10:210])
+    assert os.getpid() not in pids and len(pids) == 2
+
+    clone = pickle.loads(pickle.dumps(c))
+    np.testing.assert_array_equal(clone.events(5), samples[5])
