@@ -1,0 +1,279 @@
+"""Training augmentations: event-level (before the histogram) and RandAugment on histogram tensors.
+
+Event augmentations take ``EVENT_DTYPE`` arrays and an explicit ``np.random.Generator`` and return new arrays
+(the input is never modified). ``rand_augment`` works on batched float tensors in [0, 1] with any number of
+channels (timm's RandAugment is PIL-only, so 2-channel histograms need their own).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from numba import njit
+
+from mem_core.events import EVENT_DTYPE, SensorSize
+
+if TYPE_CHECKING:
+    from mem_core.representation import InputSpec
+
+# ------------------------------------------------------------------------------------- event augmentations
+
+
+def flip_polarity(events: np.ndarray) -> np.ndarray:
+    """Swap ON and OFF (p -> 1 - p)."""
+    out = events.copy()
+    out["p"] = 1 - events["p"]
+    return out
+
+
+def hflip_events(events: np.ndarray, sensor: SensorSize) -> np.ndarray:
+    """Mirror left-right: x -> W - 1 - x."""
+    x = sensor.width - 1 - events["x"].astype(np.int32)
+    if x.size and x.min() < 0:
+        raise ValueError(f"events have x up to {int(events['x'].max())}, outside the sensor width {sensor.width}")
+    out = events.copy()
+    out["x"] = x
+    return out
+
+
+def shift_events(events: np.ndarray, sensor: SensorSize, dx: int, dy: int) -> np.ndarray:
+    """Move every event by (dx, dy) pixels and drop the events that leave the sensor."""
+    x = events["x"].astype(np.int32) + dx
+    y = events["y"].astype(np.int32) + dy
+    keep = (x >= 0) & (x < sensor.width) & (y >= 0) & (y < sensor.height)
+    out = events[keep]  # boolean indexing copies
+    out["x"] = x[keep]
+    out["y"] = y[keep]
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _augment_kernel(events, out, flip, mirror, dx, dy, width, height):
+    """One pass of ``augment_events``: writes the kept events to ``out``; returns (kept, off-sensor inputs)."""
+    kept = 0
+    invalid = 0
+    for i in range(events.shape[0]):
+        e = events[i]
+        x = np.int64(e.x)
+        y = np.int64(e.y)
+        if x >= width or y >= height:
+            invalid += 1
+            continue
+        if mirror:
+            x = width - 1 - x
+        x += dx
+        y += dy
+        if 0 <= x < width and 0 <= y < height:
+            o = out[kept]
+            o.t = e.t
+            o.x = x
+            o.y = y
+            o.p = 1 - e.p if flip else e.p
+            kept += 1
+    return kept, invalid
+
+
+def augment_events(events: np.ndarray, sensor: SensorSize, spec: InputSpec, rng: np.random.Generator) -> np.ndarray:
+    """Training-time event augmentations drawn from ``rng``: polarity flip with ``spec.flip_polarity_p``,
+    horizontal flip with ``spec.hflip_p``, then a shift of up to +-``spec.shift_px`` in x and y (uniform
+    integers) that drops events leaving the frame. Returns a new array.
+
+    Equal to composing ``flip_polarity``, ``hflip_events`` and ``shift_events``, done in one numba pass (the
+    three numpy steps cost ~1 ms on a 30 000-event window, mostly copies of the 13-byte records).
+    """
+    flip = bool(rng.random() < spec.flip_polarity_p)
+    mirror = bool(rng.random() < spec.hflip_p)
+    dx, dy = (int(d) for d in rng.integers(-spec.shift_px, spec.shift_px + 1, size=2)) if spec.shift_px else (0, 0)
+    out = np.empty(len(events), EVENT_DTYPE)
+    kept, invalid = _augment_kernel(events, out, flip, mirror, dx, dy, sensor.width, sensor.height)
+    if invalid:
+        raise ValueError(f"{invalid} events fall outside the sensor {sensor.width}x{sensor.height} (width x height)")
+    return out[:kept]
+
+
+# -------------------------------------------------------------------------------------------- RandAugment
+
+MAX_MAGNITUDE = 30
+"""Top of the magnitude scale (torchvision's RandAugment uses 31 bins, 0..30)."""
+
+# Chosen for [0, 1] event histograms. Left out on purpose:
+# - "solarize" (x -> 1 - x above a threshold) turns the densest edges into the emptiest pixels, breaking the one
+#   property a count image has (more events = larger value);
+# - "equalize": ~90 % of a histogram's pixels are empty, so equalization sends the smallest non-zero count to
+#   ~0.9 and binarizes the input, erasing the counts;
+# - "color"/"invert" have no meaning without RGB channels / for counts.
+RANDAUG_OPS: tuple[str, ...] = (
+    "identity",
+    "rotate",
+    "shear_x",
+    "shear_y",
+    "translate_x",
+    "translate_y",
+    "brightness",  # scales all counts: other contrast thresholds / speeds
+    "contrast",  # blend with the mean
+    "sharpness",  # blend with a 3x3 smoothed copy
+    "posterize",  # quantize to 2**bits levels: drops the weakest pixels (noise-like events)
+    "autocontrast",  # stretch each channel to [0, 1]: rebalances the two polarities
+)
+_WARPS = ("rotate", "shear_x", "shear_y")
+_TRANSLATES = ("translate_x", "translate_y")
+
+
+def _warp_theta(ops: list[str], level: list[float], height: int, width: int) -> torch.Tensor:
+    """affine_grid matrices (k, 2, 3) for a rotation or shear per sample.
+
+    Built in pixel units around the image centre (so a rotation is not skewed on a non-square input) and mapped
+    to affine_grid's normalized [-1, 1] coordinates: theta = S A S^-1 with S = diag(2/W, 2/H).
+    """
+    theta = torch.zeros(len(ops), 2, 3)
+    theta[:, 0, 0] = theta[:, 1, 1] = 1.0
+    for i, (op, s) in enumerate(zip(ops, level, strict=True)):
+        if op == "rotate":
+            angle = math.radians(30.0 * s)
+            c, si = math.cos(angle), math.sin(angle)
+            theta[i, :, :2] = torch.tensor([[c, -si * height / width], [si * width / height, c]])
+        elif op == "shear_x":
+            theta[i, 0, 1] = 0.3 * s * height / width
+        else:
+            theta[i, 1, 0] = 0.3 * s * width / height
+    return theta
+
+
+def _affine_grid(theta: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """Same as ``F.affine_grid(theta, (k, C, H, W), align_corners=False)`` -> (k, H, W, 2), ~5x faster on CPU.
+
+    affine_grid multiplies a (k, H*W, 3) base grid by theta; two broadcast multiply-adds per coordinate
+    written straight into the output do the same with less memory traffic.
+    """
+    xs = (torch.arange(width, device=theta.device, dtype=theta.dtype) * 2 + 1) / width - 1  # pixel centres in [-1, 1]
+    ys = (torch.arange(height, device=theta.device, dtype=theta.dtype) * 2 + 1) / height - 1
+    grid = torch.empty(len(theta), height, width, 2, device=theta.device, dtype=theta.dtype)
+    for i in range(2):
+        offset = (theta[:, i, 1, None] * ys + theta[:, i, 2, None])[:, :, None]  # (k, H, 1)
+        torch.add(offset, theta[:, i, 0, None, None] * xs, out=grid[..., i])  # (k, H, W)
+    return grid
+
+
+def _translate_(img: torch.Tensor, dx: int, dy: int) -> None:
+    """In place: img (C, H, W) -> img shifted by whole pixels, out[y, x] = in[y - dy, x - dx], zero fill."""
+    height, width = img.shape[-2:]
+    src = img[..., max(-dy, 0) : height - max(dy, 0), max(-dx, 0) : width - max(dx, 0)].clone()
+    img.zero_()
+    if src.numel():
+        img[..., max(dy, 0) : height + min(dy, 0), max(dx, 0) : width + min(dx, 0)] = src
+
+
+def _per_sample(level: torch.Tensor) -> torch.Tensor:
+    return level[:, None, None, None]  # (k,) -> (k, 1, 1, 1)
+
+
+def _brightness_(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    return x.mul_(_per_sample(1 + 0.9 * s)).clamp_(0.0, 1.0)
+
+
+def _contrast_(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    f = 1 + 0.9 * s
+    mean = x.flatten(1).mean(1)  # (k,) torchvision blends with the image mean
+    return x.mul_(_per_sample(f)).add_(_per_sample((1 - f) * mean)).clamp_(0.0, 1.0)
+
+
+def _sharpness_(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """Blend with torchvision's smoothed image (3x3 kernel [[1,1,1],[1,5,1],[1,1,1]] / 13, borders kept).
+
+    f * x + (1 - f) * (box_sum + 4 * x) / 13 = a * x + b * box_sum on the interior. The 3x3 box sum is four
+    shifted adds (avg_pool2d and depthwise conv2d are ~10x slower on CPU).
+    """
+    if x.shape[-1] < 3 or x.shape[-2] < 3:
+        return x
+    f = 1 + 0.9 * s
+    a, b = _per_sample(f + 4 * (1 - f) / 13), _per_sample((1 - f) / 13)
+    box = x[..., :-2, :] + x[..., 1:-1, :]
+    box += x[..., 2:, :]  # (k, C, H-2, W) vertical 3-sums
+    inner = x[..., 1:-1, 1:-1]
+    blended = box[..., :-2] + box[..., 1:-1]
+    blended += box[..., 2:]  # (k, C, H-2, W-2) 3x3 sums
+    blended.mul_(b).add_(inner * a)
+    inner.copy_(blended)
+    return x.clamp_(0.0, 1.0)
+
+
+def _posterize_(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    levels = _per_sample(2.0 ** (8 - torch.round(4 * s.abs())))  # 8 bits at level 0, 4 bits at level 1
+    return x.mul_(levels).floor_().div_(levels)
+
+
+def _autocontrast_(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    lo = x.amin((2, 3), keepdim=True)  # (k, C, 1, 1)
+    span = x.amax((2, 3), keepdim=True) - lo
+    return x.sub_(lo).div_(torch.where(span > 0, span, 1.0))
+
+
+# Pixel ops on a gathered copy (modified in place): (x (k, C, H, W), signed level (k,) in [-1, 1]) -> x in [0, 1].
+_PIXEL_OPS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "brightness": _brightness_,
+    "contrast": _contrast_,
+    "sharpness": _sharpness_,
+    "posterize": _posterize_,
+    "autocontrast": _autocontrast_,
+}
+
+
+def rand_augment(
+    x: torch.Tensor,
+    ops: int = 2,
+    magnitude: float = 20,
+    generator: torch.Generator | None = None,
+    op_names: Sequence[str] = RANDAUG_OPS,
+    *,
+    inplace: bool = False,
+) -> torch.Tensor:
+    """RandAugment for histogram batches: x (B, C, H, W) in [0, 1] -> (B, C, H, W) in [0, 1].
+
+    Each sample draws its own ``ops`` operations from ``op_names`` (uniformly, with repetition) and its own
+    sign per operation, all from ``generator`` (a CPU torch.Generator; the tensors may live on any device).
+    ``magnitude`` is on torchvision's 0..30 scale; with ``level = magnitude / 30`` and a random sign:
+    rotate +-30 deg * level, shear +-0.3 * level, translate +-(150/331) * side * level rounded to whole pixels
+    (an exact shift of the counts, no interpolation blur), brightness/contrast/sharpness factor 1 +- 0.9 * level,
+    posterize to 8 - round(4 * level) bits; identity and autocontrast ignore it. The rotations and shears of
+    a round run as one affine_grid + grid_sample call (bilinear, zero fill = no events) over the samples that
+    drew one. ``inplace=True`` reuses ``x`` (saves a copy when the caller owns it).
+    """
+    if x.ndim != 4:
+        raise ValueError(f"rand_augment expects (B, C, H, W), got shape {tuple(x.shape)}")
+    if not 0 <= magnitude <= MAX_MAGNITUDE:
+        raise ValueError(f"magnitude must be in [0, {MAX_MAGNITUDE}], got {magnitude}")
+    unknown = sorted(set(op_names) - set(RANDAUG_OPS))
+    if unknown or not op_names:
+        raise ValueError(f"unknown RandAugment ops {unknown} (or none given); known: {RANDAUG_OPS}")
+    out = x if inplace else x.clone()
+    n, _, height, width = x.shape
+    for _ in range(ops):
+        choice = torch.randint(len(op_names), (n,), generator=generator).tolist()
+        sign = torch.randint(2, (n,), generator=generator) * 2.0 - 1.0
+        level = (sign * (magnitude / MAX_MAGNITUDE)).tolist()  # signed level in [-1, 1] per sample
+        names = [op_names[c] for c in choice]
+
+        warped = [i for i, name in enumerate(names) if name in _WARPS]
+        if warped:
+            idx = torch.tensor(warped, device=x.device)
+            theta = _warp_theta([names[i] for i in warped], [level[i] for i in warped], height, width)
+            grid = _affine_grid(theta.to(x.device, x.dtype), height, width)
+            warp = F.grid_sample(out[idx], grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+            out[idx] = warp.clamp_(0.0, 1.0)  # bilinear weights sum to 1: the clamp only removes rounding
+
+        for i, name in enumerate(names):
+            if name in _TRANSLATES:
+                pixels = round(150 / 331 * (width if name == "translate_x" else height) * level[i])
+                _translate_(out[i], pixels if name == "translate_x" else 0, pixels if name == "translate_y" else 0)
+
+        for name, op in _PIXEL_OPS.items():
+            members = [i for i, other in enumerate(names) if other == name]
+            if members:
+                idx = torch.tensor(members, device=x.device)
+                out[idx] = op(out[idx], torch.tensor([level[i] for i in members], device=x.device, dtype=x.dtype))
+    return out

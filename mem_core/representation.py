@@ -1,0 +1,491 @@
+"""Model input: event histograms and the events -> tensor pipeline (DESIGN.md §3 "Representation").
+
+Histograms are numpy float32 at sensor resolution with exact counts (no uint8/int16 wrap-around):
+
+- ``event_histogram``      (2, H, W): channel 0 = OFF, 1 = ON.
+- ``temporal_histogram``   (2 * bins, H, W): channel ``2 * b + p`` counts polarity ``p`` in time bin ``b``.
+- ``timestamp_histogram``  (3, H, W): OFF and ON counts, then the normalized time of each pixel's newest event.
+
+The model input for one sample (``preprocess``) or a padded batch (``collate_events`` + ``batch_preprocess``):
+window of up to ``n_max`` events (random at train, centred at evaluation) -> event augmentations (train) ->
+histogram -> hot pixels zeroed -> normalize to [0, 1] -> resize (+ crop) -> RandAugment (train).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from numba import njit
+
+from mem_core.augment import MAX_MAGNITUDE, augment_events, rand_augment
+from mem_core.events import EVENT_DTYPE, SensorSize, center_window, random_window
+
+Channels = Literal["hist", "temporal", "timestamp"]
+CHANNELS: tuple[str, ...] = ("hist", "temporal", "timestamp")
+
+# float32 holds every integer up to 2**24 exactly, so a window of at most that many events is counted straight
+# into float32; longer streams are counted in int64 and converted (counts above 2**24 then round to float32).
+_FLOAT32_EXACT = 2**24
+
+
+# --------------------------------------------------------------------------------------------- numba kernels
+
+
+@njit(cache=True, nogil=True)
+def _count_kernel(x, y, p, counts):
+    """``counts[p, y, x] += 1`` per event; returns how many events were skipped as out of range."""
+    height, width = counts.shape[1], counts.shape[2]
+    skipped = 0
+    for i in range(x.shape[0]):
+        xi, yi, pi = x[i], y[i], p[i]
+        if 0 <= xi < width and 0 <= yi < height and 0 <= pi < 2:
+            counts[pi, yi, xi] += 1
+        else:
+            skipped += 1
+    return skipped
+
+
+@njit(cache=True, nogil=True)
+def _temporal_kernel(t, x, y, p, t0, ticks, counts):
+    """``counts[b, p, y, x] += 1`` with time bin ``b = (t - t0) * bins // ticks``; returns the skipped count."""
+    bins, height, width = counts.shape[0], counts.shape[2], counts.shape[3]
+    skipped = 0
+    for i in range(x.shape[0]):
+        b = (t[i] - t0) * bins // ticks
+        xi, yi, pi = x[i], y[i], p[i]
+        if 0 <= b < bins and 0 <= xi < width and 0 <= yi < height and 0 <= pi < 2:
+            counts[b, pi, yi, xi] += 1
+        else:
+            skipped += 1
+    return skipped
+
+
+@njit(cache=True, nogil=True)
+def _timestamp_kernel(t, x, y, p, t0, span, counts, newest):
+    """Counts as ``_count_kernel`` plus ``newest[y, x] = (t - t0) / span`` of the pixel's last event."""
+    height, width = counts.shape[1], counts.shape[2]
+    skipped = 0
+    for i in range(x.shape[0]):
+        dt = t[i] - t0
+        xi, yi, pi = x[i], y[i], p[i]
+        if 0 <= dt <= span and 0 <= xi < width and 0 <= yi < height and 0 <= pi < 2:
+            counts[pi, yi, xi] += 1
+            # Events are sorted by time, so the last write is the newest event; a zero span means "all newest".
+            newest[yi, xi] = dt / span if span > 0 else 1.0
+        else:
+            skipped += 1
+    return skipped
+
+
+def _fill_histogram(out: np.ndarray, channels: str, t, x, y, p) -> int:
+    """Fill the zeroed float32 ``out`` (C, H, W) from event columns; returns the number of skipped events."""
+    n = len(x)
+    if n == 0:
+        return 0
+    n_counts = 2 if channels == "timestamp" else out.shape[0]
+    exact = n <= _FLOAT32_EXACT
+    counts = out[:n_counts] if exact else np.zeros((n_counts, *out.shape[1:]), np.int64)
+    if channels == "hist":
+        skipped = _count_kernel(x, y, p, counts)
+    elif channels == "temporal":
+        height, width = out.shape[1:]
+        t0 = int(t[0])
+        ticks = int(t[-1]) - t0 + 1  # the window covers ticks microseconds [t0, t_last], split evenly into bins
+        skipped = _temporal_kernel(t, x, y, p, t0, ticks, counts.reshape(-1, 2, height, width))  # (bins, 2, H, W)
+    else:
+        skipped = _timestamp_kernel(t, x, y, p, int(t[0]), int(t[-1]) - int(t[0]), counts, out[2])
+    if not exact:
+        out[:n_counts] = counts
+    return skipped
+
+
+# ------------------------------------------------------------------------------------------ numpy histograms
+
+
+def _n_channels(channels: str, bins: int) -> int:
+    if channels not in CHANNELS:
+        raise ValueError(f"unknown histogram channels {channels!r}; expected one of {CHANNELS}")
+    if bins < 1:
+        raise ValueError(f"temporal bins must be >= 1, got {bins}")
+    return {"hist": 2, "temporal": 2 * bins, "timestamp": 3}[channels]
+
+
+def _skipped_error(skipped: int, n: int, sensor: SensorSize) -> ValueError:
+    return ValueError(
+        f"{skipped} of {n} events fall outside the sensor {sensor.width}x{sensor.height} (width x height), "
+        f"have polarity > 1, or are not sorted by time"
+    )
+
+
+def input_histogram(events: np.ndarray, sensor: SensorSize, channels: Channels = "hist", bins: int = 4) -> np.ndarray:
+    """Histogram of ``events`` at sensor resolution: float32 (C, H, W) for ``channels`` (see module docstring)."""
+    if not isinstance(events, np.ndarray) or events.dtype != EVENT_DTYPE:
+        raise ValueError(f"events must be a numpy array of EVENT_DTYPE, got {getattr(events, 'dtype', type(events))}")
+    if sensor.height <= 0 or sensor.width <= 0:
+        raise ValueError(f"sensor must have a positive size, got {sensor}")
+    out = np.zeros((_n_channels(channels, bins), sensor.height, sensor.width), np.float32)
+    skipped = _fill_histogram(out, channels, events["t"], events["x"], events["y"], events["p"])
+    if skipped:
+        raise _skipped_error(skipped, len(events), sensor)
+    return out
+
+
+def event_histogram(events: np.ndarray, sensor: SensorSize) -> np.ndarray:
+    """Exact per-pixel event counts, float32 (2, H, W): channel 0 = OFF, channel 1 = ON."""
+    return input_histogram(events, sensor, "hist")
+
+
+def temporal_histogram(events: np.ndarray, sensor: SensorSize, bins: int = 4) -> np.ndarray:
+    """Counts per time bin and polarity, float32 (2 * bins, H, W); channel ``2 * b + p`` is bin ``b``, polarity ``p``.
+
+    The bins split the window's time span ``[t_first, t_last]`` into ``bins`` equal parts; summing over the
+    bins (``reshape(bins, 2, H, W).sum(0)``) gives ``event_histogram``.
+    """
+    return input_histogram(events, sensor, "temporal", bins)
+
+
+def timestamp_histogram(events: np.ndarray, sensor: SensorSize) -> np.ndarray:
+    """OFF and ON counts plus the newest event time per pixel, float32 (3, H, W).
+
+    Channel 2 is ``(t_newest - t_first) / (t_last - t_first)`` in [0, 1] for pixels with events (1 when the
+    window has zero duration) and 0 where there is no event.
+    """
+    return input_histogram(events, sensor, "timestamp")
+
+
+# ---------------------------------------------------------------------------------------------- input spec
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """How events become a model input; stored with every model so that serving builds the same input.
+
+    ``randaug_magnitude`` uses torchvision's RandAugment scale 0..30 (see ``mem_core.augment.rand_augment``).
+    ``resize_to`` (e.g. (256, 341) for N-ImageNet) resizes first, then crops ``size``: random at train, centred
+    at evaluation. ``hot_pixel_std=None`` disables hot-pixel removal; ``temporal_bins`` is used by "temporal".
+    """
+
+    n_max: int = 30000
+    size: tuple[int, int] = (224, 224)
+    channels: Channels = "hist"
+    resize_to: tuple[int, int] | None = None
+    hot_pixel_std: float | None = 10.0
+    shift_px: int = 15
+    flip_polarity_p: float = 0.5
+    hflip_p: float = 0.5
+    randaug_ops: int = 2
+    randaug_magnitude: float = 20
+    temporal_bins: int = 4
+
+    def __post_init__(self) -> None:
+        # Accept lists (from JSON/TOML) for the sizes and store tuples, so specs compare and hash by value.
+        object.__setattr__(self, "size", _size_pair("size", self.size))
+        if self.resize_to is not None:
+            object.__setattr__(self, "resize_to", _size_pair("resize_to", self.resize_to))
+            if self.resize_to[0] < self.size[0] or self.resize_to[1] < self.size[1]:
+                raise ValueError(f"resize_to {self.resize_to} must be at least size {self.size} to crop from")
+        _n_channels(self.channels, self.temporal_bins)
+        if self.n_max <= 0:
+            raise ValueError(f"n_max must be positive, got {self.n_max}")
+        if self.shift_px < 0 or self.randaug_ops < 0:
+            raise ValueError(f"shift_px and randaug_ops must be >= 0, got {self.shift_px}, {self.randaug_ops}")
+        for name in ("flip_polarity_p", "hflip_p"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be a probability in [0, 1], got {getattr(self, name)}")
+        if not 0 <= self.randaug_magnitude <= MAX_MAGNITUDE:
+            raise ValueError(f"randaug_magnitude must be in [0, {MAX_MAGNITUDE}], got {self.randaug_magnitude}")
+
+    @property
+    def in_chans(self) -> int:
+        """Number of input channels of the model (2, 2 * temporal_bins or 3)."""
+        return _n_channels(self.channels, self.temporal_bins)
+
+    @property
+    def count_channels(self) -> int:
+        """How many leading channels hold counts (the timestamp channel is not a count)."""
+        return 2 if self.channels == "timestamp" else self.in_chans
+
+    def to_dict(self) -> dict:
+        """Plain dict for JSON/TOML (``InputSpec(**d)`` restores it)."""
+        return dataclasses.asdict(self)
+
+
+def _size_pair(name: str, value: Sequence[int]) -> tuple[int, int]:
+    pair = tuple(int(v) for v in value)
+    if len(pair) != 2 or min(pair) <= 0:
+        raise ValueError(f"{name} must be (height, width) with positive values, got {value!r}")
+    return pair  # type: ignore[return-value]
+
+
+# ------------------------------------------------------------------------------------ tensor pipeline stages
+
+
+def remove_hot_pixels(hist: torch.Tensor, num_std: float, count_channels: int | None = None) -> torch.Tensor:
+    """Zero hot pixels: any count above ``mean + num_std * std`` of the sample's counts. hist: (B, C, H, W).
+
+    Mean and (population) std are over all pixels of the first ``count_channels`` channels of each sample. A
+    pixel that is hot in any count channel is zeroed in every channel (a hot pixel is a sensor defect, so its
+    other polarity and its timestamp are not trusted either). Returns a new tensor.
+    """
+    n = hist.shape[1] if count_channels is None else count_channels
+    counts = hist[:, :n]
+    flat = counts.flatten(1)  # (B, n * H * W)
+    mean = flat.mean(1, keepdim=True)  # (B, 1)
+    std = (flat - mean).square_().mean(1, keepdim=True).sqrt_()  # two passes: torch.std_mean is ~5x slower on CPU
+    threshold = (mean + num_std * std)[:, :, None, None]  # (B, 1, 1, 1)
+    hot = counts.amax(1, keepdim=True) > threshold  # (B, 1, H, W)
+    return hist.masked_fill(hot, 0.0)
+
+
+def resize_histogram(hist: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """Bilinear resize of (B, C, H, W) to ``size`` (height, width), antialiased when a side shrinks."""
+    height, width = hist.shape[-2:]
+    if (height, width) == tuple(size):
+        return hist
+    antialias = size[0] < height or size[1] < width
+    return F.interpolate(hist, size=tuple(size), mode="bilinear", align_corners=False, antialias=antialias)
+
+
+def crop_histogram(hist: torch.Tensor, size: tuple[int, int], generator: torch.Generator | None = None) -> torch.Tensor:
+    """Crop (B, C, H, W) to ``size``: the centre without ``generator``, a random window per sample with it."""
+    height, width = hist.shape[-2:]
+    h, w = size
+    if h > height or w > width:
+        raise ValueError(f"cannot crop {size} from a histogram of {(height, width)}")
+    if generator is None:
+        top, left = (height - h) // 2, (width - w) // 2
+        return hist[..., top : top + h, left : left + w]
+    tops = torch.randint(height - h + 1, (len(hist),), generator=generator).tolist()
+    lefts = torch.randint(width - w + 1, (len(hist),), generator=generator).tolist()
+    return torch.stack([s[:, i : i + h, j : j + w] for s, i, j in zip(hist, tops, lefts, strict=True)])
+
+
+def normalize_histogram(hist: torch.Tensor, count_channels: int | None = None) -> torch.Tensor:
+    """Divide the count channels of each sample by their maximum: values in [0, 1], the peak exactly 1.
+
+    Why the maximum: a linear map keeps what the counts mean (an edge with twice the events stays twice as
+    bright, the OFF/ON balance is kept), it removes the dependence on window length and resolution, and it
+    lands exactly in the [0, 1] range that RandAugment's ops assume (the reference implementation does the
+    same). Hot pixels must be removed first or one of them sets the scale. An empty sample stays all zeros
+    (no NaN). Channels after ``count_channels`` (the timestamp) are already in [0, 1] and are left alone.
+    """
+    n = hist.shape[1] if count_channels is None else count_channels
+    counts = hist[:, :n]
+    peak = counts.flatten(1).amax(1).clamp_min(torch.finfo(hist.dtype).tiny)  # (B,); 0 / tiny = 0 for empty
+    scaled = counts / peak[:, None, None, None]
+    return scaled if n == hist.shape[1] else torch.cat([scaled, hist[:, n:]], 1)
+
+
+def histograms_to_input(
+    hist: torch.Tensor, spec: InputSpec, *, train: bool, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """Sensor-resolution histograms (B, C, h, w) -> model input (B, C, *spec.size) in [0, 1].
+
+    Order: hot pixels -> normalize -> resize (+ crop) -> RandAugment (train). Hot pixels are removed at sensor
+    resolution: there a hot pixel is one outlier that the mean + k * std rule removes exactly, while after an
+    upsampling resize its interpolated halo survives the threshold and would set the normalization scale.
+    Normalizing before the resize gives the same image up to one scalar (the resize is linear), keeps the peak
+    count of the sensor as the unit, and costs a pass over the small histogram instead of the large one; the
+    bilinear resize is a convex combination, so values stay in [0, 1].
+    """
+    if train and generator is None:
+        raise ValueError("training mode needs an explicit torch.Generator for the random crop and RandAugment")
+    if spec.hot_pixel_std is not None:
+        hist = remove_hot_pixels(hist, spec.hot_pixel_std, spec.count_channels)
+    hist = normalize_histogram(hist, spec.count_channels)
+    if spec.resize_to is None:
+        hist = resize_histogram(hist, spec.size)
+    else:
+        hist = crop_histogram(resize_histogram(hist, spec.resize_to), spec.size, generator if train else None)
+    hist = hist.contiguous()
+    if train and spec.randaug_ops > 0:
+        hist = rand_augment(hist, spec.randaug_ops, spec.randaug_magnitude, generator, inplace=True)
+    return hist
+
+
+# -------------------------------------------------------------------------------------------- per sample
+
+
+def prepare_events(
+    events: np.ndarray, sensor: SensorSize, spec: InputSpec, *, train: bool, rng: np.random.Generator | None = None
+) -> np.ndarray:
+    """The event-level half of the pipeline: the window, then the event augmentations at train time.
+
+    Training draws a random contiguous window of ``spec.n_max`` events and augments it with ``rng``; evaluation
+    takes the centred window (a view, no randomness). Run it in the dataset/worker before ``collate_events``.
+    """
+    if not train:
+        return center_window(events, spec.n_max)
+    if rng is None:
+        raise ValueError("training mode needs an explicit np.random.Generator (rng)")
+    return augment_events(random_window(events, spec.n_max, rng), sensor, spec, rng)
+
+
+def preprocess(
+    events: np.ndarray,
+    sensor: SensorSize,
+    spec: InputSpec,
+    *,
+    train: bool,
+    rng: np.random.Generator | None = None,
+) -> torch.Tensor:
+    """One event stream -> model input, float32 (C, *spec.size) in [0, 1].
+
+    Deterministic at evaluation (``train=False``, no ``rng``). At train time every random choice (window,
+    event augmentations, crop, RandAugment) comes from ``rng``, so the same seed gives the same tensor.
+    """
+    window = prepare_events(events, sensor, spec, train=train, rng=rng)
+    hist = torch.from_numpy(input_histogram(window, sensor, spec.channels, spec.temporal_bins))
+    generator = torch.Generator().manual_seed(int(rng.integers(2**63 - 1))) if train else None
+    return histograms_to_input(hist[None], spec, train=train, generator=generator)[0]
+
+
+# ----------------------------------------------------------------------------------------------- batched
+
+
+@dataclass
+class EventBatch:
+    """Padded event windows of one sensor: row ``b`` holds ``lengths[b]`` valid events, then zero padding."""
+
+    t: torch.Tensor  # (B, N) int64, microseconds
+    x: torch.Tensor  # (B, N) int32
+    y: torch.Tensor  # (B, N) int32
+    p: torch.Tensor  # (B, N) uint8, 0 = OFF, 1 = ON
+    lengths: torch.Tensor  # (B,) int64
+    sensor: SensorSize
+
+    def __len__(self) -> int:
+        return self.t.shape[0]
+
+    def _map(self, fn) -> EventBatch:
+        return EventBatch(fn(self.t), fn(self.x), fn(self.y), fn(self.p), fn(self.lengths), self.sensor)
+
+    def to(self, device: str | torch.device, non_blocking: bool = False) -> EventBatch:
+        """The batch on ``device``."""
+        return self._map(lambda v: v.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> EventBatch:
+        """Page-locked copy (called by ``DataLoader(pin_memory=True)``)."""
+        return self._map(lambda v: v.pin_memory())
+
+
+def collate_events(windows: Sequence[np.ndarray], sensor: SensorSize) -> EventBatch:
+    """Pad a list of ``EVENT_DTYPE`` windows into an ``EventBatch`` (usable inside a DataLoader ``collate_fn``)."""
+    for i, w in enumerate(windows):
+        if not isinstance(w, np.ndarray) or w.dtype != EVENT_DTYPE or w.ndim != 1:
+            raise ValueError(f"window {i} must be a 1-D numpy array of EVENT_DTYPE, got {getattr(w, 'dtype', w)}")
+    lengths = np.array([len(w) for w in windows], np.int64)
+    shape = (len(windows), int(lengths.max(initial=0)))
+    t, x, y, p = (
+        np.zeros(shape, np.int64),
+        np.zeros(shape, np.int32),
+        np.zeros(shape, np.int32),
+        np.zeros(shape, np.uint8),
+    )
+    for i, w in enumerate(windows):
+        n = len(w)
+        t[i, :n], x[i, :n], y[i, :n], p[i, :n] = w["t"], w["x"], w["y"], w["p"]
+    tensors = (torch.from_numpy(a) for a in (t, x, y, p, lengths))
+    return EventBatch(*tensors, sensor=SensorSize(*sensor))
+
+
+def _batch_histogram_numba(batch: EventBatch, channels: str, n_channels: int) -> torch.Tensor:
+    height, width = batch.sensor
+    out = np.zeros((len(batch), n_channels, height, width), np.float32)
+    t, x, y, p = (v.numpy() for v in (batch.t, batch.x, batch.y, batch.p))
+    for b, n in enumerate(batch.lengths.tolist()):
+        skipped = _fill_histogram(out[b], channels, t[b, :n], x[b, :n], y[b, :n], p[b, :n])
+        if skipped:
+            raise ValueError(f"batch sample {b}: {_skipped_error(skipped, n, batch.sensor)}")
+    return torch.from_numpy(out)
+
+
+def _batch_histogram_torch(batch: EventBatch, channels: str, bins: int, n_channels: int) -> torch.Tensor:
+    height, width = batch.sensor
+    n_batch, n_events = batch.t.shape
+    device = batch.t.device
+    if n_events == 0:
+        return torch.zeros(n_batch, n_channels, height, width, device=device)
+    t, x, y, p = batch.t, batch.x.long(), batch.y.long(), batch.p.long()
+    valid = torch.arange(n_events, device=device)[None] < batch.lengths[:, None]  # (B, N)
+    t0 = t[:, :1]  # (B, 1)
+    t_last = t.gather(1, (batch.lengths - 1).clamp_min(0)[:, None])  # (B, 1)
+    channel = p
+    if channels == "temporal":
+        time_bin = (t - t0) * bins // (t_last - t0 + 1)  # same even split as _temporal_kernel
+        channel = 2 * time_bin + p
+    bad = valid & ((x >= width) | (y >= height) | (p > 1))
+    if channels != "hist":  # time bins and the newest-time plane need sorted windows, like the numba kernels
+        bad |= valid & ((t < t0) | (t > t_last))
+    if bool(bad.any()):
+        b = int(bad.any(1).nonzero()[0])
+        n = int(batch.lengths[b])
+        raise ValueError(f"batch sample {b}: {_skipped_error(int(bad[b].sum()), n, batch.sensor)}")
+    sample = torch.arange(n_batch, device=device)[:, None]  # (B, 1)
+    flat = (((sample * n_channels + channel) * height + y) * width + x)[valid]  # index into (B, C, H, W)
+    out = torch.bincount(flat, minlength=n_batch * n_channels * height * width).to(torch.float32)
+    out = out.view(n_batch, n_channels, height, width)
+    if channels == "timestamp":
+        span = (t_last - t0).to(torch.float64)
+        newest = torch.where(span > 0, (t - t0) / span.clamp_min(1), 1.0).to(torch.float32)  # (B, N)
+        plane = torch.zeros(n_batch * height * width, device=device)
+        pixel = ((sample * height + y) * width + x)[valid]
+        plane.scatter_reduce_(0, pixel, newest[valid], reduce="amax")  # sorted times: amax = newest event
+        out[:, 2] = plane.view(n_batch, height, width)
+    return out
+
+
+def batch_histogram(
+    batch: EventBatch,
+    channels: Channels = "hist",
+    bins: int = 4,
+    *,
+    device: str | torch.device = "cpu",
+    backend: Literal["auto", "numba", "torch"] = "auto",
+) -> torch.Tensor:
+    """Histograms of a padded batch, float32 (B, C, H, W) on ``device``, equal to ``input_histogram`` per row.
+
+    ``backend="auto"`` runs the numba kernels per sample on CPU (faster than a CPU scatter) and one torch
+    ``bincount`` over the flat (B * C * H * W) index elsewhere.
+    """
+    n_channels = _n_channels(channels, bins)
+    device = torch.device(device)
+    if backend == "auto":
+        backend = "numba" if device.type == "cpu" else "torch"
+    if backend == "numba":
+        if device.type != "cpu":
+            raise ValueError(f"the numba backend runs on CPU only, got device {device}")
+        return _batch_histogram_numba(batch.to("cpu"), channels, n_channels)
+    if backend != "torch":
+        raise ValueError(f"unknown histogram backend {backend!r}; expected 'auto', 'numba' or 'torch'")
+    return _batch_histogram_torch(batch.to(device), channels, bins, n_channels)
+
+
+def batch_preprocess(
+    batch: EventBatch,
+    spec: InputSpec,
+    *,
+    train: bool,
+    generator: torch.Generator | None = None,
+    device: str | torch.device = "cpu",
+) -> torch.Tensor:
+    """A padded batch of windows -> model inputs, float32 (B, C, *spec.size) in [0, 1] on ``device``.
+
+    The windows must already be cut and, for training, event-augmented by ``prepare_events`` (in the dataset or
+    DataLoader worker, before ``collate_events``); this function does the histogram, hot pixels, resize (+ crop),
+    normalization and, at train time, RandAugment drawn from ``generator`` (a CPU torch.Generator). At
+    evaluation it equals ``preprocess`` applied to each window.
+    """
+    if len(batch) and int(batch.lengths.max()) > spec.n_max:
+        raise ValueError(
+            f"a window has {int(batch.lengths.max())} events, more than spec.n_max={spec.n_max}: "
+            "cut windows with prepare_events before collate_events"
+        )
+    hist = batch_histogram(batch, spec.channels, spec.temporal_bins, device=device)
+    return histograms_to_input(hist, spec, train=train, generator=generator)

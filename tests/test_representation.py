@@ -1,0 +1,285 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import mem_core.representation as rep
+from mem_core.events import EVENT_DTYPE, SensorSize, center_window, make_events
+from mem_core.representation import (
+    CHANNELS,
+    InputSpec,
+    batch_histogram,
+    batch_preprocess,
+    collate_events,
+    event_histogram,
+    input_histogram,
+    normalize_histogram,
+    prepare_events,
+    preprocess,
+    remove_hot_pixels,
+    resize_histogram,
+    temporal_histogram,
+    timestamp_histogram,
+)
+
+SENSOR = SensorSize(32, 48)
+# A small spec so that the pipeline tests stay fast; the default (224 x 224) spec is checked once below.
+SMALL = InputSpec(n_max=2000, size=(40, 56), shift_px=3, randaug_ops=2)
+
+
+def reference_histogram(events, sensor, channels=2):
+    """Slow, obviously correct counts: np.add.at on (p, y, x)."""
+    out = np.zeros((channels, sensor.height, sensor.width), np.int64)
+    np.add.at(out, (events["p"].astype(np.intp), events["y"].astype(np.intp), events["x"].astype(np.intp)), 1)
+    return out
+
+
+def test_histogram_counts_equal_np_add_at_reference(events_factory):
+    ev = events_factory(20000, SENSOR)
+    hist = event_histogram(ev, SENSOR)
+    assert hist.dtype == np.float32
+    assert hist.shape == (2, SENSOR.height, SENSOR.width)
+    np.testing.assert_array_equal(hist, reference_histogram(ev, SENSOR))
+
+
+def test_channel_0_is_off_and_channel_1_is_on():
+    ev = make_events([0, 1, 2], [1, 3, 3], [2, 0, 0], [0, 1, 1])
+    hist = event_histogram(ev, SENSOR)
+    assert hist[0, 2, 1] == 1  # the OFF event at x=1, y=2
+    assert hist[1, 0, 3] == 2  # the two ON events at x=3, y=0
+    assert hist.sum() == 3
+
+
+def test_counts_do_not_wrap_above_uint16(events_factory):
+    hot = make_events(np.arange(70_000), np.full(70_000, 7), np.full(70_000, 5), np.ones(70_000))
+    ev = np.concatenate([events_factory(1000, SENSOR), hot])
+    hist = event_histogram(ev, SENSOR)
+    reference = reference_histogram(ev, SENSOR)
+    assert reference[1, 5, 7] > 65_535
+    np.testing.assert_array_equal(hist, reference)
+
+
+def test_streams_longer_than_float32_exact_range_are_counted_in_int64(events_factory, monkeypatch):
+    # Exercise the path used above 2**24 events without allocating 2**24 events.
+    monkeypatch.setattr(rep, "_FLOAT32_EXACT", 10)
+    ev = events_factory(5000, SENSOR)
+    np.testing.assert_array_equal(event_histogram(ev, SENSOR), reference_histogram(ev, SENSOR))
+    ts = timestamp_histogram(ev, SENSOR)
+    np.testing.assert_array_equal(ts[:2], reference_histogram(ev, SENSOR))
+    assert 0 < ts[2].max() <= 1
+
+
+@pytest.mark.parametrize("field", ["x", "y", "p"])
+def test_events_off_the_sensor_raise(events_factory, field):
+    ev = events_factory(100, SENSOR)
+    ev[field][10] = {"x": SENSOR.width, "y": SENSOR.height, "p": 2}[field]
+    with pytest.raises(ValueError, match="outside the sensor 48x32"):
+        event_histogram(ev, SENSOR)
+
+
+def test_wrong_dtype_raises():
+    with pytest.raises(ValueError, match="EVENT_DTYPE"):
+        event_histogram(np.zeros((10, 4)), SENSOR)
+
+
+def test_temporal_bins_split_the_time_span_evenly_and_partition_the_counts(events_factory):
+    ev = events_factory(4000, SENSOR)
+    ev["t"] = np.sort(np.random.default_rng(1).integers(1000, 1400, len(ev)))
+    ev["t"][0], ev["t"][-1] = 1000, 1399  # span of 400 us: bin b holds 1000 + [100 b, 100 b + 100)
+    hist = temporal_histogram(ev, SENSOR, bins=4)
+    assert hist.shape == (8, SENSOR.height, SENSOR.width)
+    for b in range(4):
+        in_bin = ev[(ev["t"] - 1000) // 100 == b]
+        np.testing.assert_array_equal(hist[2 * b : 2 * b + 2], reference_histogram(in_bin, SENSOR))
+    np.testing.assert_array_equal(hist.reshape(4, 2, *SENSOR).sum(0), event_histogram(ev, SENSOR))
+
+
+def test_timestamp_channel_holds_the_normalized_time_of_the_newest_event(events_factory):
+    ev = events_factory(3000, SENSOR)
+    hist = timestamp_histogram(ev, SENSOR)
+    np.testing.assert_array_equal(hist[:2], event_histogram(ev, SENSOR))
+    t0, span = ev["t"][0], ev["t"][-1] - ev["t"][0]
+    expected = np.zeros(SENSOR, np.float32)
+    for e in ev:  # sorted by time: the last assignment is the newest event
+        expected[e["y"], e["x"]] = (e["t"] - t0) / span
+    np.testing.assert_allclose(hist[2], expected, rtol=1e-6)
+    assert hist[2].max() == 1.0
+    assert np.all(hist[2][hist[:2].sum(0) == 0] == 0)
+
+
+@pytest.mark.parametrize("channels", CHANNELS)
+def test_empty_window_gives_zeros_never_nan(channels):
+    spec = InputSpec(n_max=100, size=(16, 16), channels=channels)
+    empty = np.empty(0, EVENT_DTYPE)
+    assert not input_histogram(empty, SENSOR, channels).any()
+    for train in (False, True):
+        x = preprocess(empty, SENSOR, spec, train=train, rng=np.random.default_rng(0))
+        assert x.shape == (spec.in_chans, 16, 16)
+        assert torch.isfinite(x).all() and not x.any()
+
+
+def test_input_spec_channels_and_validation():
+    assert InputSpec().in_chans == 2
+    assert InputSpec(channels="temporal").in_chans == 8
+    assert InputSpec(channels="temporal", temporal_bins=3).in_chans == 6
+    assert InputSpec(channels="timestamp").in_chans == 3
+    for bad in ({"channels": "rgb"}, {"size": (224,)}, {"resize_to": (200, 200)}, {"hflip_p": 1.5}, {"n_max": 0}):
+        with pytest.raises(ValueError):
+            InputSpec(**bad)
+    with pytest.raises(ValueError, match="randaug_magnitude"):
+        InputSpec(randaug_magnitude=31)
+
+
+def test_input_spec_round_trips_through_json():
+    spec = InputSpec(channels="temporal", resize_to=(256, 341), hot_pixel_std=None)
+    assert InputSpec(**json.loads(json.dumps(spec.to_dict()))) == spec
+
+
+def test_default_spec_gives_a_224_input_in_unit_range(events_factory):
+    ev = events_factory(40000, SensorSize(100, 120))
+    x = preprocess(ev, SensorSize(100, 120), InputSpec(), train=False)
+    assert x.shape == (2, 224, 224) and x.dtype == torch.float32
+    assert x.min() >= 0 and 0.5 < x.max() <= 1
+
+
+@pytest.mark.parametrize("channels", CHANNELS)
+def test_evaluation_is_deterministic_and_uses_the_centre_window(events_factory, channels):
+    spec = InputSpec(n_max=1000, size=(40, 56), channels=channels)
+    ev = events_factory(5000, SENSOR)
+    first = preprocess(ev, SENSOR, spec, train=False)
+    np.testing.assert_array_equal(first, preprocess(ev.copy(), SENSOR, spec, train=False))
+    np.testing.assert_array_equal(first, preprocess(center_window(ev, 1000), SENSOR, spec, train=False))
+    assert first.shape == (spec.in_chans, 40, 56)
+    assert first.min() >= 0 and first.max() <= 1
+
+
+def test_training_randomness_is_reproducible_from_the_seed(events_factory):
+    ev = events_factory(5000, SENSOR)
+    a = preprocess(ev, SENSOR, SMALL, train=True, rng=np.random.default_rng(7))
+    b = preprocess(ev, SENSOR, SMALL, train=True, rng=np.random.default_rng(7))
+    c = preprocess(ev, SENSOR, SMALL, train=True, rng=np.random.default_rng(8))
+    np.testing.assert_array_equal(a, b)
+    assert not torch.equal(a, c)
+    assert a.min() >= 0 and a.max() <= 1
+
+
+def test_training_without_a_generator_is_an_error(events_factory):
+    with pytest.raises(ValueError, match="Generator"):
+        preprocess(events_factory(100, SENSOR), SENSOR, SMALL, train=True)
+
+
+def test_training_windows_are_contiguous_slices_of_n_max_events(events_factory):
+    ev = events_factory(5000, SENSOR)
+    spec = InputSpec(n_max=700, flip_polarity_p=0, hflip_p=0, shift_px=0)
+    window = prepare_events(ev, SENSOR, spec, train=True, rng=np.random.default_rng(3))
+    start = int(np.searchsorted(ev["t"], window["t"][0]))
+    assert len(window) == 700
+    np.testing.assert_array_equal(window, ev[start : start + 700])
+
+
+def test_hot_pixel_is_removed_exactly_and_the_rest_kept(events_factory):
+    background = events_factory(3000, SENSOR)
+    hot = make_events(np.arange(5000), np.full(5000, 9), np.full(5000, 4), np.zeros(5000))
+    ev = np.sort(np.concatenate([background, hot]), order="t")
+    spec = InputSpec(n_max=10_000, size=(64, 96))
+    out = preprocess(ev, SENSOR, spec, train=False)
+
+    expected = torch.from_numpy(event_histogram(background, SENSOR))[None]
+    expected[:, :, 4, 9] = 0  # the hot pixel is zeroed in both polarities, nothing else changes
+    expected = resize_histogram(normalize_histogram(expected), (64, 96))[0]
+    np.testing.assert_allclose(out.numpy(), expected.numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_remove_hot_pixels_threshold_and_timestamp_channel():
+    hist = torch.ones(1, 3, 10, 10)
+    hist[0, 1, 2, 3] = 1000.0
+    hist[0, 2] = 0.5  # a timestamp channel, not a count
+    out = remove_hot_pixels(hist, num_std=5.0, count_channels=2)
+    assert out[0, :, 2, 3].tolist() == [0.0, 0.0, 0.0]
+    assert (out.sum() - out[0, :, 2, 3].sum()) == hist.sum() - hist[0, :, 2, 3].sum()
+    assert torch.equal(remove_hot_pixels(hist, num_std=1e9, count_channels=2), hist)
+
+
+def test_normalize_divides_counts_by_their_peak_per_sample():
+    hist = torch.zeros(2, 3, 4, 4)
+    hist[0, 0, 1, 1], hist[0, 1, 2, 2], hist[0, 2] = 8.0, 2.0, 0.25
+    out = normalize_histogram(hist, count_channels=2)
+    assert out[0, 0, 1, 1] == 1.0 and out[0, 1, 2, 2] == 0.25
+    assert torch.equal(out[0, 2], hist[0, 2])  # the timestamp channel is already in [0, 1]
+    assert torch.equal(out[1], torch.zeros(3, 4, 4))  # empty sample: zeros, no NaN
+
+
+def test_resize_to_then_crop_centre_at_eval_random_at_train(events_factory):
+    spec = InputSpec(
+        n_max=4000, size=(32, 32), resize_to=(48, 64), randaug_ops=0, shift_px=0, hflip_p=0, flip_polarity_p=0
+    )
+    ev = events_factory(3000, SENSOR)
+    hist = torch.from_numpy(event_histogram(ev, SENSOR))[None]
+    expected = resize_histogram(normalize_histogram(hist), (48, 64))[0, :, 8:40, 16:48]
+    np.testing.assert_allclose(
+        preprocess(ev, SENSOR, spec, train=False).numpy(), expected.numpy(), rtol=1e-6, atol=1e-7
+    )
+    crops = {preprocess(ev, SENSOR, spec, train=True, rng=np.random.default_rng(s)).sum().item() for s in range(5)}
+    assert len(crops) > 1
+
+
+def test_collate_pads_windows_and_keeps_lengths(events_factory):
+    windows = [events_factory(50, SENSOR, seed=1), np.empty(0, EVENT_DTYPE), events_factory(20, SENSOR, seed=2)]
+    batch = collate_events(windows, SENSOR)
+    assert batch.t.shape == (3, 50) and batch.lengths.tolist() == [50, 0, 20]
+    np.testing.assert_array_equal(batch.x[2, :20].numpy(), windows[2]["x"])
+    assert not batch.x[2, 20:].any() and len(batch) == 3
+    with pytest.raises(ValueError, match="window 1"):
+        collate_events([windows[0], np.zeros(5)], SENSOR)
+
+
+@pytest.mark.parametrize("channels", CHANNELS)
+def test_torch_and_numba_batch_histograms_equal_the_per_sample_histogram(events_factory, channels):
+    windows = [events_factory(n, SENSOR, seed=n) for n in (300, 1, 0, 1000)]
+    batch = collate_events(windows, SENSOR)
+    by_numba = batch_histogram(batch, channels, 3, backend="numba")
+    by_torch = batch_histogram(batch, channels, 3, backend="torch")
+    for b, w in enumerate(windows):
+        np.testing.assert_array_equal(by_numba[b].numpy(), input_histogram(w, SENSOR, channels, 3))
+    np.testing.assert_array_equal(by_torch.numpy(), by_numba.numpy())
+
+
+def test_batch_histogram_rejects_off_sensor_events(events_factory):
+    bad = events_factory(10, SENSOR)
+    bad["x"][3] = SENSOR.width
+    batch = collate_events([events_factory(10, SENSOR), bad], SENSOR)
+    for backend in ("numba", "torch"):
+        with pytest.raises(ValueError, match="batch sample 1"):
+            batch_histogram(batch, backend=backend)
+
+
+@pytest.mark.parametrize("channels", CHANNELS)
+def test_batched_equals_per_sample_at_evaluation(events_factory, channels):
+    spec = InputSpec(n_max=1500, size=(40, 56), channels=channels, resize_to=(44, 60))
+    streams = [events_factory(n, SENSOR, seed=n) for n in (4000, 800, 0, 1500)]
+    windows = [prepare_events(s, SENSOR, spec, train=False) for s in streams]
+    batched = batch_preprocess(collate_events(windows, SENSOR), spec, train=False)
+    per_sample = torch.stack([preprocess(s, SENSOR, spec, train=False) for s in streams])
+    np.testing.assert_allclose(batched.numpy(), per_sample.numpy(), rtol=0, atol=1e-6)
+
+
+def test_batched_training_is_reproducible_and_in_range(events_factory):
+    rng = np.random.default_rng(0)
+    windows = [
+        prepare_events(events_factory(3000, SENSOR, seed=i), SENSOR, SMALL, train=True, rng=rng) for i in range(4)
+    ]
+    batch = collate_events(windows, SENSOR)
+    a = batch_preprocess(batch, SMALL, train=True, generator=torch.Generator().manual_seed(1))
+    b = batch_preprocess(batch, SMALL, train=True, generator=torch.Generator().manual_seed(1))
+    assert a.shape == (4, 2, 40, 56)
+    assert torch.equal(a, b)
+    assert a.min() >= 0 and a.max() <= 1
+    with pytest.raises(ValueError, match="Generator"):
+        batch_preprocess(batch, SMALL, train=True)
+
+
+def test_batch_preprocess_rejects_windows_longer_than_n_max(events_factory):
+    batch = collate_events([events_factory(SMALL.n_max + 1, SENSOR)], SENSOR)
+    with pytest.raises(ValueError, match="prepare_events"):
+        batch_preprocess(batch, SMALL, train=False)
