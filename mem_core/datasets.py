@@ -35,7 +35,6 @@ import torch
 from torch.utils.data import Dataset
 
 from mem_core.events import SensorSize, window_start
-from mem_core.io import read_events
 
 VAL_FRACTION = 0.1
 SPLIT_SEED = 20240101  # fixed: the same val/test carve-out on every machine
@@ -86,6 +85,8 @@ class FileSource(EventSource):
         self.labels = np.asarray(labels, dtype=np.int64)
 
     def load(self, index: int) -> np.ndarray:
+        from mem_core.io import read_events
+
         events, _ = read_events(self.files[index])
         inside = (events["x"] < self.sensor.width) & (events["y"] < self.sensor.height)
         return events if inside.all() else events[inside]

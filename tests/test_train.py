@@ -20,11 +20,12 @@ TINY_VIT = ["model.patch_size=8", "model.embed_dim=32", "model.depth=2", "model.
 
 
 def config(stage: str, *extra: str, dataset: str = "sim", max_samples: int = 40):
-    overrides = [*TINY_INPUT, "epochs=1", "batch_size=8", f"data.max_samples={max_samples}", *extra]
+    overrides = [*TINY_INPUT, "epochs=1", "batch_size=8", f"data.max_samples={max_samples}"]
     if stage != "tokenizer":
         overrides += TINY_VIT
     else:
         overrides += ["model.num_layers=3", "model.num_tokens=64", "model.hidden_dim=16", "model.codebook_dim=8"]
+    overrides += extra
     return resolve(STAGES[stage], stage, preset="cpu-tiny", overrides=overrides, base={"data.dataset": dataset})
 
 
@@ -61,7 +62,7 @@ def test_pretrain_predicts_masked_tokens(pretrain_run):
 
 def test_finetune_from_pretraining_starts_from_its_weights(tmp_path, pretrain_run):
     pre = load_checkpoint(pretrain_run / "checkpoint.pt")["model"]
-    run = finetune.run(config("finetune", "lr=0", "weight_decay=0", "label_smoothing=0"), tmp_path / "ft0",
+    run = finetune.run(config("finetune", "lr=0", "min_lr=0", "warmup_epochs=0"), tmp_path / "ft0",
                        init=pretrain_run)
     model, info = finetune.load_classifier(run.path)
     block = model.backbone.blocks[0].attn.qkv.weight
@@ -121,18 +122,32 @@ def test_segmentation_on_simulated_labels(tmp_path):
     assert evaluated["miou"] == pytest.approx(result["miou"])
 
 
-def test_resume_reproduces_the_uninterrupted_run(tmp_path):
+class Interrupted(Exception):
+    pass
+
+
+def test_resume_reproduces_the_uninterrupted_run(tmp_path, monkeypatch):
     full = finetune.run(config("finetune", "epochs=2"), tmp_path / "full")
-    half = finetune.run(config("finetune", "epochs=1"), tmp_path / "half")
-    # continue the interrupted run to the full length
-    cfg = config("finetune", "epochs=2")
-    resumed = finetune.run(cfg, half.path, resume=True)
+
+    import mem_core.train.fit as fit_module
+
+    def crash_after_first_epoch(run):
+        raise Interrupted  # the process dies right after epoch 0's checkpoint was written
+
+    monkeypatch.setattr(fit_module, "plot_curves", crash_after_first_epoch)
+    with pytest.raises(Interrupted):
+        finetune.run(config("finetune", "epochs=2"), tmp_path / "interrupted")
+    monkeypatch.undo()
+    resumed = finetune.run(config("finetune", "epochs=2"), tmp_path / "interrupted", resume=True)
     a = load_checkpoint(full.path / "checkpoint.pt")["model"]
     b = load_checkpoint(resumed.path / "checkpoint.pt")["model"]
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), key
     assert [r["epoch"] for r in RunDir(resumed.path).metrics()] == [0, 1]
+    assert json.loads((full.path / "result.json").read_text())["top1"] == pytest.approx(
+        json.loads((resumed.path / "result.json").read_text())["top1"]
+    )
 
 
 def test_existing_run_needs_resume(tmp_path):
