@@ -21,8 +21,10 @@ experiment_app = typer.Typer(help="Experiments that reproduce the paper's claims
 app.add_typer(bench_app, name="bench")
 app.add_typer(experiment_app, name="experiment")
 
-DatasetOpt = Annotated[str, typer.Option("--dataset", help="Dataset name: ncars, nmnist, ncaltech101, nimagenet, "
-                                          "dsec-semantic, corpus, sim.")]
+DatasetOpt = Annotated[
+    str,
+    typer.Option("--dataset", help="Dataset name: ncars, nmnist, ncaltech101, nimagenet, dsec-semantic, corpus, sim."),
+]
 DataOpt = Annotated[Path | None, typer.Option("--data", help="Dataset root or corpus directory.")]
 OutOpt = Annotated[Path, typer.Option("--out", help="Run directory to write.")]
 PresetOpt = Annotated[str | None, typer.Option("--preset", help="Bundled preset: cpu-tiny, paper-ncars, ...")]
@@ -112,7 +114,9 @@ def finetune(
     dataset: DatasetOpt,
     out: OutOpt,
     data: DataOpt = None,
-    init: Annotated[Path | None, typer.Option("--init", help="Pretraining run to start from (default: scratch).")] = None,
+    init: Annotated[
+        Path | None, typer.Option("--init", help="Pretraining run to start from (default: scratch).")
+    ] = None,
     labels: Annotated[float | None, typer.Option("--labels", help="Fraction of labelled training samples.")] = None,
     probe: Annotated[bool, typer.Option("--probe", help="Linear probing: train only the head.")] = False,
     preset: PresetOpt = None,
@@ -137,7 +141,9 @@ def segment(
     dataset: DatasetOpt,
     out: OutOpt,
     data: DataOpt = None,
-    init: Annotated[Path | None, typer.Option("--init", help="Pretraining run to start from (default: scratch).")] = None,
+    init: Annotated[
+        Path | None, typer.Option("--init", help="Pretraining run to start from (default: scratch).")
+    ] = None,
     labels: Annotated[float | None, typer.Option("--labels", help="Fraction of labelled training samples.")] = None,
     preset: PresetOpt = None,
     config: ConfigOpt = None,
@@ -206,8 +212,10 @@ def label_efficiency(
     config: ConfigOpt = None,
     fractions: Annotated[str, typer.Option("--fractions", help="Comma-separated label fractions.")] = "0.1,1.0",
     seeds: Annotated[str, typer.Option("--seeds", help="Comma-separated finetuning seeds.")] = "0,1,2",
-    set_: Annotated[list[str] | None, typer.Option("--set", help="STAGE:key=value (STAGE: tokenizer, pretrain, "
-                                                   "finetune or all); repeatable.")] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="STAGE:key=value (STAGE: tokenizer, pretrain, finetune or all); repeatable."),
+    ] = None,
 ) -> None:
     """Pretrain without labels, then finetune MEM and scratch models per label fraction and seed; table + plot."""
     from mem_core.train.experiment import LabelEfficiencyConfig, run
@@ -220,9 +228,13 @@ def label_efficiency(
         overrides.setdefault(stage, []).append(rest)
     try:
         cfg = LabelEfficiencyConfig(
-            dataset=dataset, data=str(data) if data else "", out=str(out), preset=preset,
+            dataset=dataset,
+            data=str(data) if data else "",
+            out=str(out),
+            preset=preset,
             config_file=str(config) if config else None,
-            fractions=tuple(float(f) for f in fractions.split(",")), seeds=tuple(int(s) for s in seeds.split(",")),
+            fractions=tuple(float(f) for f in fractions.split(",")),
+            seeds=tuple(int(s) for s in seeds.split(",")),
             overrides=overrides,
         )
     except ValueError as exc:

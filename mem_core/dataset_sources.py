@@ -69,10 +69,8 @@ class CorpusSource(EventSource):
     def load_window(self, index: int, n: int, rng: np.random.Generator | None) -> np.ndarray:
         rec, lo, count = (int(v) for v in self.slots[index])
         total = self.corpus.recordings[rec].n_events
-        if count >= n:
-            start = lo + window_start(count, n, rng)
-        else:  # a short slot: the window may reach into its neighbours
-            start = max(0, min(lo + count // 2 - n // 2, total - n))
+        # a short slot's window may reach into its neighbours
+        start = lo + window_start(count, n, rng) if count >= n else max(0, min(lo + count // 2 - n // 2, total - n))
         return self.corpus.window(rec, start, n)
 
 
@@ -85,7 +83,16 @@ def corpus(root, split: str) -> EventSource:
 # ---------------------------------------------------------------------------------------------- DSEC-Semantic
 
 DSEC_CLASSES = [
-    "background", "building", "fence", "person", "pole", "road", "sidewalk", "vegetation", "car", "wall",
+    "background",
+    "building",
+    "fence",
+    "person",
+    "pole",
+    "road",
+    "sidewalk",
+    "vegetation",
+    "car",
+    "wall",
     "traffic-sign",
 ]
 DSEC_SENSOR = SensorSize(440, 640)  # the label images cover the top 440 rows of the 480 x 640 sensor
@@ -102,8 +109,9 @@ class DsecSemanticSource(EventSource):
         for seq in sorted(d for d in split_dir.iterdir() if d.is_dir()):
             events = seq / "events" / "left" / "events.h5"
             label_dir = seq / "semantic" / "left" / "11classes"
-            stamps = next((p for p in (label_dir / "timestamps.txt", seq / "semantic" / "timestamps.txt") if p.is_file()),
-                          None)
+            stamps = next(
+                (p for p in (label_dir / "timestamps.txt", seq / "semantic" / "timestamps.txt") if p.is_file()), None
+            )
             if not events.is_file() or stamps is None:
                 raise DatasetError(f"{seq}: expected events/left/events.h5 and semantic/.../timestamps.txt")
             times = [int(float(v)) for v in stamps.read_text().split()]

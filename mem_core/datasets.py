@@ -186,7 +186,9 @@ def nmnist(root: Path, split: str) -> EventSource:
             if len(parts) < 2 or line.lstrip().startswith("#"):
                 continue
             sample, label = parts[0], int(parts[1])
-            path = next((root / f"{sample}{ext}" for ext in (".bs2", ".bin") if (root / f"{sample}{ext}").exists()), None)
+            path = next(
+                (root / f"{sample}{ext}" for ext in (".bs2", ".bin") if (root / f"{sample}{ext}").exists()), None
+            )
             if path is None:
                 raise DatasetError(f"{lists[0]}: sample {sample} has no {sample}.bs2 or {sample}.bin in {root}")
             files.append(path)
@@ -344,4 +346,3 @@ def collate_windows(items, sensor: SensorSize):
     label_t = torch.as_tensor(np.asarray(labels, dtype=np.int64))
     mask_t = None if masks[0] is None else torch.as_tensor(np.stack(masks).astype(np.int64))
     return batch, label_t, mask_t
-

@@ -25,6 +25,7 @@ import numpy as np
 from mem_core.events import EVENT_DTYPE, SensorSize
 
 PROTOCOL_VERSION = 1
+TOPICS = ("events", "hist", "tokens", "pred", "stats", "control")
 ALLOWED_KINDS = "biuf"  # bool, signed, unsigned, float
 MAX_HEADER_BYTES = 1 << 20
 MAX_BUFFERS = 16
@@ -98,8 +99,10 @@ def decode(frames: list[bytes] | list[memoryview]) -> Message:
         raise ProtocolError(f"seq must be a non-negative integer, got {seq!r}")
     table = header.get("buffers")
     if not isinstance(table, list) or len(table) != len(frames) - 2 or len(table) > MAX_BUFFERS:
-        raise ProtocolError(f"header lists {table if not isinstance(table, list) else len(table)} buffers, "
-                            f"message has {len(frames) - 2}")
+        raise ProtocolError(
+            f"header lists {table if not isinstance(table, list) else len(table)} buffers, "
+            f"message has {len(frames) - 2}"
+        )
     arrays = {}
     for spec, frame in zip(table, frames[2:], strict=True):
         arrays.update([_decode_buffer(spec, frame)])
@@ -145,3 +148,86 @@ def decode_events(message: Message) -> tuple[np.ndarray, SensorSize]:
     for name, column in zip(EVENT_DTYPE.names, columns, strict=True):
         events[name] = column
     return events, sensor
+
+
+# ---------------------------------------------------------------------------------------------------- control
+
+CONTROL_COMMANDS = ("state", "play", "pause", "speed", "seek", "record_start", "record_stop")
+MAX_SPEED = 1000.0
+
+
+def encode_control(seq: int, command: str, **args: Any) -> list[bytes]:
+    """A ``control`` request (or, with ``ok``/``error``/``state`` fields, a reply); see docs/protocol.md."""
+    return encode("control", seq, command=command, **args)
+
+
+def decode_control(message: Message) -> tuple[str, dict[str, Any]]:
+    """The command and its checked arguments of a ``control`` request; ``ProtocolError`` names what is wrong.
+
+    ``speed`` needs ``value`` in (0, MAX_SPEED]; ``seek`` needs ``position_s`` >= 0 (seconds from the start of
+    the file); ``record_start`` takes an optional ``name``; the other commands take no arguments.
+    """
+    if message.topic != "control":
+        raise ProtocolError(f"expected a control message, got topic {message.topic!r}")
+    command = message.header.get("command")
+    if command not in CONTROL_COMMANDS:
+        raise ProtocolError(f"unknown control command {command!r}; expected one of {CONTROL_COMMANDS}")
+    args: dict[str, Any] = {}
+    if command == "speed":
+        args["value"] = _number(message.header, "value", lo=0.0, hi=MAX_SPEED, lo_open=True)
+    elif command == "seek":
+        args["position_s"] = _number(message.header, "position_s", lo=0.0, hi=math.inf)
+    elif command == "record_start" and message.header.get("name") is not None:
+        name = message.header["name"]
+        if not isinstance(name, str) or not name or "/" in name:
+            raise ProtocolError(f"record_start name must be a non-empty string without '/', got {name!r}")
+        args["name"] = name
+    return command, args
+
+
+def _number(header: dict[str, Any], key: str, *, lo: float, hi: float, lo_open: bool = False) -> float:
+    value = header.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ProtocolError(f"{header.get('command')}: {key} must be a finite number, got {value!r}")
+    if value < lo or (lo_open and value == lo) or value > hi:
+        low = f"({lo}" if lo_open else f"[{lo}"
+        raise ProtocolError(f"{header.get('command')}: {key}={value} is outside {low}, {hi}]")
+    return float(value)
+
+
+# ------------------------------------------------------------------------------------------ sequence numbers
+
+
+class SeqTracker:
+    """A subscriber's bookkeeping of ``seq`` per topic: messages received, missed (gaps) and publisher restarts.
+
+    A publisher restart shows as a new ``session`` header field or a ``seq`` that does not increase; the count
+    starts again from that message without counting a gap.
+    """
+
+    def __init__(self) -> None:
+        self.received = 0
+        self.missed = 0
+        self.restarts = 0
+        self._session: Any = None
+        self._last: dict[str, int] = {}  # topic -> last seq of the current session
+
+    def update(self, message: Message) -> int:
+        """Record ``message``; returns how many messages of its topic were missed just before it."""
+        self.received += 1
+        session, seq = message.header.get("session"), message.seq
+        if self._last and session != self._session:
+            self.restarts += 1
+            self._last.clear()
+        self._session = session
+        previous = self._last.get(message.topic)
+        if previous is not None and seq <= previous:
+            self.restarts += 1
+            self._last.clear()
+            previous = None
+        self._last[message.topic] = seq
+        if previous is None:
+            return 0
+        gap = seq - previous - 1
+        self.missed += gap
+        return gap

@@ -62,8 +62,7 @@ def test_pretrain_predicts_masked_tokens(pretrain_run):
 
 def test_finetune_from_pretraining_starts_from_its_weights(tmp_path, pretrain_run):
     pre = load_checkpoint(pretrain_run / "checkpoint.pt")["model"]
-    run = finetune.run(config("finetune", "lr=0", "min_lr=0", "warmup_epochs=0"), tmp_path / "ft0",
-                       init=pretrain_run)
+    run = finetune.run(config("finetune", "lr=0", "min_lr=0", "warmup_epochs=0"), tmp_path / "ft0", init=pretrain_run)
     model, info = finetune.load_classifier(run.path)
     block = model.backbone.blocks[0].attn.qkv.weight
     assert torch.equal(block, pre["backbone.blocks.0.attn.qkv.weight"])
@@ -107,7 +106,7 @@ def test_emae_baseline(tmp_path, loss_on):
 @pytest.mark.parametrize(("channels", "in_chans"), [("temporal", 8), ("timestamp", 3)])
 def test_input_variants_train_from_scratch(tmp_path, channels, in_chans):
     run = finetune.run(config("finetune", f"input.channels={channels}"), tmp_path / channels)
-    model, info = finetune.load_classifier(run.path)
+    model, _info = finetune.load_classifier(run.path)
     assert model.backbone.patch_embed.proj.in_channels == in_chans
 
 
@@ -157,5 +156,5 @@ def test_existing_run_needs_resume(tmp_path):
 
 
 def test_non_finite_loss_stops_with_a_clear_error(tmp_path):
-    with pytest.raises(NonFiniteLossError, match="loss is (nan|inf) at epoch 0"):
+    with pytest.raises(NonFiniteLossError, match=r"loss is (nan|inf) at epoch 0"):
         finetune.run(config("finetune", "lr=1e30", "warmup_epochs=0", "grad_clip=0"), tmp_path / "nan")

@@ -184,5 +184,3 @@ def train_one_epoch(
     stats = meter.reduce(runtime)
     stats["lr"] = max(group["lr"] for group in optimizer.param_groups)
     return stats
-
-

@@ -57,8 +57,7 @@ def evaluate_run(
     classes = source.classes if info["stage"] == "finetune" else source.mask_classes
     if classes != info["classes"]:
         raise RunError(
-            f"{dataset} {split} has classes {classes}, but the model in {run_path} was trained on "
-            f"{info['classes']}"
+            f"{dataset} {split} has classes {classes}, but the model in {run_path} was trained on {info['classes']}"
         )
     loader, _ = build_loader(
         source, info["input"], train=False, seed=0, batch_size=batch_size, runtime=runtime, num_workers=num_workers
@@ -159,8 +158,12 @@ def load_export(path: Path | str, device="cpu") -> tuple[torch.nn.Module, dict[s
             from mem_core.train.tokenizer import load_tokenizer
 
             tok = load_tokenizer(tokenizer_run, device)
-        meta = {"task": "classification" if info["stage"] == "finetune" else "segmentation",
-                "classes": info["classes"], "input": to_dict(info["input"]), "architecture": info["config"]["model"]}
+        meta = {
+            "task": "classification" if info["stage"] == "finetune" else "segmentation",
+            "classes": info["classes"],
+            "input": to_dict(info["input"]),
+            "architecture": info["config"]["model"],
+        }
         return model, meta, tok
     if not (path / MODEL_JSON).is_file():
         raise RunError(f"{path}: neither an export directory (no {MODEL_JSON}) nor a run directory")
@@ -180,4 +183,3 @@ def load_export(path: Path | str, device="cpu") -> tuple[torch.nn.Module, dict[s
         tok.load_state_dict(load_file(str(path / TOKENIZER_FILE)))
         tok.to(device).eval().requires_grad_(False)
     return model.to(device).eval(), meta, tok
-

@@ -67,30 +67,50 @@ def run(cfg: LabelEfficiencyConfig) -> dict[str, Any]:
 
     tok_path, pre_path = out / "tokenizer", out / "pretrain"
     if not _done(tok_path, "checkpoint.pt"):
-        timed("tokenizer", lambda: tokenizer.run(_stage_config(cfg, "tokenizer"), tok_path,
-                                                 resume=tok_path.exists()))
+        timed("tokenizer", lambda: tokenizer.run(_stage_config(cfg, "tokenizer"), tok_path, resume=tok_path.exists()))
     if not _done(pre_path, "checkpoint.pt"):
-        timed("pretrain", lambda: pretrain.run(_stage_config(cfg, "pretrain"), pre_path, tokenizer=tok_path,
-                                               resume=pre_path.exists()))
+        timed(
+            "pretrain",
+            lambda: pretrain.run(
+                _stage_config(cfg, "pretrain"), pre_path, tokenizer=tok_path, resume=pre_path.exists()
+            ),
+        )
     rows = []
     for fraction in cfg.fractions:
         for seed in cfg.seeds:
             for arm, init in (("mem", pre_path), ("scratch", None)):
                 path = out / f"finetune-{arm}-labels{fraction:g}-seed{seed}"
                 if not _done(path, "result.json"):
-                    ft_cfg = _stage_config(cfg, "finetune", f"seed={seed}", f"data.labels={fraction}",
-                                           f"data.label_seed={seed}")
-                    timed(f"finetune-{arm}", lambda c=ft_cfg, p=path, i=init: finetune.run(c, p, init=i,
-                                                                                          resume=p.exists()))
+                    ft_cfg = _stage_config(
+                        cfg, "finetune", f"seed={seed}", f"data.labels={fraction}", f"data.label_seed={seed}"
+                    )
+                    timed(
+                        f"finetune-{arm}",
+                        lambda c=ft_cfg, p=path, i=init: finetune.run(c, p, init=i, resume=p.exists()),
+                    )
                 result = json.loads((path / "result.json").read_text())
                 records = RunDir(path).metrics()
                 final = next(r["val_top1"] for r in reversed(records) if "val_top1" in r)
-                rows.append({"arm": arm, "labels": fraction, "seed": seed, "final_top1": final,
-                             "best_top1": result["top1"], "train_samples": result["train_samples"],
-                             "run": str(path)})
+                rows.append(
+                    {
+                        "arm": arm,
+                        "labels": fraction,
+                        "seed": seed,
+                        "final_top1": final,
+                        "best_top1": result["top1"],
+                        "train_samples": result["train_samples"],
+                        "run": str(path),
+                    }
+                )
     summary = summarize(rows)
-    report = {"dataset": cfg.dataset, "data": cfg.data, "preset": cfg.preset, "rows": rows, "summary": summary,
-              "seconds": timings}
+    report = {
+        "dataset": cfg.dataset,
+        "data": cfg.data,
+        "preset": cfg.preset,
+        "rows": rows,
+        "summary": summary,
+        "seconds": timings,
+    }
     (out / "results.json").write_text(json.dumps(json_safe(report), indent=2) + "\n")
     (out / "results.md").write_text(markdown_table(summary) + "\n")
     plot(summary, out / "label_efficiency.png", cfg.dataset)
@@ -107,19 +127,32 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 continue
             final = np.array([r["final_top1"] for r in sel])
             best = np.array([r["best_top1"] for r in sel])
-            out.append({"arm": arm, "labels": fraction, "seeds": len(sel), "train_samples": sel[0]["train_samples"],
-                        "final_mean": float(final.mean()), "final_std": float(final.std()),
-                        "best_mean": float(best.mean()), "best_std": float(best.std())})
+            out.append(
+                {
+                    "arm": arm,
+                    "labels": fraction,
+                    "seeds": len(sel),
+                    "train_samples": sel[0]["train_samples"],
+                    "final_mean": float(final.mean()),
+                    "final_std": float(final.std()),
+                    "best_mean": float(best.mean()),
+                    "best_std": float(best.std()),
+                }
+            )
     return out
 
 
 def markdown_table(summary: list[dict[str, Any]]) -> str:
-    lines = ["| labels | train samples | arm | top-1 final epoch (mean ± std) | top-1 best epoch | seeds |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| labels | train samples | arm | top-1 final epoch (mean ± std) | top-1 best epoch | seeds |",
+        "|---|---|---|---|---|---|",
+    ]
     for s in summary:
-        lines.append(f"| {s['labels']:.0%} | {s['train_samples']} | {s['arm']} | "
-                     f"{100 * s['final_mean']:.2f} ± {100 * s['final_std']:.2f} | "
-                     f"{100 * s['best_mean']:.2f} ± {100 * s['best_std']:.2f} | {s['seeds']} |")
+        lines.append(
+            f"| {s['labels']:.0%} | {s['train_samples']} | {s['arm']} | "
+            f"{100 * s['final_mean']:.2f} ± {100 * s['final_std']:.2f} | "
+            f"{100 * s['best_mean']:.2f} ± {100 * s['best_std']:.2f} | {s['seeds']} |"
+        )
     return "\n".join(lines)
 
 
@@ -135,11 +168,19 @@ def plot(summary: list[dict[str, Any]], path: Path, dataset: str) -> None:
         if not pts:
             continue
         xs = [100 * s["labels"] for s in pts]
-        ax.errorbar(xs, [100 * s["final_mean"] for s in pts], yerr=[100 * s["final_std"] for s in pts],
-                    marker="o", capsize=4, color=color, label="MEM pretrained" if arm == "mem" else "from scratch")
+        ax.errorbar(
+            xs,
+            [100 * s["final_mean"] for s in pts],
+            yerr=[100 * s["final_std"] for s in pts],
+            marker="o",
+            capsize=4,
+            color=color,
+            label="MEM pretrained" if arm == "mem" else "from scratch",
+        )
     ax.set_xscale("log")
-    ax.set(xlabel="labelled training samples (%)", ylabel="validation top-1 (%)",
-           title=f"Label efficiency on {dataset}")
+    ax.set(
+        xlabel="labelled training samples (%)", ylabel="validation top-1 (%)", title=f"Label efficiency on {dataset}"
+    )
     ax.grid(alpha=0.3, which="both")
     ax.legend()
     fig.tight_layout()

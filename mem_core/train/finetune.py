@@ -26,8 +26,18 @@ from mem_core.train.fit import build_loader, fit
 from mem_core.train.rundir import RunDir, RunError, load_checkpoint
 from mem_core.train.runtime import Runtime, all_reduce_sum
 
-ARCH_FIELDS = ("img_size", "patch_size", "in_chans", "embed_dim", "depth", "num_heads", "mlp_ratio", "rel_pos_bias",
-               "abs_pos_emb", "layer_scale_init")
+ARCH_FIELDS = (
+    "img_size",
+    "patch_size",
+    "in_chans",
+    "embed_dim",
+    "depth",
+    "num_heads",
+    "mlp_ratio",
+    "rel_pos_bias",
+    "abs_pos_emb",
+    "layer_scale_init",
+)
 
 
 def adopt_pretrained_architecture(cfg, init: Path | str):
@@ -80,11 +90,22 @@ def run(cfg: FinetuneStageConfig, out: Path | str, *, init: Path | str | None = 
     indices = train_indices(cfg, train_src)
     run_dir.write_json("classes.json", {"classes": train_src.classes, "train_samples": len(indices)})
     loader, sampler = build_loader(
-        train_src, cfg.input, train=True, seed=cfg.seed, batch_size=cfg.batch_size, runtime=runtime,
-        num_workers=cfg.data.num_workers, indices=indices,
+        train_src,
+        cfg.input,
+        train=True,
+        seed=cfg.seed,
+        batch_size=cfg.batch_size,
+        runtime=runtime,
+        num_workers=cfg.data.num_workers,
+        indices=indices,
     )
     val_loader, _ = build_loader(
-        val_src, cfg.input, train=False, seed=cfg.seed, batch_size=cfg.batch_size, runtime=runtime,
+        val_src,
+        cfg.input,
+        train=False,
+        seed=cfg.seed,
+        batch_size=cfg.batch_size,
+        runtime=runtime,
         num_workers=cfg.data.num_workers,
     )
     num_classes = len(train_src.classes)
@@ -102,7 +123,11 @@ def run(cfg: FinetuneStageConfig, out: Path | str, *, init: Path | str | None = 
     from timm.utils import ModelEmaV3
 
     optimizer = create_optimizer_v2(
-        model, "adamw", lr=cfg.lr, weight_decay=cfg.weight_decay, layer_decay=None if cfg.probe else cfg.layer_decay,
+        model,
+        "adamw",
+        lr=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        layer_decay=None if cfg.probe else cfg.layer_decay,
         betas=cfg.betas,
     )
     ema = ModelEmaV3(model, decay=cfg.ema_decay) if cfg.ema_decay > 0 else None
@@ -129,9 +154,20 @@ def run(cfg: FinetuneStageConfig, out: Path | str, *, init: Path | str | None = 
         return {"top1": result["top1"], "loss": result["loss"]}
 
     fit_result = fit(
-        run=run_dir, cfg=cfg, runtime=runtime, model=model, train_model=train_model, optimizer=optimizer,
-        loader=loader, sampler=sampler, step_fn=step_fn, evaluate=evaluate, select="top1", ema=ema,
-        resume=resume, description="probe" if cfg.probe else "finetune",
+        run=run_dir,
+        cfg=cfg,
+        runtime=runtime,
+        model=model,
+        train_model=train_model,
+        optimizer=optimizer,
+        loader=loader,
+        sampler=sampler,
+        step_fn=step_fn,
+        evaluate=evaluate,
+        select="top1",
+        ema=ema,
+        resume=resume,
+        description="probe" if cfg.probe else "finetune",
     )
     if runtime.is_main:
         best_model = MEMClassifier(MEMViT(cfg.model), num_classes)

@@ -166,8 +166,10 @@ def fit(
             record.update({f"val_{k}": v for k, v in evaluate(epoch).items()})
         if on_epoch_end is not None:
             on_epoch_end(epoch, record)
-        is_best = select is not None and f"val_{select}" in record and (
-            best is None or record[f"val_{select}"] > best[f"val_{select}"]
+        is_best = (
+            select is not None
+            and f"val_{select}" in record
+            and (best is None or record[f"val_{select}"] > best[f"val_{select}"])
         )
         if is_best:
             best = {"epoch": epoch, f"val_{select}": record[f"val_{select}"]}

@@ -7,9 +7,9 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from mem_core.train.rundir import RunDir  # noqa: E402
+from mem_core.train.rundir import RunDir
 
 
 def plot_curves(run: RunDir, name: str = "curves.png") -> Path | None:

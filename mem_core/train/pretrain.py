@@ -50,11 +50,22 @@ def run(cfg: PretrainStageConfig, out: Path | str, *, tokenizer: Path | str | No
         run_dir.write_json("tokenizer.json", {"path": str(Path(tokenizer).resolve())})
     train_src, val_src = open_split(cfg, cfg.data.train_split), open_split(cfg, cfg.data.val_split)
     loader, sampler = build_loader(
-        train_src, cfg.input, train=True, seed=cfg.seed, batch_size=cfg.batch_size, runtime=runtime,
-        num_workers=cfg.data.num_workers, indices=train_indices(cfg, train_src),
+        train_src,
+        cfg.input,
+        train=True,
+        seed=cfg.seed,
+        batch_size=cfg.batch_size,
+        runtime=runtime,
+        num_workers=cfg.data.num_workers,
+        indices=train_indices(cfg, train_src),
     )
     val_loader, _ = build_loader(
-        val_src, cfg.input, train=False, seed=cfg.seed, batch_size=cfg.batch_size, runtime=runtime,
+        val_src,
+        cfg.input,
+        train=False,
+        seed=cfg.seed,
+        batch_size=cfg.batch_size,
+        runtime=runtime,
         num_workers=cfg.data.num_workers,
     )
     torch.manual_seed(cfg.seed)
@@ -96,8 +107,17 @@ def run(cfg: PretrainStageConfig, out: Path | str, *, tokenizer: Path | str | No
         return meter.reduce(runtime)
 
     fit(
-        run=run_dir, cfg=cfg, runtime=runtime, model=model, train_model=train_model, optimizer=optimizer,
-        loader=loader, sampler=sampler, step_fn=step_fn, evaluate=evaluate, resume=resume,
+        run=run_dir,
+        cfg=cfg,
+        runtime=runtime,
+        model=model,
+        train_model=train_model,
+        optimizer=optimizer,
+        loader=loader,
+        sampler=sampler,
+        step_fn=step_fn,
+        evaluate=evaluate,
+        resume=resume,
         description="pretrain" if cfg.method == "mem" else "emae",
     )
     return run_dir

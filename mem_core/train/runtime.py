@@ -81,4 +81,3 @@ def all_reduce_sum(values: torch.Tensor, runtime: Runtime) -> torch.Tensor:
         values = values.to(runtime.device)
         dist.all_reduce(values, op=dist.ReduceOp.SUM)
     return values
-

@@ -48,11 +48,22 @@ def run(cfg: SegmentStageConfig, out: Path | str, *, init: Path | str | None = N
     num_classes = len(train_src.mask_classes)
     run_dir.write_json("classes.json", {"classes": train_src.mask_classes})
     loader, sampler = build_loader(
-        train_src, cfg.input, train=True, seed=cfg.seed, batch_size=cfg.batch_size, runtime=runtime,
-        num_workers=cfg.data.num_workers, indices=train_indices(cfg, train_src),
+        train_src,
+        cfg.input,
+        train=True,
+        seed=cfg.seed,
+        batch_size=cfg.batch_size,
+        runtime=runtime,
+        num_workers=cfg.data.num_workers,
+        indices=train_indices(cfg, train_src),
     )
     val_loader, _ = build_loader(
-        val_src, cfg.input, train=False, seed=cfg.seed, batch_size=cfg.batch_size, runtime=runtime,
+        val_src,
+        cfg.input,
+        train=False,
+        seed=cfg.seed,
+        batch_size=cfg.batch_size,
+        runtime=runtime,
         num_workers=cfg.data.num_workers,
     )
     torch.manual_seed(cfg.seed)
@@ -83,15 +94,26 @@ def run(cfg: SegmentStageConfig, out: Path | str, *, init: Path | str | None = N
         return {k: result[k] for k in ("miou", "macc", "aacc")}
 
     fit(
-        run=run_dir, cfg=cfg, runtime=runtime, model=model, train_model=train_model, optimizer=optimizer,
-        loader=loader, sampler=sampler, step_fn=step_fn, evaluate=evaluate, select="miou", resume=resume,
+        run=run_dir,
+        cfg=cfg,
+        runtime=runtime,
+        model=model,
+        train_model=train_model,
+        optimizer=optimizer,
+        loader=loader,
+        sampler=sampler,
+        step_fn=step_fn,
+        evaluate=evaluate,
+        select="miou",
+        resume=resume,
         description="segment",
     )
     if runtime.is_main:
         best = SegmentationModel(MEMViT(cfg.model), num_classes, channels=cfg.head_channels)
         best.load_state_dict(load_checkpoint(run_dir.best_path)["model"])
-        final = evaluate_segmenter(best.to(runtime.device), val_loader, cfg.input, runtime, num_classes,
-                                   cfg.ignore_index)
+        final = evaluate_segmenter(
+            best.to(runtime.device), val_loader, cfg.input, runtime, num_classes, cfg.ignore_index
+        )
         run_dir.write_json("result.json", {"split": cfg.data.val_split, "classes": train_src.mask_classes, **final})
     return run_dir
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mem_core.models.tokenizer import DiscreteVAE, TokenizerConfig, codebook_stats
+from mem_core.models.tokenizer import DiscreteVAE, TokenizerConfig
 from mem_core.representation import batch_preprocess
 from mem_core.train.common import batch_generator, fit_input, open_split, start_run, train_indices, wrap_model
 from mem_core.train.configs import TokenizerStageConfig
@@ -38,7 +38,12 @@ def run(cfg: TokenizerStageConfig, out: Path | str, *, resume: bool = False) -> 
         indices=train_indices(cfg, train_src),
     )
     val_loader, _ = build_loader(
-        val_src, cfg.input, train=False, seed=cfg.seed, batch_size=cfg.batch_size, runtime=runtime,
+        val_src,
+        cfg.input,
+        train=False,
+        seed=cfg.seed,
+        batch_size=cfg.batch_size,
+        runtime=runtime,
         num_workers=cfg.data.num_workers,
     )
     torch.manual_seed(cfg.seed)
@@ -66,8 +71,18 @@ def run(cfg: TokenizerStageConfig, out: Path | str, *, resume: bool = False) -> 
         return metrics
 
     fit(
-        run=run_dir, cfg=cfg, runtime=runtime, model=model, train_model=train_model, optimizer=optimizer,
-        loader=loader, sampler=sampler, step_fn=step_fn, evaluate=evaluate, resume=resume, description="tokenizer",
+        run=run_dir,
+        cfg=cfg,
+        runtime=runtime,
+        model=model,
+        train_model=train_model,
+        optimizer=optimizer,
+        loader=loader,
+        sampler=sampler,
+        step_fn=step_fn,
+        evaluate=evaluate,
+        resume=resume,
+        description="tokenizer",
     )
     return run_dir
 
