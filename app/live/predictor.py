@@ -1,0 +1,108 @@
+"""The model side of the live server: an exported model (+ optional tokenizer) applied to one event window."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from mem_core.configuration import from_dict
+from mem_core.events import SensorSize
+from mem_core.models import DiscreteVAE
+from mem_core.representation import InputSpec, histograms_to_input, input_histogram
+from mem_core.train.evaluate import load_export
+
+
+@dataclass
+class Output:
+    """What one window gives: the arrays the server publishes and the time each stage took."""
+
+    hist: np.ndarray  # (2, H, W) float16 in [0, 1]: the model input folded to OFF / ON
+    tokens: np.ndarray | None = None  # (h, w) int32 token ids, with a tokenizer
+    probs: np.ndarray | None = None  # (K,) float32 class probabilities (classification)
+    mask: np.ndarray | None = None  # (H, W) uint8 / uint16 class ids (segmentation)
+    stages_ms: dict[str, float] = field(default_factory=dict)
+
+
+def load_tokenizer_path(path: Path | str, device: str = "cpu") -> DiscreteVAE:
+    """A tokenizer from a tokenizer run directory or from an export directory that holds ``tokenizer.json``."""
+    path = Path(path)
+    if (path / "config.json").is_file():
+        from mem_core.train.tokenizer import load_tokenizer
+
+        return load_tokenizer(path, device)
+    tokenizer = load_export(path, device)[2] if (path / "model.json").is_file() else None
+    if tokenizer is None:
+        raise FileNotFoundError(f"{path}: neither a tokenizer run nor an export directory with a tokenizer")
+    return tokenizer
+
+
+class Predictor:
+    """Events of one window -> histogram, token ids and a prediction, under ``torch.inference_mode``.
+
+    Args:
+        model: export directory or finetune/segment run directory (``load_export``).
+        tokenizer: tokenizer run or export directory; default: the one exported with the model, if any.
+        device: torch device for the model and tokenizer.
+    """
+
+    def __init__(self, model: Path | str, tokenizer: Path | str | None = None, device: str = "cpu") -> None:
+        self.model, self.meta, exported_tokenizer = load_export(model, device)
+        self.tokenizer = load_tokenizer_path(tokenizer, device) if tokenizer is not None else exported_tokenizer
+        self.device = torch.device(device)
+        self.spec: InputSpec = from_dict(InputSpec, self.meta["input"])
+        self.task: str = self.meta["task"]
+        self.classes: list[str] = [str(c) for c in self.meta["classes"]]
+        if self.tokenizer is not None and self.tokenizer.config.in_chans != self.spec.in_chans:
+            raise ValueError(
+                f"the tokenizer takes {self.tokenizer.config.in_chans} input channels but the model input "
+                f"({self.spec.channels}) has {self.spec.in_chans}"
+            )
+
+    @property
+    def token_grid(self) -> tuple[int, int] | None:
+        """(h, w) of the token ids, or None without a tokenizer."""
+        return None if self.tokenizer is None else self.tokenizer.config.grid_size
+
+    @torch.inference_mode()
+    def __call__(self, events: np.ndarray, sensor: SensorSize) -> Output:
+        """Run the whole window ``events`` (time-sorted ``EVENT_DTYPE``) on ``sensor``."""
+        spec = self.spec
+        start = time.perf_counter()
+        counts = torch.from_numpy(input_histogram(events, sensor, spec.channels, spec.temporal_bins))
+        x = histograms_to_input(counts[None].to(self.device), spec, train=False)  # (1, C, H, W)
+        out = Output(hist=_fold_polarity(x[0], spec))
+        stages = out.stages_ms
+        stages["preprocess"], start = _ms_since(start)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
+            logits = self.model(x)
+        if self.task == "classification":
+            out.probs = logits[0].float().softmax(0).cpu().numpy()  # (K,)
+        else:
+            mask_dtype = np.uint8 if len(self.classes) <= 256 else np.uint16
+            out.mask = logits[0].argmax(0).cpu().numpy().astype(mask_dtype)  # (H, W)
+        stages["model"], start = _ms_since(start)
+        if self.tokenizer is not None:
+            size = self.tokenizer.config.image_size
+            x_tok = x if x.shape[-2:] == (size, size) else F.interpolate(x, size=(size, size), mode="bilinear")
+            out.tokens = self.tokenizer.token_ids(x_tok)[0].cpu().numpy().astype(np.int32)  # (h, w)
+            stages["tokenizer"], start = _ms_since(start)
+        return out
+
+
+def _fold_polarity(x: torch.Tensor, spec: InputSpec) -> np.ndarray:
+    """(C, H, W) model input -> (2, H, W) float16 OFF / ON picture (temporal bins summed, timestamp dropped)."""
+    counts = x[: spec.count_channels]
+    if spec.channels == "temporal":
+        counts = counts.reshape(-1, 2, *counts.shape[-2:]).sum(0)  # (bins, 2, H, W) -> (2, H, W)
+        counts = counts / counts.max().clamp_min(1e-12)
+    return counts.to(torch.float16).cpu().numpy()
+
+
+def _ms_since(start: float) -> tuple[float, float]:
+    now = time.perf_counter()
+    return (now - start) * 1e3, now

@@ -1,0 +1,1 @@
+"""The Qt live viewer (``mem view``): draws what the live server publishes; never imports torch."""

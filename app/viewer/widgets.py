@@ -1,0 +1,390 @@
+"""The viewer's widgets: the event image with overlays, top-k bars, confidence timeline, legend, controls."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6 import QtCore, QtGui, QtWidgets
+
+from mem_core.visualize import histogram_rgb, label_palette
+
+pg.setConfigOptions(imageAxisOrder="row-major", antialias=True, background="#16181d", foreground="#c8ccd4")
+
+DEFAULT_LEVEL = 0.25  # model input value drawn at full brightness (the peak pixel is 1.0)
+MASK_ALPHA = 90  # of 255
+TOKEN_ALPHA = 50
+TIMELINE_S = 20.0
+TIMELINE_REDRAW_S = 0.1  # the timeline is redrawn at most 10 times a second
+TIMELINE_CLASSES = 5
+ACCENT = "#e8eaf0"
+
+
+def class_colors(n: int) -> np.ndarray:
+    """(n, 3) uint8 colours for classification classes (the palette without its dark background grey)."""
+    return label_palette(n + 1)[1:]
+
+
+def token_colors(num_tokens: int) -> np.ndarray:
+    """(num_tokens, 3) uint8 tints, a fixed colour per token id."""
+    return np.random.default_rng(num_tokens).integers(40, 256, size=(num_tokens, 3)).astype(np.uint8)
+
+
+class EventView(pg.GraphicsLayoutWidget):
+    """The model-input histogram (OFF blue, ON red, fixed levels) with a token grid and a segmentation mask.
+
+    The layers are blended into one RGB image in numpy and drawn as a single ``ImageItem`` (each extra image
+    layer would cost the GUI thread a full scaled draw per frame). The token overlay tints each grid cell by its
+    token id, draws the grid and shows the id under the mouse. Setters store a layer; ``render`` draws.
+    """
+
+    def __init__(self, parent: QtWidgets.QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.level = DEFAULT_LEVEL
+        self.view = self.addViewBox(lockAspect=True, invertY=True, enableMenu=False)
+        self.view.setMouseEnabled(False, False)
+        self.image = pg.ImageItem()
+        self.grid = pg.PlotCurveItem(connect="pairs", pen=pg.mkPen(255, 255, 255, 50, width=1), antialias=False)
+        self.hover = pg.TextItem(color=ACCENT, fill=pg.mkBrush(0, 0, 0, 170), anchor=(0, 1))
+        for z, item in enumerate((self.image, self.grid, self.hover)):
+            item.setZValue(z)
+            self.view.addItem(item)
+        self.hover.setVisible(False)
+        self.grid.setVisible(False)
+        self.shape: tuple[int, int] | None = None  # (H, W) of the image shown
+        self.hist: np.ndarray | None = None
+        self.tokens: np.ndarray | None = None
+        self.mask: np.ndarray | None = None
+        self.show_tokens = True
+        self.show_mask = True
+        self._token_colors = token_colors(1)
+        self._mask_colors = label_palette(1)
+        self._grid_shape: tuple | None = None  # (token grid, image shape) the grid lines were drawn for
+        self.scene().sigMouseMoved.connect(self._mouse_moved)
+
+    def set_histogram(self, hist: np.ndarray) -> None:
+        """A (2, H, W) OFF / ON histogram in [0, 1]."""
+        self.hist = hist
+
+    def set_tokens(self, tokens: np.ndarray | None, num_tokens: int) -> None:
+        """Token ids (h, w) for the overlay (None: no overlay)."""
+        self.tokens = tokens
+        if len(self._token_colors) != num_tokens:
+            self._token_colors = token_colors(num_tokens)
+
+    def set_mask(self, mask: np.ndarray | None, num_classes: int) -> None:
+        """Class ids (H, W) drawn over the histogram (None: no overlay)."""
+        self.mask = mask
+        if mask is not None and len(self._mask_colors) < max(num_classes, int(mask.max()) + 1):
+            self._mask_colors = label_palette(max(num_classes, int(mask.max()) + 1))
+
+    def set_overlays(self, tokens: bool, mask: bool) -> None:
+        """Toggle the token and mask overlays."""
+        self.show_tokens, self.show_mask = tokens, mask
+        if not tokens:
+            self.hover.setVisible(False)
+        self.render()
+
+    def composite(self) -> np.ndarray | None:
+        """(H, W, 3) uint8: the histogram with the visible overlays blended in (None before the first frame)."""
+        if self.hist is None:
+            return None
+        rgb = histogram_rgb(self.hist, level=self.level)  # (H, W, 3) uint8
+        height, width = rgb.shape[:2]
+        layers = []
+        if self.show_mask and self.mask is not None and self.mask.shape == (height, width):
+            layers.append((self._mask_colors[self.mask], MASK_ALPHA / 255))
+        if self.show_tokens and self.tokens is not None:
+            rows, cols = self.tokens.shape
+            cells = self.tokens[np.arange(height) * rows // height][:, np.arange(width) * cols // width]  # (H, W)
+            ids = np.clip(cells, 0, len(self._token_colors) - 1)
+            layers.append((self._token_colors[ids], TOKEN_ALPHA / 255))
+        if not layers:
+            return rgb
+        out = rgb.astype(np.float32)
+        for color, alpha in layers:
+            out += alpha * (color - out)
+        return out.astype(np.uint8)
+
+    def render(self) -> None:
+        """Draw the current layers."""
+        rgb = self.composite()
+        if rgb is None:
+            return
+        # RGBX bytes with no levels pass straight to a QImage: the fastest draw pyqtgraph offers (levels are
+        # fixed by ``histogram_rgb`` already)
+        rgbx = np.empty((*rgb.shape[:2], 4), np.uint8)
+        rgbx[..., :3] = rgb
+        rgbx[..., 3] = 255
+        self.image.setImage(rgbx, autoLevels=False)
+        shape = rgb.shape[:2]
+        if shape != self.shape:
+            self.shape = shape
+            self.image.setRect(QtCore.QRectF(0, 0, shape[1], shape[0]))  # after the first setImage
+            self.view.setRange(QtCore.QRectF(0, 0, shape[1], shape[0]), padding=0)
+            self._grid_shape = None
+        self._draw_grid()
+
+    def _draw_grid(self) -> None:
+        visible = self.show_tokens and self.tokens is not None and self.shape is not None
+        self.grid.setVisible(visible)
+        if not visible or self._grid_shape == (self.tokens.shape, self.shape):
+            return
+        self._grid_shape = (self.tokens.shape, self.shape)
+        height, width = self.shape
+        rows, cols = self.tokens.shape
+        xs, ys = np.linspace(0, width, cols + 1), np.linspace(0, height, rows + 1)
+        x = np.concatenate([np.repeat(xs, 2), np.tile([0.0, width], rows + 1)])  # vertical, then horizontal lines
+        y = np.concatenate([np.tile([0.0, height], cols + 1), np.repeat(ys, 2)])
+        self.grid.setData(x, y)
+
+    def token_at(self, x: float, y: float) -> tuple[int, int, int] | None:
+        """(row, col, token id) under image coordinates (x, y), or None outside the grid."""
+        if self.tokens is None or self.shape is None:
+            return None
+        rows, cols = self.tokens.shape
+        if not (0 <= x < self.shape[1] and 0 <= y < self.shape[0]):
+            return None
+        r, c = int(y * rows / self.shape[0]), int(x * cols / self.shape[1])
+        return r, c, int(self.tokens[r, c])
+
+    def _mouse_moved(self, pos: QtCore.QPointF) -> None:
+        point = self.view.mapSceneToView(pos)
+        hit = self.token_at(point.x(), point.y()) if self.show_tokens else None
+        if hit is None:
+            self.hover.setVisible(False)
+            return
+        r, c, token = hit
+        self.hover.setText(f"token {token}  (row {r}, col {c})")
+        self.hover.setPos(point)
+        self.hover.setVisible(True)
+
+
+class TopKPanel(QtWidgets.QWidget):
+    """The top-k classes of the newest prediction as labelled bars, the best one large."""
+
+    def __init__(self, k: int = 5, parent: QtWidgets.QWidget | None = None) -> None:
+        super().__init__(parent)
+        layout = QtWidgets.QGridLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        self.best = QtWidgets.QLabel("waiting for predictions")
+        self.best.setStyleSheet(f"font-size: 22px; font-weight: 600; color: {ACCENT};")
+        layout.addWidget(self.best, 0, 0, 1, 2)
+        self.names: list[QtWidgets.QLabel] = []
+        self.bars: list[QtWidgets.QProgressBar] = []
+        for i in range(k):
+            name = QtWidgets.QLabel("")
+            bar = QtWidgets.QProgressBar()
+            bar.setRange(0, 1000)
+            bar.setTextVisible(True)
+            bar.setFixedHeight(18)
+            layout.addWidget(name, i + 1, 0)
+            layout.addWidget(bar, i + 1, 1)
+            self.names.append(name)
+            self.bars.append(bar)
+        layout.setColumnStretch(1, 1)
+        self.top_k: list[dict] = []
+        self.set_top_k([])
+
+    def set_top_k(self, top_k: list[dict], colors: np.ndarray | None = None) -> None:
+        """``top_k``: [{"id", "name", "prob"}, ...] best first; ``colors``: (K, 3) per class id."""
+        self.top_k = top_k
+        if top_k:
+            self.best.setText(f"{top_k[0]['name']}  {100 * top_k[0]['prob']:.0f} %")
+        for i, (name, bar) in enumerate(zip(self.names, self.bars, strict=True)):
+            visible = i < len(top_k)
+            name.setVisible(visible)
+            bar.setVisible(visible)
+            if not visible:
+                continue
+            entry = top_k[i]
+            name.setText(entry["name"])
+            bar.setValue(round(1000 * entry["prob"]))
+            bar.setFormat(f"{100 * entry['prob']:.1f} %")
+            if colors is not None and 0 <= entry["id"] < len(colors):
+                r, g, b = (int(v) for v in colors[entry["id"]])
+                style = f"QProgressBar::chunk {{ background-color: rgb({r}, {g}, {b}); }}"
+                if bar.styleSheet() != style:  # parsing a style sheet costs more than the rest of the frame
+                    bar.setStyleSheet(style)
+
+
+class ConfidenceTimeline(pg.PlotWidget):
+    """Probability of the leading classes over the last ``TIMELINE_S`` seconds."""
+
+    def __init__(self, parent: QtWidgets.QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setYRange(0, 1, padding=0.02)
+        self.setXRange(-TIMELINE_S, 0, padding=0)
+        self.setMouseEnabled(False, False)
+        self.hideButtons()
+        self.setMenuEnabled(False)
+        self.setLabel("left", "probability")
+        self.setLabel("bottom", "seconds ago")
+        self.showGrid(x=True, y=True, alpha=0.15)
+        self.legend = self.addLegend(offset=(8, 8), labelTextSize="8pt")
+        self.history: deque[tuple[float, np.ndarray]] = deque(maxlen=2000)  # (monotonic time, probs (K,))
+        self.curves: dict[int, pg.PlotDataItem] = {}
+        self._drawn = -np.inf  # monotonic time of the last redraw
+
+    def clear_history(self) -> None:
+        """Forget everything (a new server session)."""
+        self.history.clear()
+        for curve in self.curves.values():
+            self.removeItem(curve)
+        self.curves.clear()
+        self.legend.clear()
+
+    def add(self, t: float, probs: np.ndarray, classes: list[str], colors: np.ndarray) -> None:
+        """Append one prediction at monotonic time ``t``; redraw when the last redraw is old enough."""
+        if self.history and len(self.history[-1][1]) != len(probs):
+            self.clear_history()
+        self.history.append((t, np.asarray(probs, np.float32)))
+        while self.history and self.history[0][0] < t - TIMELINE_S:
+            self.history.popleft()
+        if t - self._drawn < TIMELINE_REDRAW_S:
+            return
+        self._drawn = t
+        times = np.array([s for s, _ in self.history]) - t
+        probs_hist = np.stack([p for _, p in self.history])  # (T, K)
+        leading = np.argsort(-probs_hist.mean(0))[:TIMELINE_CLASSES].tolist()
+        for class_id in [c for c in self.curves if c not in leading]:
+            self.removeItem(self.curves.pop(class_id))
+            self.legend.removeItem(classes[class_id] if class_id < len(classes) else str(class_id))
+        for class_id in leading:
+            if class_id not in self.curves:
+                r, g, b = (int(v) for v in colors[class_id % len(colors)])
+                name = classes[class_id] if class_id < len(classes) else str(class_id)
+                self.curves[class_id] = self.plot(pen=pg.mkPen(r, g, b, width=2), name=name)
+            self.curves[class_id].setData(times, probs_hist[:, class_id])
+
+
+class SegmentLegend(QtWidgets.QWidget):
+    """Colour swatches and names of the classes present in the newest mask."""
+
+    def __init__(self, parent: QtWidgets.QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.grid = QtWidgets.QGridLayout(self)
+        self.grid.setContentsMargins(0, 0, 0, 0)
+        self.present: tuple[int, ...] = ()
+        self.labels: list[str] = []
+
+    def set_classes(self, present: list[int], classes: list[str]) -> None:
+        """Show ``present`` class ids (rebuilt only when the set changes)."""
+        key = tuple(present)
+        if key == self.present and self.labels:
+            return
+        self.present = key
+        while self.grid.count():
+            self.grid.takeAt(0).widget().deleteLater()
+        palette = label_palette(max(len(classes), max(present, default=0) + 1))
+        self.labels = []
+        for row, class_id in enumerate(present):
+            swatch = QtWidgets.QLabel()
+            r, g, b = (int(v) for v in palette[class_id])
+            swatch.setFixedSize(16, 16)
+            swatch.setStyleSheet(f"background-color: rgb({r}, {g}, {b}); border: 1px solid #555;")
+            name = classes[class_id] if class_id < len(classes) else f"class {class_id}"
+            self.labels.append(name)
+            self.grid.addWidget(swatch, row, 0)
+            self.grid.addWidget(QtWidgets.QLabel(name), row, 1)
+        self.grid.setColumnStretch(1, 1)
+
+
+class ReplayControls(QtWidgets.QGroupBox):
+    """Play / pause, speed and seek for a replayed file. Emits ``command(name, args)``."""
+
+    command = QtCore.Signal(str, dict)
+    SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+
+    def __init__(self, parent: QtWidgets.QWidget | None = None) -> None:
+        super().__init__("File replay", parent)
+        self.play = QtWidgets.QPushButton("Pause")
+        self.speed = QtWidgets.QComboBox()
+        self.speed.addItems([f"{s:g}x" for s in self.SPEEDS])
+        self.speed.setCurrentIndex(self.SPEEDS.index(1.0))
+        self.seek = QtWidgets.QSlider(QtCore.Qt.Orientation.Horizontal)
+        self.seek.setRange(0, 1000)
+        self.position = QtWidgets.QLabel("0.00 / 0.00 s")
+        layout = QtWidgets.QGridLayout(self)
+        layout.addWidget(self.play, 0, 0)
+        layout.addWidget(self.speed, 0, 1)
+        layout.addWidget(self.position, 0, 2)
+        layout.addWidget(self.seek, 1, 0, 1, 3)
+        self.playing = True
+        self.duration_s = 0.0
+        self.play.clicked.connect(self._toggle)
+        self.speed.activated.connect(lambda i: self.command.emit("speed", {"value": self.SPEEDS[i]}))
+        self.seek.sliderReleased.connect(self._seek)
+
+    def _toggle(self) -> None:
+        self.command.emit("pause" if self.playing else "play", {})
+
+    def _seek(self) -> None:
+        self.command.emit("seek", {"position_s": self.seek.value() / 1000 * self.duration_s})
+
+    def set_state(self, replay: dict) -> None:
+        """Follow the server's replay state (``playing``, ``speed``, ``position_s``, ``duration_s``)."""
+        self.playing = bool(replay.get("playing", True))
+        self.play.setText("Pause" if self.playing else "Play")
+        self.duration_s = float(replay.get("duration_s", 0.0))
+        speed = float(replay.get("speed", 1.0))
+        if speed in self.SPEEDS and not self.speed.view().isVisible():
+            self.speed.setCurrentIndex(self.SPEEDS.index(speed))
+        position = float(replay.get("position_s", 0.0))
+        self.position.setText(f"{position:.2f} / {self.duration_s:.2f} s")
+        if not self.seek.isSliderDown() and self.duration_s > 0:
+            self.seek.setValue(round(1000 * position / self.duration_s))
+
+
+class RecordControls(QtWidgets.QGroupBox):
+    """Start / stop recording the live source into a corpus on the server side. Emits ``command(name, args)``."""
+
+    command = QtCore.Signal(str, dict)
+
+    def __init__(self, parent: QtWidgets.QWidget | None = None) -> None:
+        super().__init__("Recording", parent)
+        self.button = QtWidgets.QPushButton("Record")
+        self.status = QtWidgets.QLabel("not recording")
+        self.status.setWordWrap(True)
+        layout = QtWidgets.QHBoxLayout(self)
+        layout.addWidget(self.button)
+        layout.addWidget(self.status, 1)
+        self.active = False
+        self.button.clicked.connect(lambda: self.command.emit("record_stop" if self.active else "record_start", {}))
+
+    def set_state(self, recording: dict) -> None:
+        """Follow the server's recording state (``active``, ``name``, ``events``, ``root``, ``error``)."""
+        self.active = bool(recording.get("active"))
+        self.button.setText("Stop" if self.active else "Record")
+        if recording.get("error"):
+            self.status.setText(f"error: {recording['error']}")
+        elif self.active:
+            self.status.setText(f"recording {recording.get('name')}: {recording.get('events', 0):,} events")
+        elif recording.get("name"):
+            self.status.setText(
+                f"saved {recording['name']} ({recording.get('events', 0):,} events) in {recording.get('root')}"
+            )
+        else:
+            self.status.setText("not recording")
+
+
+def dark_palette() -> QtGui.QPalette:
+    """A dark Fusion palette that matches the plots."""
+    palette = QtGui.QPalette()
+    roles = QtGui.QPalette.ColorRole
+    for role, color in (
+        (roles.Window, "#1e2026"),
+        (roles.WindowText, "#d8dbe2"),
+        (roles.Base, "#16181d"),
+        (roles.AlternateBase, "#23262d"),
+        (roles.Text, "#d8dbe2"),
+        (roles.Button, "#2a2d35"),
+        (roles.ButtonText, "#d8dbe2"),
+        (roles.Highlight, "#3d7eff"),
+        (roles.HighlightedText, "#ffffff"),
+        (roles.ToolTipBase, "#2a2d35"),
+        (roles.ToolTipText, "#d8dbe2"),
+    ):
+        palette.setColor(role, QtGui.QColor(color))
+    return palette

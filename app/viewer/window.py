@@ -1,0 +1,333 @@
+"""``mem view``: the main window that draws the live server's messages, and the entry point that runs it."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PySide6 import QtCore, QtWidgets
+
+from app.viewer.client import LiveClient
+from app.viewer.widgets import (
+    ConfidenceTimeline,
+    EventView,
+    RecordControls,
+    ReplayControls,
+    SegmentLegend,
+    TopKPanel,
+    class_colors,
+    dark_palette,
+)
+from mem_core.protocol import Message
+
+STALE_S = 2.0  # no message for this long: the status bar says so
+STATUS_MS = 250
+
+
+@dataclass(frozen=True)
+class ViewConfig:
+    """``mem view`` options: where to connect, and an optional snapshot + exit for headless use."""
+
+    connect: str = "tcp://127.0.0.1:5557"
+    snapshot: Path | None = None
+    quit_after_s: float | None = None
+
+
+class ViewerWindow(QtWidgets.QMainWindow):
+    """Histogram with token / mask overlays, prediction panel, controls and a status bar.
+
+    ``apply(messages)`` draws a drain's newest messages (topic -> ``Message``); with a ``client`` the window is
+    wired to it (messages in, control commands out). ``view_state()`` describes what is on screen.
+    """
+
+    control_command = QtCore.Signal(str, dict)
+
+    def __init__(self, client: LiveClient | None = None, parent: QtWidgets.QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.client = client
+        self.setWindowTitle(f"MEM live viewer - {client.endpoint if client else 'offline'}")
+        self.resize(1180, 720)
+        self.session: str | None = None
+        self.task: str | None = None
+        self.classes: list[str] = []
+        self.last_stats: dict[str, Any] = {}
+        self.last_pred: dict[str, Any] = {}
+        self.frames_shown = 0
+        self._frame_times: deque[float] = deque(maxlen=1000)
+        self._first_message: tuple[float, float] | None = None  # (monotonic, GUI thread CPU s) at the 1st message
+        self._build()
+        if client is not None:
+            client.messages.connect(self.apply)
+            client.control_reply.connect(self.apply_reply)
+            self.control_command.connect(client.send_control)
+        self._status_timer = QtCore.QTimer(self)
+        self._status_timer.timeout.connect(self.update_status)
+        self._status_timer.start(STATUS_MS)
+        self.update_status()
+
+    def _build(self) -> None:
+        self.view = EventView()
+        self.header = QtWidgets.QLabel("waiting for the server")
+        self.header.setStyleSheet("color: #9aa1ad;")
+        self.top_k = TopKPanel()
+        self.legend = SegmentLegend()
+        self.timeline = ConfidenceTimeline()
+        self.timeline.setMinimumHeight(180)
+        self.tokens_box = QtWidgets.QCheckBox("token grid (hover for ids)")
+        self.mask_box = QtWidgets.QCheckBox("segmentation mask")
+        for box in (self.tokens_box, self.mask_box):
+            box.setChecked(True)
+            box.toggled.connect(
+                lambda _: self.view.set_overlays(self.tokens_box.isChecked(), self.mask_box.isChecked())
+            )
+        self.brightness = QtWidgets.QSlider(QtCore.Qt.Orientation.Horizontal)
+        self.brightness.setRange(1, 100)
+        self.brightness.setValue(round(1 / self.view.level))
+        self.brightness.valueChanged.connect(self._set_brightness)
+        self.replay = ReplayControls()
+        self.record = RecordControls()
+        for controls in (self.replay, self.record):
+            controls.command.connect(self.control_command)
+            controls.setVisible(False)
+        snapshot = QtWidgets.QPushButton("Save snapshot")
+        snapshot.clicked.connect(self._snapshot_clicked)
+
+        overlays = QtWidgets.QGroupBox("Display")
+        form = QtWidgets.QFormLayout(overlays)
+        form.addRow(self.tokens_box)
+        form.addRow(self.mask_box)
+        form.addRow("brightness", self.brightness)
+
+        panel = QtWidgets.QWidget()
+        side = QtWidgets.QVBoxLayout(panel)
+        side.addWidget(self.header)
+        side.addWidget(self.top_k)
+        side.addWidget(self.legend)
+        side.addWidget(self.timeline, 100)
+        side.addWidget(overlays)
+        side.addWidget(self.replay)
+        side.addWidget(self.record)
+        side.addWidget(snapshot)
+        side.addStretch(1)  # takes the room of the timeline when it is hidden (segmentation)
+        self.legend.setVisible(False)
+        panel.setMinimumWidth(360)
+
+        splitter = QtWidgets.QSplitter()
+        splitter.addWidget(self.view)
+        splitter.addWidget(panel)
+        splitter.setStretchFactor(0, 3)
+        splitter.setStretchFactor(1, 2)
+        self.setCentralWidget(splitter)
+
+        self.status_labels = {
+            name: QtWidgets.QLabel() for name in ("link", "fps", "events", "window", "latency", "skipped", "dropped")
+        }
+        for label in self.status_labels.values():
+            label.setStyleSheet("padding: 0 6px; color: #b8bdc8;")
+            self.statusBar().addPermanentWidget(label)
+        self.tokens_box.setVisible(False)
+        self.mask_box.setVisible(False)
+
+    # ---- incoming -----------------------------------------------------------------------------------------
+
+    def apply(self, messages: dict[str, Message]) -> None:
+        """Draw the newest message of each topic (one drain of the client)."""
+        if self._first_message is None:
+            self._first_message = (time.monotonic(), time.thread_time())
+        session = next((m.header.get("session") for m in messages.values() if m.header.get("session")), None)
+        if session is not None and session != self.session:
+            self._new_session(session)
+        if "hist" in messages:
+            self.view.set_histogram(messages["hist"].arrays["hist"])
+        if "tokens" in messages:
+            tokens = messages["tokens"]
+            self.view.set_tokens(tokens.arrays["tokens"], int(tokens.header.get("num_tokens", 1)))
+            self.tokens_box.setVisible(True)
+        if "pred" in messages:
+            self._apply_prediction(messages["pred"])
+        if "stats" in messages:
+            self._apply_stats(messages["stats"].header)
+        if messages.keys() & {"hist", "tokens", "pred"}:
+            self.view.render()
+            self.frames_shown += 1
+            self._frame_times.append(time.monotonic())
+
+    def _set_brightness(self, value: int) -> None:
+        self.view.level = 1.0 / value
+        self.view.render()
+
+    def _new_session(self, session: str) -> None:
+        """A (re)started server: forget the previous one's history."""
+        self.session = session
+        self.timeline.clear_history()
+        self.view.set_tokens(None, 1)
+        self.view.set_mask(None, 0)
+        self.tokens_box.setVisible(False)
+
+    def _apply_prediction(self, pred: Message) -> None:
+        header = pred.header
+        self.task = header.get("task")
+        self.classes = [str(c) for c in header.get("classes", [])]
+        if self.task == "classification" and "probs" in pred.arrays:
+            colors = class_colors(len(self.classes))
+            self.top_k.set_top_k(list(header.get("top_k", [])), colors)
+            self.timeline.add(time.monotonic(), pred.arrays["probs"], self.classes, colors)
+            self.last_pred = {"task": self.task, "top_k": header.get("top_k", [])}
+        elif self.task == "segmentation" and "mask" in pred.arrays:
+            mask = pred.arrays["mask"]
+            self.view.set_mask(mask, len(self.classes))
+            present = np.unique(mask).tolist()
+            self.legend.set_classes(present, self.classes)
+            self.last_pred = {"task": self.task, "present": self.legend.labels}
+        segmentation = self.task == "segmentation"
+        self.top_k.setVisible(not segmentation)
+        self.timeline.setVisible(not segmentation)
+        self.legend.setVisible(segmentation)
+        self.mask_box.setVisible(segmentation)
+
+    def _apply_stats(self, stats: dict[str, Any]) -> None:
+        self.last_stats = stats
+        source = stats.get("source") or {}
+        replay = source.get("replay")
+        self.replay.setVisible(replay is not None)
+        if replay is not None:
+            self.replay.set_state(replay)
+        recording = stats.get("recording")
+        self.record.setVisible(bool(source.get("recordable")) and recording is not None)
+        if recording is not None:
+            self.record.set_state(recording)
+        size = f"{source.get('width', '?')} x {source.get('height', '?')}"
+        self.header.setText(
+            f"{stats.get('task', '')} \u00b7 source {source.get('kind', '?')} ({source.get('serial', '')}, {size})"
+        )
+
+    def apply_reply(self, reply: dict[str, Any]) -> None:
+        """A control reply: show an error, follow the returned state."""
+        if not reply.get("ok"):
+            self.statusBar().showMessage(f"{reply.get('command')}: {reply.get('error')}", 5000)
+        state = reply.get("state") or {}
+        if (state.get("source") or {}).get("replay"):
+            self.replay.set_state(state["source"]["replay"])
+        if state.get("recording"):
+            self.record.set_state(state["recording"])
+
+    # ---- status -------------------------------------------------------------------------------------------
+
+    @property
+    def display_fps(self) -> float:
+        """Histogram frames drawn during the last second."""
+        now = time.monotonic()
+        return float(sum(1 for t in self._frame_times if t >= now - 1.0))
+
+    def update_status(self) -> None:
+        """Refresh the status bar (runs on a timer)."""
+        labels, stats = self.status_labels, self.last_stats
+        labels["link"].setText(self._link_text())
+        labels["fps"].setText(f"{self.display_fps:.0f} fps")
+        labels["events"].setText(f"{stats.get('events_per_s', 0) / 1e6:.2f} Mev/s")
+        labels["window"].setText(f"window {stats.get('window_events', 0):,} ev / {stats.get('window_ms', 0):.1f} ms")
+        latency = stats.get("latency_ms") or {}
+        labels["latency"].setText(f"latency {latency.get('p50', 0):.1f} ms (p95 {latency.get('p95', 0):.1f})")
+        labels["skipped"].setText(f"skipped {stats.get('skipped_windows', 0):,}")
+        dropped = (self.client.dropped if self.client else 0) + int(stats.get("malformed", 0))
+        labels["dropped"].setText(f"dropped {dropped:,}")
+
+    def _link_text(self) -> str:
+        if self.client is None:
+            return "offline"
+        age = time.monotonic() - self.client.last_message
+        if not np.isfinite(age):
+            return f"waiting for {self.client.endpoint}"
+        return "connected" if age < STALE_S else f"no data for {age:.0f} s"
+
+    def view_state(self) -> dict[str, Any]:
+        """What the window shows, as JSON-able data (written next to snapshots; used by tests and the bench)."""
+        view = self.view
+        hist = None
+        if view.shape is not None:
+            rect = view.mapFromScene(view.image.sceneBoundingRect()).boundingRect()
+            top_left = view.viewport().mapTo(self, rect.topLeft())
+            hist = {
+                "shape": list(view.shape),
+                "lit_fraction": float((np.asarray(view.hist).max(axis=0) > 0).mean()),  # pixels with events
+                "rect": [top_left.x(), top_left.y(), rect.width(), rect.height()],
+            }
+        client = self.client
+        return {
+            "endpoint": client.endpoint if client else None,
+            "link": self._link_text(),
+            "session": self.session,
+            "frames_shown": self.frames_shown,
+            "display_fps": self.display_fps,
+            **self._activity(),
+            "histogram": hist,
+            "tokens": None if view.tokens is None else {"grid": list(view.tokens.shape), "shown": view.show_tokens},
+            "prediction": self.last_pred,
+            "stats": {
+                k: self.last_stats.get(k)
+                for k in ("events_per_s", "window_events", "window_ms", "latency_ms", "skipped_windows", "predictions")
+            },
+            "messages": {
+                "received": client.tracker.received if client else 0,
+                "missed": client.tracker.missed if client else 0,
+                "malformed": client.malformed if client else 0,
+                "restarts": client.tracker.restarts if client else 0,
+            },
+            "controls": {"replay": self.replay.isVisibleTo(self), "record": self.record.isVisibleTo(self)},
+        }
+
+    def _activity(self) -> dict[str, float]:
+        """Seconds since the first message, and the GUI thread's CPU time over that span as a fraction."""
+        if self._first_message is None:
+            return {"elapsed_s": 0.0, "gui_busy_fraction": 0.0}
+        wall0, cpu0 = self._first_message
+        elapsed = max(time.monotonic() - wall0, 1e-9)
+        return {"elapsed_s": elapsed, "gui_busy_fraction": (time.thread_time() - cpu0) / elapsed}
+
+    def save_snapshot(self, path: Path | str) -> dict[str, Any]:
+        """Save the window as PNG at ``path`` and ``view_state()`` as JSON beside it (same name, ``.json``)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.update_status()
+        if not self.grab().save(str(path)):
+            raise OSError(f"could not write the snapshot {path}")
+        state = self.view_state()
+        path.with_suffix(".json").write_text(json.dumps(state, indent=2) + "\n")
+        return state
+
+    def _snapshot_clicked(self) -> None:
+        path = Path.cwd() / f"mem-view-{datetime.now():%Y%m%d-%H%M%S}.png"
+        try:
+            self.save_snapshot(path)
+        except OSError as exc:
+            self.statusBar().showMessage(str(exc), 5000)
+            return
+        self.statusBar().showMessage(f"saved {path}", 5000)
+
+
+def run(config: ViewConfig) -> int:
+    """Open the viewer and run the Qt event loop; returns the exit status (0)."""
+    app = QtWidgets.QApplication.instance() or QtWidgets.QApplication([sys.argv[0]])
+    app.setStyle("Fusion")
+    app.setPalette(dark_palette())
+    client = LiveClient(config.connect)
+    window = ViewerWindow(client)
+    window.show()
+
+    if config.quit_after_s is not None:
+        QtCore.QTimer.singleShot(round(config.quit_after_s * 1000), app.quit)
+    signal.signal(signal.SIGINT, lambda *_: app.quit())  # the client's poll timer lets Python see Ctrl-C
+    app.exec()
+    if config.snapshot is not None:
+        window.save_snapshot(config.snapshot)
+    window.close()
+    client.close()
+    return 0

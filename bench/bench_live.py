@@ -1,0 +1,288 @@
+"""Live-path benchmark (``mem bench live``): the server under a 30 Mev/s source, and the viewer's frame rate.
+
+1. Server: a random-init cpu-tiny classifier (96 x 96 input, patch 8, width 128, depth 4, heads 4; a 512 x 32
+   tokenizer; ``--model vit-b`` for the paper's ViT-B/16 with an 8192 x 32 tokenizer, ``--device cuda`` on a GPU)
+   exported to a temp dir, fed by an in-process source pushing 30 Mev/s of synthetic events in 2 ms
+   batches. Measured: predictions/s, latency from the newest event's arrival to the published prediction
+   (p50 / p95), the median latency in the first vs the last third of the run (flat = no backlog), skipped
+   windows. A headless viewer (offscreen) is attached during the run.
+2. Viewer: the same viewer fed at 100 frames/s with the server's messages (hist + tokens + pred, and stats),
+   so its drawing capacity shows independently of the server: frames drawn per second and the CPU fraction
+   of its GUI thread.
+
+Prints a table and writes JSON rows ``{name, value, unit, target, ok}`` with ``--json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+import typer
+import zmq
+
+from mem_core.events import SensorSize, make_events
+from mem_core.protocol import decode, encode
+from recorders.sources import LiveSource, Pacer
+
+# torch and the models are imported inside the functions: `mem` imports this module to register `mem bench live`,
+# and `mem view` (a GUI process) must not load torch.
+
+MODELS = {  # random-init architectures to measure: the CPU preset and the paper's ViT-B/16 (+ tokenizers)
+    "cpu-tiny": {
+        "img_size": 96,
+        "patch_size": 8,
+        "embed_dim": 128,
+        "depth": 4,
+        "num_heads": 4,
+        "tokenizer": {"image_size": 96, "num_tokens": 512, "codebook_dim": 32, "num_layers": 3, "hidden_dim": 48},
+    },
+    "vit-b": {
+        "img_size": 224,
+        "patch_size": 16,
+        "embed_dim": 768,
+        "depth": 12,
+        "num_heads": 12,
+        "tokenizer": {"image_size": 224, "num_tokens": 8192, "codebook_dim": 32, "num_layers": 4, "hidden_dim": 64},
+    },
+}
+SOURCE_RATE = 30e6  # events/s
+SOURCE_BATCH_US = 2000
+SENSOR = SensorSize(240, 320)
+SERVER_S = 24.0
+VIEWER_FEED_HZ = 100.0
+VIEWER_S = 8.0
+
+
+def make_random_export(
+    out: Path | str,
+    *,
+    task: str = "classification",
+    classes: tuple[str, ...] = ("background", "car"),
+    img_size: int = 96,
+    patch_size: int = 8,
+    embed_dim: int = 128,
+    depth: int = 4,
+    num_heads: int = 4,
+    n_max: int = 30_000,
+    tokenizer: dict[str, Any] | None = None,
+    head_channels: int = 32,
+    seed: int = 0,
+) -> Path:
+    """Export a random-init model (and a tokenizer built from the ``TokenizerConfig`` fields ``tokenizer``) in the
+    live server's format: for benchmarks, tests and demos."""
+    import torch
+
+    from mem_core.configuration import to_dict
+    from mem_core.models import DiscreteVAE, MEMClassifier, MEMViT, SegmentationModel, TokenizerConfig, ViTConfig
+    from mem_core.representation import InputSpec
+    from mem_core.train.evaluate import export_model
+
+    arch = ViTConfig(
+        img_size=img_size, patch_size=patch_size, embed_dim=embed_dim, depth=depth, num_heads=num_heads, drop_path=0.0
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        if task == "classification":
+            model: torch.nn.Module = MEMClassifier(MEMViT(arch), len(classes))
+        else:
+            model = SegmentationModel(MEMViT(arch), len(classes), channels=head_channels)
+        tok = DiscreteVAE(TokenizerConfig(**tokenizer)) if tokenizer is not None else None
+    return export_model(
+        model,
+        out,
+        task=task,
+        architecture=to_dict(arch),
+        classes=list(classes),
+        input_spec=InputSpec(n_max=n_max, size=(img_size, img_size)),
+        head_channels=head_channels if task == "segmentation" else None,
+        tokenizer=tok,
+    )
+
+
+class SyntheticSource(LiveSource):
+    """Uniform random events at ``rate`` events/s in real time (batches of ``batch_us``), for load tests."""
+
+    def __init__(self, rate: float, sensor: SensorSize = SENSOR, batch_us: int = SOURCE_BATCH_US, seed: int = 0):
+        self.sensor, self.rate, self.batch_us = sensor, rate, batch_us
+        self.metadata = {
+            "kind": "synthetic",
+            "model": "bench",
+            "serial": f"{rate / 1e6:g}Mev/s",
+            "height": sensor.height,
+            "width": sensor.width,
+        }
+        n = round(rate * batch_us / 1e6)
+        rng = np.random.default_rng(seed)
+        t = np.sort(rng.integers(0, batch_us, n))
+        self._template = make_events(
+            t, rng.integers(0, sensor.width, n), rng.integers(0, sensor.height, n), rng.integers(0, 2, n)
+        )
+        self._closed = False
+        self.delivered = 0
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        pacer = Pacer(1.0)
+        t0 = 0
+        while not self._closed:
+            pacer.wait(t0 + self.batch_us)
+            batch = self._template.view(np.uint8).copy().view(self._template.dtype)  # raw bytes: fast copy
+            batch["t"] += t0
+            t0 += self.batch_us
+            self.delivered += len(batch)
+            yield batch
+
+    def close(self) -> None:
+        self._closed = True
+
+
+def _viewer(endpoint: str, snapshot: Path, quit_after: float) -> subprocess.Popen:
+    code = (
+        "from pathlib import Path; from app.viewer.window import ViewConfig, run; "
+        f"run(ViewConfig(connect={endpoint!r}, snapshot=Path({str(snapshot)!r}), quit_after_s={quit_after}))"
+    )
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
+    return subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _free_endpoint(context: zmq.Context) -> str:
+    probe = context.socket(zmq.PUB)
+    port = probe.bind_to_random_port("tcp://127.0.0.1")
+    probe.close(0)
+    return f"tcp://127.0.0.1:{port}"
+
+
+def bench_server(tmp: Path, model: str, device: str) -> tuple[dict, list[list[bytes]]]:
+    """Run the server for ``SERVER_S`` under the 30 Mev/s source with a viewer attached; returns the numbers
+    and a sample of published messages (for the viewer feed)."""
+    import torch
+
+    from app.live.server import LiveServer, ServeConfig
+
+    torch.set_num_threads(1)
+    export = make_random_export(tmp / "export", **MODELS[model])
+    source = SyntheticSource(SOURCE_RATE)
+    context = zmq.Context.instance()
+    config = ServeConfig(model=export, pub=_free_endpoint(context), stats_interval_s=0.5, device=device)
+    server = LiveServer(config, source=source, context=context)
+    sample: list[list[bytes]] = []
+    tap = context.socket(zmq.SUB)
+    tap.setsockopt(zmq.SUBSCRIBE, b"")
+    tap.connect(server.pub_endpoint)
+    viewer = _viewer(server.pub_endpoint, tmp / "server-view.png", SERVER_S - 6)
+    started = time.monotonic()
+    server.start()
+    while time.monotonic() - started < SERVER_S:
+        if tap.poll(100) and len(sample) < 400:
+            sample.append(tap.recv_multipart())
+    server.stop()
+    tap.close(0)
+    viewer.wait(30)
+    elapsed = time.monotonic() - started
+    latencies = np.array([lat for t, lat in server.latencies if t - started > 2.0]) * 1e3  # after warm-up
+    thirds = np.array_split(latencies, 3)
+    view = json.loads((tmp / "server-view.json").read_text())
+    return {
+        "source_rate": source.delivered / elapsed,
+        "predictions_per_s": server.frames / elapsed,
+        "p50": float(np.percentile(latencies, 50)),
+        "p95": float(np.percentile(latencies, 95)),
+        "first_third_p50": float(np.median(thirds[0])),
+        "last_third_p50": float(np.median(thirds[-1])),
+        "skipped": server.skipped_windows,
+        "viewer_fps_live": view["frames_shown"] / max(view["elapsed_s"], 1e-9),
+    }, sample
+
+
+def bench_viewer(tmp: Path, sample: list[list[bytes]]) -> dict:
+    """Feed a headless viewer ``VIEWER_FEED_HZ`` frames/s for ``VIEWER_S``; frames drawn/s and GUI CPU share."""
+    frames = {topic: [m for m in sample if m[0] == topic] for topic in (b"hist", b"tokens", b"pred", b"stats")}
+    context = zmq.Context.instance()
+    pub = context.socket(zmq.PUB)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    viewer = _viewer(f"tcp://127.0.0.1:{port}", tmp / "feed-view.png", VIEWER_S + 4)
+    seq = dict.fromkeys(frames, 0)
+    stop = threading.Event()
+
+    def send(topic: bytes, index: int) -> None:
+        message = decode(frames[topic][index % len(frames[topic])])
+        header = {k: v for k, v in message.header.items() if k not in ("version", "topic", "seq", "t_sent", "buffers")}
+        pub.send_multipart(encode(topic.decode(), seq[topic], message.arrays, **header))
+        seq[topic] += 1
+
+    def feed() -> None:
+        start, i = time.monotonic(), 0
+        while not stop.is_set():
+            for topic in (b"hist", b"tokens", b"pred"):
+                send(topic, i)
+            if i % 50 == 0:
+                send(b"stats", i // 50)
+            i += 1
+            time.sleep(max(0.0, start + i / VIEWER_FEED_HZ - time.monotonic()))
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    viewer.wait(VIEWER_S + 40)
+    stop.set()
+    feeder.join()
+    pub.close(0)
+    view = json.loads((tmp / "feed-view.json").read_text())
+    return {"fps": view["frames_shown"] / max(view["elapsed_s"], 1e-9), "busy": view["gui_busy_fraction"]}
+
+
+def main(json_path: Path | None = None, model: str = "cpu-tiny", device: str = "cpu") -> list[dict]:
+    """Run both parts, print the table, write JSON rows if ``json_path``; returns the rows."""
+    from rich.console import Console
+    from rich.table import Table
+
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r}; expected one of {sorted(MODELS)}")
+    with tempfile.TemporaryDirectory() as tmp_dir:
+        tmp = Path(tmp_dir)
+        server, sample = bench_server(tmp, model, device)
+        viewer = bench_viewer(tmp, sample)
+    growth = server["last_third_p50"] - server["first_third_p50"]
+    rows = [
+        ("source rate", server["source_rate"] / 1e6, "Mev/s", ">= 30", server["source_rate"] >= 29e6),
+        ("predictions/s", server["predictions_per_s"], "1/s", ">= 30", server["predictions_per_s"] >= 30),
+        ("latency p50", server["p50"], "ms", None, True),
+        ("latency p95", server["p95"], "ms", "<= 50", server["p95"] <= 50),
+        ("latency p50, first third", server["first_third_p50"], "ms", None, True),
+        ("latency p50, last third", server["last_third_p50"], "ms", "first third + 5", growth <= 5),
+        ("skipped windows", server["skipped"], "windows", None, True),
+        ("viewer fps, live (= server rate)", server["viewer_fps_live"], "fps", None, True),
+        (f"viewer fps, fed {VIEWER_FEED_HZ:g}/s", viewer["fps"], "fps", ">= 60", viewer["fps"] >= 60),
+        ("viewer GUI thread busy", 100 * viewer["busy"], "%", "<= 50", viewer["busy"] <= 0.5),
+    ]
+    results = [{"name": n, "value": float(v), "unit": u, "target": t, "ok": bool(ok)} for n, v, u, t, ok in rows]
+    table = Table(title=f"mem bench live: {model} on {device} ({os.cpu_count()} CPUs, torch threads 1)")
+    for column in ("name", "value", "unit", "target", "ok"):
+        table.add_column(column)
+    for r in results:
+        table.add_row(r["name"], f"{r['value']:.2f}", r["unit"], r["target"] or "", "yes" if r["ok"] else "NO")
+    Console().print(table)
+    if json_path is not None:
+        json_path.write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+def cli(
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write the results as JSON here.")] = None,
+    model: Annotated[str, typer.Option("--model", help="cpu-tiny or vit-b (random init).")] = "cpu-tiny",
+    device: Annotated[str, typer.Option("--device", help="cpu or cuda[:N].")] = "cpu",
+) -> None:
+    """Live server throughput and latency under a 30 Mev/s source, and the viewer's frame rate."""
+    main(json_path, model, device)
+
+
+if __name__ == "__main__":
+    typer.run(cli)

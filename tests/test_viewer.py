@@ -1,0 +1,296 @@
+"""The Qt viewer, offscreen: what it draws from the server's messages, its controls, and its ZMQ client."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+import zmq
+from PySide6 import QtCore, QtGui
+
+from app.viewer.client import LiveClient, control_endpoint
+from app.viewer.widgets import TOKEN_ALPHA, token_colors
+from app.viewer.window import ViewerWindow
+from mem_core.protocol import decode, decode_control, encode, encode_control
+from mem_core.visualize import histogram_rgb
+
+WAIT_MS = 30_000
+CLASSES = ["background", "car", "truck"]
+
+
+def message(topic: str, seq: int = 0, arrays=None, session: str = "S1", **fields):
+    return decode(encode(topic, seq, arrays, session=session, **fields))
+
+
+def hist_with_on_and_off(size: int = 16) -> np.ndarray:
+    """(2, size, size): ON events in the top-left quarter, OFF events in the bottom-right quarter."""
+    hist = np.zeros((2, size, size), np.float16)
+    half = size // 2
+    hist[1, :half, :half] = 1.0
+    hist[0, half:, half:] = 1.0
+    return hist
+
+
+def pred(probs, seq: int = 0, **fields):
+    probs = np.asarray(probs, np.float32)
+    order = np.argsort(-probs)
+    top_k = [{"id": int(i), "name": CLASSES[i], "prob": float(probs[i])} for i in order]
+    return message("pred", seq, {"probs": probs}, task="classification", classes=CLASSES, top_k=top_k, **fields)
+
+
+@pytest.fixture
+def window(qtbot):
+    w = ViewerWindow()
+    qtbot.addWidget(w)
+    w.show()
+    return w
+
+
+def test_histogram_is_drawn_on_black_in_polarity_colours(window):
+    window.apply({"hist": message("hist", 0, {"hist": hist_with_on_and_off()})})
+    rgb = window.view.composite()
+    on, off, empty = rgb[2, 2].astype(int), rgb[12, 12].astype(int), rgb[2, 12]
+    assert on[0] > on[2] + 100, "ON events are drawn red"
+    assert off[2] > off[0] + 100, "OFF events are drawn blue"
+    assert empty.tolist() == [0, 0, 0]
+    assert window.view.shape == (16, 16) and window.frames_shown == 1
+
+
+def test_levels_are_fixed_so_a_frame_does_not_rescale_to_its_own_peak(window):
+    """A faint frame stays faint: the same value gives the same brightness in every frame."""
+    hist = hist_with_on_and_off()
+    window.apply({"hist": message("hist", 0, {"hist": hist})})
+    bright = window.view.composite()[2, 2].copy()
+    window.apply({"hist": message("hist", 1, {"hist": hist * np.float16(0.1)})})
+    faint = window.view.composite()[2, 2]
+    assert int(faint[0]) < int(bright[0])
+
+
+def test_token_overlay_tints_cells_toggles_and_shows_the_id_under_the_mouse(window):
+    hist = np.zeros((2, 16, 16), np.float16)
+    tokens = np.arange(16, dtype=np.int32).reshape(4, 4)  # one token per 4 x 4 cell
+    window.apply(
+        {"hist": message("hist", 0, {"hist": hist}), "tokens": message("tokens", 0, {"tokens": tokens}, num_tokens=64)}
+    )
+    tinted = window.view.composite()
+    expected = TOKEN_ALPHA / 255 * token_colors(64)[[0, 1]].astype(np.float32)  # cells (0, 0) and (0, 1) on black
+    np.testing.assert_allclose(tinted[0, [0, 4]], expected, atol=1)
+    assert not np.array_equal(tinted[0, 0], tinted[0, 4]), "neighbouring tokens get different tints"
+    assert window.tokens_box.isVisibleTo(window)
+
+    scene_pos = window.view.view.mapViewToScene(QtCore.QPointF(9.5, 5.0))  # x 9.5 -> col 2, y 5 -> row 1
+    window.view.scene().sigMouseMoved.emit(scene_pos)
+    assert window.view.hover.isVisible() and "token 6" in window.view.hover.textItem.toPlainText()
+
+    window.tokens_box.setChecked(False)
+    np.testing.assert_array_equal(window.view.composite(), histogram_rgb(hist, level=window.view.level))
+    assert not window.view.hover.isVisible() and not window.view.grid.isVisible()
+
+
+def test_classification_shows_top_k_and_a_confidence_timeline(window):
+    for i in range(5):
+        window.apply({"pred": pred([0.1, 0.7, 0.2], seq=i)})
+        time.sleep(0.11)  # the timeline redraws at most every 0.1 s
+    assert window.top_k.best.text().startswith("car")
+    assert [n.text() for n in window.top_k.names] == ["car", "truck", "background", "", ""]
+    assert window.top_k.bars[0].value() == 700
+    assert window.top_k.isVisibleTo(window) and not window.legend.isVisibleTo(window)
+    curve = window.timeline.curves[1]
+    xs, ys = curve.getData()
+    assert len(xs) >= 2 and np.allclose(ys, 0.7) and xs.max() <= 0
+    assert window.view_state()["prediction"]["top_k"][0]["name"] == "car"
+
+
+def test_segmentation_shows_the_mask_over_the_histogram_and_a_legend_of_present_classes(window):
+    mask = np.zeros((16, 16), np.uint8)
+    mask[:8] = 2
+    window.apply(
+        {
+            "hist": message("hist", 0, {"hist": np.zeros((2, 16, 16), np.float16)}),
+            "pred": message("pred", 0, {"mask": mask}, task="segmentation", classes=CLASSES),
+        }
+    )
+    rgb = window.view.composite()
+    assert not np.array_equal(rgb[0, 0], rgb[15, 0]), "classes get different colours"
+    assert window.legend.labels == ["background", "truck"]
+    assert window.legend.isVisibleTo(window) and not window.timeline.isVisibleTo(window)
+    window.mask_box.setChecked(False)
+    assert window.view.composite().max() == 0
+
+
+def stats(**fields):
+    base = {
+        "events_per_s": 2.5e6,
+        "window_events": 30000,
+        "window_ms": 12.0,
+        "predictions_per_s": 40.0,
+        "latency_ms": {"last": 9.0, "p50": 8.0, "p95": 15.0},
+        "skipped_windows": 7,
+        "malformed": 3,
+        "task": "classification",
+        "control": "tcp://127.0.0.1:9",
+        "recording": None,
+        "source": {"kind": "sim", "serial": "sim-seed0", "height": 128, "width": 128, "recordable": False},
+    }
+    return message("stats", 0, **{**base, **fields})
+
+
+def test_status_bar_shows_rates_window_latency_skipped_and_dropped(window):
+    window.apply({"stats": stats()})
+    window.update_status()
+    text = " | ".join(label.text() for label in window.status_labels.values())
+    for part in ("2.50 Mev/s", "30,000 ev / 12.0 ms", "latency 8.0 ms (p95 15.0)", "skipped 7", "dropped 3", "0 fps"):
+        assert part in text
+
+
+def test_replay_controls_follow_the_server_and_send_commands(window, qtbot):
+    replay = {"playing": True, "speed": 1.0, "position_s": 0.5, "duration_s": 2.0}
+    window.apply({"stats": stats(source={"kind": "file", "serial": "a.dat", "recordable": False, "replay": replay})})
+    assert window.replay.isVisibleTo(window) and not window.record.isVisibleTo(window)
+    assert window.replay.seek.value() == 250 and window.replay.play.text() == "Pause"
+    with qtbot.waitSignal(window.control_command) as sent:
+        window.replay.play.click()
+    assert sent.args == ["pause", {}]
+    with qtbot.waitSignal(window.control_command) as sent:
+        window.replay.speed.activated.emit(window.replay.SPEEDS.index(2.0))
+    assert sent.args == ["speed", {"value": 2.0}]
+    window.replay.seek.setValue(500)
+    with qtbot.waitSignal(window.control_command) as sent:
+        window.replay.seek.sliderReleased.emit()
+    assert sent.args == ["seek", {"position_s": 1.0}]
+
+
+def test_record_controls_appear_for_live_sources_and_follow_the_recording(window, qtbot):
+    recording = {"active": False, "root": "recordings", "name": None, "events": 0, "error": None}
+    window.apply({"stats": stats(source={"kind": "camera", "recordable": True}, recording=recording)})
+    assert window.record.isVisibleTo(window) and not window.replay.isVisibleTo(window)
+    with qtbot.waitSignal(window.control_command) as sent:
+        window.record.button.click()
+    assert sent.args == ["record_start", {}]
+    window.apply_reply(
+        {
+            "command": "record_start",
+            "ok": True,
+            "error": None,
+            "state": {"recording": {**recording, "active": True, "name": "live-1", "events": 1234}},
+        }
+    )
+    assert window.record.button.text() == "Stop" and "1,234 events" in window.record.status.text()
+    window.apply_reply({"command": "pause", "ok": False, "error": "pause: not a file", "state": None})
+    assert "not a file" in window.statusBar().currentMessage()
+
+
+def test_a_new_server_session_clears_the_previous_history(window):
+    window.apply({"pred": pred([0.1, 0.7, 0.2], session="A")})
+    assert window.timeline.history
+    window.apply({"pred": pred([0.6, 0.2, 0.2], session="B")})
+    assert len(window.timeline.history) == 1 and window.session == "B"
+
+
+def test_snapshot_saves_the_window_as_png_and_what_it_shows_as_json(window, tmp_path):
+    window.apply({"hist": message("hist", 0, {"hist": hist_with_on_and_off()}), "pred": pred([0.2, 0.3, 0.5])})
+    state = window.save_snapshot(tmp_path / "shot.png")
+    image = QtGui.QImage(str(tmp_path / "shot.png"))
+    assert image.width() == window.width() and image.height() == window.height()
+    assert json.loads((tmp_path / "shot.json").read_text()) == json.loads(json.dumps(state))
+    assert state["prediction"]["top_k"][0]["name"] == "truck"
+    x, y, w, h = state["histogram"]["rect"]
+    # the ON quarter (top left of the histogram) is red in the PNG
+    pixel = image.pixelColor(round(x + w / 4), round(y + h / 4))
+    assert pixel.red() > pixel.blue() + 100
+
+
+# ---- the ZMQ client --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def publisher():
+    socket = zmq.Context.instance().socket(zmq.PUB)
+    socket.setsockopt(zmq.LINGER, 0)
+    port = socket.bind_to_random_port("tcp://127.0.0.1")
+    yield socket, f"tcp://127.0.0.1:{port}"
+    socket.close(0)
+
+
+@pytest.fixture
+def client(qtbot, publisher):
+    c = LiveClient(publisher[1])
+    yield c
+    c.close()
+
+
+def wait_until_connected(qtbot, socket, client) -> None:
+    """Publish probes until the client sees one (the SUB connects asynchronously: the slow joiner)."""
+    deadline = time.monotonic() + WAIT_MS / 1000
+    while client.tracker.received == 0:
+        assert time.monotonic() < deadline, "the client never connected"
+        socket.send_multipart(encode("stats", 0, session="probe"))
+        qtbot.wait(50)
+
+
+def test_client_drains_to_the_newest_message_and_counts_gaps_and_malformed(qtbot, publisher, client):
+    socket, _ = publisher
+    wait_until_connected(qtbot, socket, client)
+    received = []
+    client.messages.connect(received.append)
+    for seq in range(40):
+        if seq not in (10, 11, 25):  # three messages lost on the way
+            socket.send_multipart(encode("hist", seq, {"hist": np.zeros((2, 4, 4), np.float16)}, session="S"))
+    socket.send_multipart([b"hist", b"{broken"])
+    qtbot.waitUntil(lambda: bool(received) and received[-1]["hist"].seq == 39, timeout=WAIT_MS)
+    assert len(received) < 37, "messages are drained in batches, only the newest is drawn"
+    assert client.tracker.missed == 3 and client.malformed == 1 and client.dropped == 4
+
+
+def test_client_started_first_waits_and_picks_up_a_restarted_server(qtbot):
+    context = zmq.Context.instance()
+    probe = context.socket(zmq.PUB)
+    port = probe.bind_to_random_port("tcp://127.0.0.1")
+    probe.close(0)
+    endpoint = f"tcp://127.0.0.1:{port}"
+    client = LiveClient(endpoint)  # no server yet
+    sessions = []
+    client.messages.connect(lambda ms: sessions.extend(m.header["session"] for m in ms.values()))
+    try:
+        for session in ("first", "second"):  # a server, then a restarted one on the same port
+            server = context.socket(zmq.PUB)
+            server.setsockopt(zmq.LINGER, 0)
+            server.bind(endpoint)
+            deadline, seq = time.monotonic() + WAIT_MS / 1000, 0
+            while session not in sessions:
+                assert time.monotonic() < deadline, f"the client never received the {session} server"
+                server.send_multipart(encode("stats", seq, session=session))
+                seq += 1
+                qtbot.wait(50)
+            server.close(0)
+        assert client.tracker.restarts == 1
+    finally:
+        client.close()
+
+
+def test_client_sends_control_requests_to_the_advertised_endpoint(qtbot, publisher, client):
+    socket, _ = publisher
+    rep = zmq.Context.instance().socket(zmq.REP)
+    rep.setsockopt(zmq.LINGER, 0)
+    port = rep.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        deadline = time.monotonic() + WAIT_MS / 1000
+        while client.tracker.received == 0:  # stats advertise the control endpoint
+            assert time.monotonic() < deadline
+            socket.send_multipart(encode("stats", 0, session="S", control=f"tcp://0.0.0.0:{port}"))
+            qtbot.wait(50)
+        qtbot.waitUntil(lambda: client.send_control("seek", position_s=1.5), timeout=WAIT_MS)
+        assert rep.poll(WAIT_MS)
+        assert decode_control(decode(rep.recv_multipart())) == ("seek", {"position_s": 1.5})
+        with qtbot.waitSignal(client.control_reply, timeout=WAIT_MS) as reply:
+            rep.send_multipart(encode_control(0, "seek", ok=True, error=None, state={}))
+        assert reply.args[0]["ok"] is True
+    finally:
+        rep.close(0)
+
+
+def test_control_endpoint_uses_the_host_the_viewer_connected_to():
+    assert control_endpoint("tcp://10.0.0.5:5557", "tcp://0.0.0.0:5558") == "tcp://10.0.0.5:5558"
+    assert control_endpoint("ipc:///tmp/a", "ipc:///tmp/a-control") == "ipc:///tmp/a-control"
