@@ -1,0 +1,329 @@
+"""``mem ingest``: turn event files (or a dataset's layout, with its labels) into a pretraining corpus.
+
+Worker processes read and decode files; this process is the single corpus writer and appends each file as one
+recording, in a fixed order. A bad file (truncated, garbage, empty, unknown format) never stops the run: it is
+listed with its reason in the returned report and in ``ingest-report-<UTC time>.json`` inside the corpus. A full
+disk does stop it (everything committed stays). Re-running skips files already ingested, recognised by the source
+path, size and mtime kept in each recording's metadata.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import multiprocessing
+import os
+import time
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mem_core.corpus import MANIFEST, Corpus, CorpusFullError, CorpusWriter
+from mem_core.events import SensorSize
+from recorders.sources import RecorderError
+
+EVENT_SUFFIXES = (".dat", ".bin", ".bs2", ".raw", ".aedat4", ".npz", ".h5", ".hdf5")
+SPLITS = ("train", "val", "test")
+_IN_FLIGHT_PER_WORKER = 4  # decoded files waiting for the writer, per worker (bounds memory)
+
+
+@dataclass(frozen=True)
+class IngestConfig:
+    """What ``mem ingest`` does: ``paths`` (files or folders, recursive) into the corpus ``out``."""
+
+    paths: tuple[Path, ...]
+    out: Path
+    dataset: str | None = None  # walk this dataset's layout under each path and keep its labels
+    workers: int = 1  # reader processes; 1 reads in this process
+    progress: bool = True  # progress bar on stderr (only when it is a terminal)
+    min_free_bytes: int = 256 << 20
+    flush_interval_s: float = 1.0  # commit (shard + manifest) at least this often
+
+
+@dataclass(frozen=True)
+class IngestItem:
+    """One file to ingest, the recording name it gets, and its label (class name) if the dataset has one."""
+
+    path: Path
+    name: str
+    label: str | None = None
+    split: str | None = None
+    sensor: SensorSize | None = None  # the dataset's sensor: events off it are dropped (as training does)
+
+
+@dataclass
+class IngestReport:
+    """What happened to every file: ingested, skipped (already in the corpus) or failed (with the reason)."""
+
+    corpus: str
+    started_utc: str
+    dataset: str | None
+    ingested: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+    failed: list[dict[str, Any]] = field(default_factory=list)
+    events: int = 0
+    seconds: float = 0.0
+    stopped: str | None = None  # why the run ended early (disk full), else None
+    report_path: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed and self.stopped is None
+
+
+def _file_key(path: Path) -> tuple[str, int, int]:
+    st = path.stat()
+    return str(path.resolve()), st.st_size, st.st_mtime_ns
+
+
+def _name_for(path: Path, root: Path) -> str:
+    """``<root folder>:<relative path with ':' for '/'>`` (corpus names cannot hold '/'), or the file name."""
+    if path == root:
+        return path.name
+    return ":".join((root.name or "root", *path.relative_to(root).parts))
+
+
+def collect(config: IngestConfig) -> tuple[list[IngestItem], list[dict[str, Any]]]:
+    """The files to ingest, in a fixed order, and the input paths that failed outright (with the reason)."""
+    items: list[IngestItem] = []
+    failed: list[dict[str, Any]] = []
+    out = config.out.resolve()
+    for root in config.paths:
+        if not root.exists():
+            failed.append({"path": str(root), "reason": "no such file or directory"})
+        elif config.dataset is not None:
+            try:
+                items += _dataset_items(config.dataset, root)
+            except RecorderError as e:
+                failed.append({"path": str(root), "reason": str(e)})
+        elif root.is_file():
+            items.append(IngestItem(root, root.name))
+        else:
+            for path in sorted(root.rglob("*")):
+                if path.suffix.lower() in EVENT_SUFFIXES and path.is_file() and out not in path.resolve().parents:
+                    items.append(IngestItem(path, _name_for(path, root)))
+    return items, failed
+
+
+def _dataset_items(dataset: str, root: Path) -> list[IngestItem]:
+    """Every file of every split of ``dataset`` under ``root``, labelled with its class name."""
+    from mem_core.datasets import DatasetError, FileSource, open_source
+
+    items, seen, problems = [], set(), []
+    for split in SPLITS:
+        try:
+            source = open_source(dataset, root, split)
+        except DatasetError as e:
+            problems.append(f"{split}: {e}")
+            continue
+        if not isinstance(source, FileSource):
+            raise RecorderError(f"dataset {dataset!r} is not stored one sample per file; ingest reads files only")
+        for path, label in zip(source.files, source.labels.tolist(), strict=True):
+            if path not in seen:
+                seen.add(path)
+                cls = source.classes[label] if label >= 0 else None
+                items.append(IngestItem(path, _name_for(path, root), cls, split, source.sensor))
+    if not items:
+        raise RecorderError(f"no {dataset} samples under {root} ({'; '.join(problems)})")
+    return items
+
+
+def read_file(path: Path, sensor: SensorSize | None = None) -> tuple[np.ndarray, SensorSize] | str:
+    """Decode one file (in a worker): the events and sensor, or the reason it cannot be read.
+
+    With ``sensor`` (a dataset's), events outside it are dropped and the recording gets that sensor.
+    """
+    from mem_core.io import EventFileError, read_events
+
+    try:
+        events, file_sensor = read_events(path)
+    except EventFileError as e:
+        return e.reason
+    # A reader bug on a strange file must not stop a long ingest either: report it with the file instead.
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    if sensor is None:
+        sensor = file_sensor
+    else:
+        inside = (events["x"] < sensor.width) & (events["y"] < sensor.height)
+        if not inside.all():
+            events = events[inside]
+    if events.size == 0:
+        return "holds no events"
+    return events, sensor
+
+
+class _Decoder:
+    """``(item, read_file(...))`` for each item, in order; with ``workers`` > 1 decoded ahead in worker processes.
+
+    Workers are forked on entry, before this process opens the corpus or starts a progress thread, so they inherit
+    the imported modules (no second start-up of numba/h5py) and nothing else of interest.
+    """
+
+    def __init__(self, items: list[IngestItem], workers: int) -> None:
+        self._items, self._workers = iter(items), workers
+        self._pool: ProcessPoolExecutor | None = None
+        self._pending: deque[tuple[IngestItem, Future]] = deque()
+
+    def __enter__(self) -> _Decoder:
+        if self._workers > 1:
+            self._pool = ProcessPoolExecutor(self._workers, mp_context=multiprocessing.get_context("fork"))
+            self._submit(self._workers * _IN_FLIGHT_PER_WORKER)  # forks all workers now
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+
+    def _submit(self, n: int) -> None:
+        for item in itertools.islice(self._items, n):
+            self._pending.append((item, self._pool.submit(read_file, item.path, item.sensor)))
+
+    def __iter__(self) -> Iterator[tuple[IngestItem, tuple[np.ndarray, SensorSize] | str]]:
+        if self._pool is None:
+            for item in self._items:
+                yield item, read_file(item.path, item.sensor)
+            return
+        while self._pending:
+            item, future = self._pending.popleft()
+            self._submit(1)
+            yield item, future.result()
+
+
+def _ingested_keys(out: Path) -> tuple[set[tuple[str, int, int]], set[str]]:
+    """Source-file keys and recording names already in the corpus at ``out`` (empty for a new corpus)."""
+    if not (out / MANIFEST).exists():
+        return set(), set()
+    keys, names = set(), set()
+    for r in Corpus(out).recordings:
+        names.update((r.name, r.session))
+        m = r.metadata
+        if {"source_path", "source_size", "source_mtime_ns"} <= m.keys():
+            keys.add((m["source_path"], m["source_size"], m["source_mtime_ns"]))
+    return keys, names
+
+
+def _unique(name: str, names: set[str]) -> str:
+    candidate, k = name, 1
+    while candidate in names:
+        k += 1
+        candidate = f"{name}~{k}"
+    names.add(candidate)
+    return candidate
+
+
+class _Progress:
+    """A transient rich progress bar on stderr (files done / total, events), only on a terminal."""
+
+    def __init__(self, enabled: bool, total: int) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        console = Console(stderr=True)
+        self._bar = None
+        if enabled and console.is_terminal:
+            self._bar = Progress(
+                TextColumn("ingest"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[events]:,} events"),
+                TimeRemainingColumn(),
+                console=console,
+                transient=True,
+            )
+            self._task = self._bar.add_task("ingest", total=total, events=0)
+
+    def __enter__(self) -> _Progress:
+        if self._bar is not None:
+            self._bar.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+    def advance(self, events: int) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, advance=1, events=events)
+
+
+def run(config: IngestConfig) -> IngestReport:
+    """Ingest ``config.paths`` into ``config.out``; bad files are reported, not raised (see ``IngestReport``)."""
+    started = datetime.now(UTC)
+    t0 = time.perf_counter()
+    report = IngestReport(str(config.out), started.isoformat(timespec="seconds"), config.dataset)
+    items, report.failed = collect(config)
+    done_keys, names = _ingested_keys(config.out)
+    todo = []
+    for item in items:
+        try:
+            key = _file_key(item.path)
+        except OSError as e:
+            report.failed.append({"path": str(item.path), "reason": f"cannot stat: {e.strerror}"})
+            continue
+        if key in done_keys:
+            report.skipped.append({"path": str(item.path), "reason": "already ingested"})
+        else:
+            done_keys.add(key)  # a file named twice (or reached twice) is ingested once
+            todo.append((item, key))
+    provenance = {"tool": "mem ingest", "paths": [str(p) for p in config.paths], "dataset": config.dataset}
+    with (
+        _Decoder([item for item, _ in todo], config.workers) as decoded,
+        CorpusWriter(
+            config.out,
+            provenance=provenance,
+            flush_interval_s=config.flush_interval_s,
+            min_free_bytes=config.min_free_bytes,
+        ) as writer,
+        _Progress(config.progress, len(todo)) as progress,
+    ):
+        keys = dict(todo)
+        try:
+            for item, result in decoded:
+                if isinstance(result, str):
+                    report.failed.append({"path": str(item.path), "reason": result})
+                else:
+                    _add(writer, item, keys[item], result, names, report)
+                progress.advance(report.events)
+        except CorpusFullError as e:
+            report.stopped = str(e)
+    report.seconds = time.perf_counter() - t0
+    report.report_path = str(_write_report(config.out, report, started))
+    return report
+
+
+def _add(writer: CorpusWriter, item: IngestItem, key, decoded, names: set[str], report: IngestReport) -> None:
+    events, sensor = decoded
+    path, size, mtime_ns = key
+    metadata = {
+        "source_path": path,
+        "source_size": size,
+        "source_mtime_ns": mtime_ns,
+        "format": item.path.suffix.lower().lstrip("."),
+        **({"split": item.split} if item.split else {}),
+    }
+    name = _unique(item.name, names)
+    try:
+        writer.add_recording(name, events, sensor, label=item.label, metadata=metadata)
+    except ValueError as e:  # events the corpus refuses (off-sensor, unsorted): a bad file, not a stop
+        names.discard(name)
+        report.failed.append({"path": str(item.path), "reason": str(e)})
+        return
+    report.ingested.append({"path": str(item.path), "name": name, "events": int(events.size), "label": item.label})
+    report.events += int(events.size)
+
+
+def _write_report(out: Path, report: IngestReport, started: datetime) -> Path:
+    path = out / f"ingest-report-{started:%Y%m%dT%H%M%S%fZ}.json"
+    data = {k: v for k, v in asdict(report).items() if k != "report_path"}
+    data["mev_per_s"] = report.events / report.seconds / 1e6 if report.seconds > 0 else None
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+    return path

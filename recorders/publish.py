@@ -1,0 +1,70 @@
+"""Publish event batches over ZMQ (topic ``events``, ``mem_core.protocol`` wire format) without ever blocking.
+
+A recorder must not slow down because a subscriber is slow: the PUB socket has a small send high-water mark, and a
+message that does not fit is dropped (and counted) instead of waited for. A subscriber at its high-water mark holds
+the message back from every subscriber (``XPUB_NODROP``), which is what makes drops countable. ``seq`` still advances for a dropped
+message, so subscribers see the gap.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import zmq
+
+from mem_core.events import SensorSize
+from mem_core.protocol import encode_events
+from recorders.sources import RecorderError
+
+DEFAULT_HOST = "127.0.0.1"
+
+
+def normalize_address(address: str) -> str:
+    """``PORT``, ``HOST:PORT`` or ``tcp://HOST:PORT`` as a ZMQ endpoint; the host defaults to 127.0.0.1."""
+    address = address.strip()
+    if "://" in address:
+        return address
+    host, _, port = address.rpartition(":")
+    if not port.isdigit():
+        raise RecorderError(f"publish address {address!r} is not PORT, HOST:PORT or tcp://HOST:PORT")
+    return f"tcp://{host or DEFAULT_HOST}:{port}"
+
+
+class EventPublisher:
+    """A bound PUB socket sending ``events`` messages; ``sent`` and ``dropped`` count messages."""
+
+    def __init__(self, address: str, *, sndhwm: int = 8, context: zmq.Context | None = None) -> None:
+        self.address = normalize_address(address)
+        self._socket = (context or zmq.Context.instance()).socket(zmq.PUB)
+        self._socket.setsockopt(zmq.SNDHWM, sndhwm)
+        # A plain PUB drops silently at the high-water mark; with NODROP it says so (EAGAIN) and the drop is counted.
+        self._socket.setsockopt(zmq.XPUB_NODROP, 1)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        try:
+            self._socket.bind(self.address)
+        except zmq.ZMQError as e:
+            self._socket.close()
+            raise RecorderError(f"cannot publish on {self.address}: {e}") from e
+        self.seq = 0
+        self.sent = 0
+        self.dropped = 0
+
+    def publish(self, events: np.ndarray, sensor: SensorSize) -> bool:
+        """Send one batch; False (and counted as dropped) when the socket's queue is full."""
+        frames = encode_events(self.seq, events, sensor)
+        self.seq += 1
+        try:
+            self._socket.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            self.dropped += 1
+            return False
+        self.sent += 1
+        return True
+
+    def close(self) -> None:
+        self._socket.close()
+
+    def __enter__(self) -> EventPublisher:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close()

@@ -1,0 +1,226 @@
+"""``mem record``: stream a live source into a corpus, continuously, until told to stop.
+
+Durability comes from the corpus writer: it commits at least every ``flush_interval_s`` while events arrive, and
+this loop commits on quiet heartbeats too, so a SIGKILL loses at most the last second. A recording stops cleanly
+on Ctrl-C / SIGTERM (a second Ctrl-C forces it), after ``duration_s``, when the source ends, when the corpus disk
+gets below ``min_free_bytes`` free, or when the source fails for good; everything committed stays readable. The
+session is one recording cut into segments (every ``segment_minutes``, and whenever a shard is full).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
+
+from mem_core.corpus import Corpus, CorpusFullError, CorpusWriter
+from recorders.publish import EventPublisher
+from recorders.sources import LiveSource, RecorderError, open_live_source
+
+
+@dataclass(frozen=True)
+class RecordConfig:
+    """What ``mem record`` does; ``source`` is ``camera[:SERIAL]``, ``sim``, ``sim:fast`` or an event file."""
+
+    source: str
+    out: Path
+    name: str | None = None  # session name; default "<kind>-<UTC start time>"
+    duration_s: float | None = None
+    segment_minutes: float | None = None
+    publish: str | None = None  # ZMQ endpoint (or PORT) to publish the events on
+    speed: float = 1.0  # file replay and simulator pacing; 0 = as fast as possible
+    loop: bool = False  # file replay starts over at the end
+    flush_interval_s: float = 1.0
+    min_free_bytes: int = 256 << 20
+    shard_max_events: int = 1 << 26
+    status: bool = True  # live status line on stderr (only when it is a terminal)
+
+
+@dataclass(frozen=True)
+class RecordResult:
+    """How a recording went: ``events`` delivered by the source, ``stored`` committed to the corpus."""
+
+    out: Path
+    name: str
+    events: int
+    stored: int
+    seconds: float
+    stop_reason: str  # duration | interrupted | stopped | source ended | disk full | source failed
+    segments: int
+    reconnects: int
+    published: int
+    publish_dropped: int
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def _corpus_bytes(root: Path) -> int:
+    """Bytes of the corpus's shards and manifest (not the writer's hidden lock and ballast files)."""
+    return sum(e.stat().st_size for e in os.scandir(root) if e.is_file() and not e.name.startswith("."))
+
+
+class _Status:
+    """A transient one-line status on stderr: events/s, total events, corpus size, reconnection state."""
+
+    def __init__(self, enabled: bool, out: Path, name: str) -> None:
+        console = Console(stderr=True)
+        self._live = (
+            Live(console=console, transient=True, auto_refresh=False) if enabled and console.is_terminal else None
+        )
+        self._out, self._name = out, name
+        self._last = (time.monotonic(), 0)
+        self._size, self._size_time = 0, 0.0
+
+    def __enter__(self) -> _Status:
+        if self._live is not None:
+            self._live.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self._live is not None:
+            self._live.stop()
+
+    def update(self, total: int, source: LiveSource) -> None:
+        now = time.monotonic()
+        if self._live is None or now - self._last[0] < 0.25:
+            return
+        rate = (total - self._last[1]) / (now - self._last[0])
+        self._last = (now, total)
+        if now - self._size_time >= 1.0:
+            self._size, self._size_time = _corpus_bytes(self._out), now
+        line = Text.assemble(
+            ("● REC ", "bold red"),
+            f"{self._name}  {rate / 1e6:7.2f} Mev/s  {total:,} events  {self._size / 1e6:,.1f} MB",
+        )
+        if getattr(source, "connected", True) is False:
+            line.append("  waiting for the camera to come back…", style="yellow")
+        self._live.update(line, refresh=True)
+
+
+class _Signals:
+    """SIGINT/SIGTERM set ``stop`` (a second SIGINT raises KeyboardInterrupt); only in the main thread."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop, self.reason = stop, None
+        self._previous: dict[int, object] = {}
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.stop.is_set() and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.reason = f"interrupted ({signal.Signals(signum).name})"
+        self.stop.set()
+
+    def __enter__(self) -> _Signals:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+
+def _session_name(out: Path, source: LiveSource, started: datetime) -> str:
+    base = f"{source.metadata.get('kind', 'rec')}-{started:%Y%m%d-%H%M%S}"
+    taken = {r.session for r in Corpus(out).recordings} if (out / "manifest.json").exists() else set()
+    name, k = base, 1
+    while name in taken:
+        k += 1
+        name = f"{base}-{k}"
+    return name
+
+
+def run(config: RecordConfig, *, source: LiveSource | None = None, stop: threading.Event | None = None) -> RecordResult:
+    """Record ``config.source`` (or the given ``source``) into ``config.out`` until a stop condition; never raises
+    for a full disk or a failed source (see ``RecordResult.stop_reason`` / ``error``)."""
+    stop = stop if stop is not None else threading.Event()
+    if source is None:
+        source = open_live_source(config.source, speed=config.speed, loop=config.loop)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(source)
+        publisher = stack.enter_context(EventPublisher(config.publish)) if config.publish else None
+        started = datetime.now(UTC)
+        name = config.name or _session_name(config.out, source, started)
+        writer = stack.enter_context(
+            CorpusWriter(
+                config.out,
+                provenance={"tool": "mem record", "source": config.source},
+                flush_interval_s=config.flush_interval_s,
+                shard_max_events=config.shard_max_events,
+                min_free_bytes=config.min_free_bytes,
+            )
+        )
+        metadata = {**source.metadata, "start_utc": started.isoformat(timespec="milliseconds"), "source": config.source}
+        writer.begin_recording(name, source.sensor, metadata=metadata)
+        t0 = time.monotonic()
+        with _Signals(stop) as signals, _Status(config.status, config.out, name) as status:
+            total, reason, error = _record_loop(config, source, writer, publisher, stop, status)
+        if reason == "stopped" and signals.reason:
+            reason = signals.reason
+        seconds = time.monotonic() - t0
+    corpus = Corpus(config.out)
+    session = [r for r in corpus.recordings if r.session == name]
+    return RecordResult(
+        out=config.out,
+        name=name,
+        events=total,
+        stored=sum(r.n_events for r in session),
+        seconds=seconds,
+        stop_reason=reason,
+        segments=len(session),
+        reconnects=getattr(source, "reconnects", 0),
+        published=publisher.sent if publisher else 0,
+        publish_dropped=publisher.dropped if publisher else 0,
+        error=error,
+    )
+
+
+def _record_loop(
+    config: RecordConfig,
+    source: LiveSource,
+    writer: CorpusWriter,
+    publisher: EventPublisher | None,
+    stop: threading.Event,
+    status: _Status,
+) -> tuple[int, str, str | None]:
+    """Append batches until a stop condition: (events delivered, stop reason, error message or None)."""
+    t0 = time.monotonic()
+    segment_s = None if config.segment_minutes is None else config.segment_minutes * 60
+    segment_start = last_flush = t0
+    total = flushed = 0
+    try:
+        for batch in source:
+            now = time.monotonic()
+            if batch.size:
+                writer.append(batch)  # commits by itself at least every flush_interval_s
+                total += batch.size
+                if publisher is not None:
+                    publisher.publish(batch, source.sensor)
+            elif total > flushed and now - last_flush >= config.flush_interval_s:
+                writer.flush()  # a quiet source: nothing calls append, so commit here
+                flushed, last_flush = total, now
+            if stop.is_set():
+                return total, "stopped", None
+            if config.duration_s is not None and now - t0 >= config.duration_s:
+                return total, "duration", None
+            if segment_s is not None and now - segment_start >= segment_s:
+                writer.rotate()
+                segment_start = now
+            status.update(total, source)
+    except CorpusFullError as e:
+        return total, "disk full", str(e)
+    except RecorderError as e:
+        return total, "source failed", str(e)
+    return total, "stopped" if stop.is_set() else "source ended", None

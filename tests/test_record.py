@@ -1,0 +1,344 @@
+"""``mem record``: a crash keeps the flushed events, clean stops, segments, full disks, reconnection, --publish."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zmq
+from recorders_fakes import FakeRig, clock_batches
+
+from mem_core import corpus as corpus_module
+from mem_core.corpus import Corpus
+from mem_core.events import EVENT_DTYPE, SensorSize, validate_events
+from mem_core.protocol import decode, decode_events
+from mem_core.simulator import EventSimulator, SimulatorConfig
+from recorders.camera import CameraSource
+from recorders.publish import EventPublisher, normalize_address
+from recorders.record import RecordConfig, run
+from recorders.sources import LiveSource, RecorderError, SimulatorSource
+
+ROOT = Path(__file__).resolve().parent.parent
+SIM = SimulatorConfig(sensor=SensorSize(48, 64), n_objects=2, seed=5)
+
+
+class ArraySource(LiveSource):
+    """The given batches, then the end of the stream (or heartbeats forever with ``endless``)."""
+
+    def __init__(self, batches: list[np.ndarray], sensor: SensorSize, endless: bool = False) -> None:
+        self.batches, self.sensor, self.endless = batches, sensor, endless
+        self.metadata = {"kind": "test", "model": "array", "serial": "0"}
+
+    def __iter__(self):
+        yield from self.batches
+        while self.endless:
+            time.sleep(0.01)
+            yield np.empty(0, dtype=EVENT_DTYPE)
+
+
+def session_events(root: Path, name: str) -> np.ndarray:
+    corpus = Corpus(root)
+    parts = [corpus.events(i) for i, r in enumerate(corpus.recordings) if r.session == name]
+    return np.concatenate(parts) if parts else np.empty(0, dtype=EVENT_DTYPE)
+
+
+def assert_simulator_prefix(events: np.ndarray, config: SimulatorConfig, batch_us: int = 10_000) -> None:
+    """``events`` are exactly the first events of the (deterministic) simulator's stream of ``batch_us`` batches."""
+    n_batches = int(events["t"][-1]) // batch_us + 1
+    expected = EventSimulator(config).simulate(n_batches * batch_us)
+    np.testing.assert_array_equal(events, expected[: events.size])
+
+
+def child(*args: str) -> subprocess.Popen:
+    """A recording child process: ``mem`` itself (``app.cli``) or ``recorders_record_child.py``."""
+    argv = (
+        ["-m", "app.cli", *args] if args[0] == "record" else [str(ROOT / "tests" / "recorders_record_child.py"), *args]
+    )
+    return subprocess.Popen(
+        [sys.executable, *argv], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def wait_for_events(root: Path, min_events: int, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            manifest = json.loads((root / "manifest.json").read_text())
+            if sum(r["n_events"] for r in manifest["recordings"]) >= min_events:
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"{root}: fewer than {min_events} events committed after {timeout} s")
+
+
+# ---------------------------------------------------------------------------------------------- crash, stops
+
+
+def test_sigkill_during_recording_keeps_all_but_the_last_second(tmp_path):
+    out = tmp_path / "corpus"
+    proc = child(str(out), "killed")
+    try:
+        wait_for_events(out, 1)
+        time.sleep(2.0)
+        os.kill(proc.pid, signal.SIGKILL)
+        killed_at = time.time()
+    finally:
+        proc.kill()
+        proc.communicate()
+    corpus = Corpus(out)
+    (rec,) = corpus.recordings
+    assert not rec.complete and rec.n_events > 0
+    events = corpus.events(0)
+    # The simulator is deterministic: the corpus holds exactly the first events of its stream.
+    assert_simulator_prefix(events, SimulatorConfig(**rec.metadata["simulator"]))
+    # Real-time source: what is missing is at most the last second (plus slack for a loaded machine).
+    started = datetime.fromisoformat(rec.metadata["start_utc"]).timestamp()
+    assert int(events["t"][-1]) / 1e6 >= killed_at - started - 1.75
+
+
+def test_ctrl_c_stops_cleanly_and_completes_the_recording(tmp_path):
+    out = tmp_path / "corpus"
+    proc = child(str(out), "desk")
+    try:
+        wait_for_events(out, 1)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, stderr
+    result = json.loads(stdout)
+    assert result["stop_reason"] == "interrupted (SIGINT)" and result["error"] is None
+    (rec,) = Corpus(out).recordings
+    assert rec.name == "desk" and rec.complete and rec.n_events == result["stored"] == result["events"] > 0
+
+
+def test_duration_stops_and_manifest_keeps_camera_facts(tmp_path):
+    out = tmp_path / "corpus"
+    result = run(RecordConfig(source="sim", out=out, duration_s=0.5, min_free_bytes=0), source=SimulatorSource(SIM))
+    assert result.stop_reason == "duration" and result.ok
+    assert 0.5 <= result.seconds < 5
+    assert result.events == result.stored > 0
+    (rec,) = Corpus(out).recordings
+    assert rec.complete and rec.sensor == SIM.sensor
+    meta = rec.metadata
+    assert meta["model"] == "MEM simulator" and meta["serial"] == "sim-seed5"
+    assert (meta["height"], meta["width"]) == (48, 64)
+    assert abs(datetime.fromisoformat(meta["start_utc"]).timestamp() - time.time()) < 60
+    assert_simulator_prefix(session_events(out, result.name), SIM)
+
+
+def test_source_end_and_stop_event_end_the_recording(tmp_path, events_factory):
+    batches = [events_factory(1000, seed=s, t0=10**6 * s) for s in range(3)]
+    result = run(
+        RecordConfig(source="test", out=tmp_path / "a", min_free_bytes=0),
+        source=ArraySource(batches, SensorSize(32, 48)),
+    )
+    assert result.stop_reason == "source ended" and result.stored == 3000
+    np.testing.assert_array_equal(session_events(tmp_path / "a", result.name), np.concatenate(batches))
+
+    stop = threading.Event()
+    threading.Timer(0.2, stop.set).start()
+    endless = ArraySource(batches, SensorSize(32, 48), endless=True)
+    result = run(RecordConfig(source="test", out=tmp_path / "b", min_free_bytes=0), source=endless, stop=stop)
+    assert result.stop_reason == "stopped" and result.stored == 3000
+
+
+def test_quiet_source_is_still_committed_within_a_second(tmp_path, events_factory):
+    out = tmp_path / "corpus"
+    stop = threading.Event()
+    source = ArraySource([events_factory(500)], SensorSize(32, 48), endless=True)
+    config = RecordConfig(source="test", out=out, flush_interval_s=0.2, min_free_bytes=0)
+    worker = threading.Thread(target=run, args=(config,), kwargs={"source": source, "stop": stop})
+    worker.start()
+    try:
+        wait_for_events(out, 500, timeout=2.0)  # no append after the first batch: the heartbeat commit did it
+    finally:
+        stop.set()
+        worker.join()
+
+
+def test_segments_rotate_within_one_session(tmp_path):
+    out = tmp_path / "corpus"
+    config = RecordConfig(source="sim", out=out, duration_s=1.3, segment_minutes=0.4 / 60, min_free_bytes=0)
+    result = run(config, source=SimulatorSource(SIM, batch_us=10_000))
+    recs = Corpus(out).recordings
+    assert result.segments == len(recs) >= 3
+    assert {r.session for r in recs} == {result.name}
+    assert [r.segment for r in recs] == list(range(len(recs)))
+    assert len({r.shard for r in recs}) == len(recs)
+    events = session_events(out, result.name)
+    assert events.size == result.stored == result.events
+    assert_simulator_prefix(events, SIM)
+
+
+def test_a_camera_unplugged_mid_recording_continues_the_same_session(tmp_path, events_factory):
+    first = clock_batches(events_factory, [1, 2])
+    second = clock_batches(events_factory, [3, 4], t0=0)
+    source = CameraSource(backend=FakeRig({"DXB042": [first, second]}, away_polls=5), retry_interval_s=0.01)
+    stop = threading.Event()
+    threading.Timer(1.0, stop.set).start()
+    result = run(RecordConfig(source="camera", out=tmp_path / "c", min_free_bytes=0), source=source, stop=stop)
+    assert result.reconnects == 1 and result.stored == 2000 and result.segments == 1
+    events = session_events(tmp_path / "c", result.name)
+    validate_events(events)
+    np.testing.assert_array_equal(events[["x", "y", "p"]], np.concatenate(first + second)[["x", "y", "p"]])
+    assert Corpus(tmp_path / "c").recordings[0].metadata["serial"] == "DXB042"
+
+
+def test_no_camera_through_the_cli_is_one_clear_line(tmp_path):
+    proc = child("record", "--source", "camera", "--out", str(tmp_path / "c"))
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 2
+    assert "no event camera found" in stderr
+    assert "Traceback" not in stderr and "IndexError" not in stderr
+
+
+# ---------------------------------------------------------------------------------------------- full disk
+
+
+def fast_random_source(events_factory, n_batches: int = 400) -> ArraySource:
+    sensor = SensorSize(480, 640)
+    return ArraySource([events_factory(50_000, sensor, seed=k, t0=k * 10**7) for k in range(n_batches)], sensor)
+
+
+def test_recording_stops_before_the_disk_fills(tmp_path, events_factory, monkeypatch):
+    out = tmp_path / "corpus"
+    real_disk_usage = corpus_module.shutil.disk_usage
+
+    def small_disk(path):
+        used = sum(p.stat().st_size for p in out.iterdir()) if out.is_dir() else 0
+        return real_disk_usage(path)._replace(free=60_000_000 - used)
+
+    monkeypatch.setattr(corpus_module.shutil, "disk_usage", small_disk)
+    source = fast_random_source(events_factory)
+    config = RecordConfig(source="test", out=out, flush_interval_s=0.05, min_free_bytes=20_000_000)
+    result = run(config, source=source)
+    assert result.stop_reason == "disk full" and not result.ok
+    assert "min_free_bytes" in result.error
+    assert 0 < result.stored < result.events <= 400 * 50_000
+    events = session_events(out, result.name)
+    np.testing.assert_array_equal(events, np.concatenate(source.batches)[: events.size])
+
+
+@pytest.fixture
+def small_filesystem(tmp_path):
+    """A 48 MB tmpfs (needs root); skipped only where mounting is not permitted and CI is not set."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        if os.environ.get("CI"):
+            pytest.fail(f"cannot mount a small tmpfs: {done.stderr!r}")
+        pytest.skip(f"mounting a small tmpfs is not permitted here: {done.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def test_recording_on_a_really_full_filesystem_keeps_what_was_committed(small_filesystem, events_factory):
+    out = small_filesystem / "corpus"
+    source = fast_random_source(events_factory)
+    result = run(RecordConfig(source="test", out=out, flush_interval_s=0.05, min_free_bytes=0), source=source)
+    assert result.stop_reason == "disk full"
+    assert str(out) in result.error
+    events = session_events(out, result.name)
+    assert 0 < events.size == result.stored < result.events
+    np.testing.assert_array_equal(events, np.concatenate(source.batches)[: events.size])
+
+
+# ---------------------------------------------------------------------------------------------- --publish
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_normalize_address():
+    assert normalize_address("5557") == "tcp://127.0.0.1:5557"
+    assert normalize_address("0.0.0.0:5557") == "tcp://0.0.0.0:5557"
+    assert normalize_address("tcp://127.0.0.1:9") == "tcp://127.0.0.1:9"
+    with pytest.raises(RecorderError, match="publish address"):
+        normalize_address("localhost:http")
+
+
+def test_publish_sends_the_recorded_events_to_a_subscriber(tmp_path):
+    address = f"tcp://127.0.0.1:{free_port()}"
+    context = zmq.Context.instance()
+    sub = context.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"events")
+    sub.setsockopt(zmq.RCVTIMEO, 10_000)
+    sub.connect(address)
+    out = tmp_path / "corpus"
+    config = RecordConfig(source="sim", out=out, duration_s=1.5, publish=address, min_free_bytes=0)
+    holder = {}
+    worker = threading.Thread(target=lambda: holder.update(result=run(config, source=SimulatorSource(SIM))))
+    worker.start()
+    received = []
+    try:
+        while len(received) < 20:
+            received.append(decode(sub.recv_multipart()))
+    finally:
+        worker.join()
+        sub.close()
+    result = holder["result"]
+    assert result.published >= len(received) and result.publish_dropped == 0
+    stored = session_events(out, result.name)
+    seqs = [m.seq for m in received]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # nothing lost once subscribed
+    batches = [decode_events(m) for m in received]
+    assert all(sensor == SIM.sensor for _, sensor in batches)
+    got = np.concatenate([events for events, _ in batches])
+    start = int(np.searchsorted(stored["t"], got["t"][0]))
+    np.testing.assert_array_equal(got, stored[start : start + got.size])
+
+
+FROZEN_SUBSCRIBER = """
+import sys, zmq
+sub = zmq.Context().socket(zmq.SUB)
+sub.setsockopt(zmq.SUBSCRIBE, b"")
+sub.connect(sys.argv[1])
+sub.recv_multipart()
+print("subscribed", flush=True)
+sub.recv_multipart()
+"""
+
+
+def test_publish_never_blocks_on_a_frozen_subscriber(events_factory):
+    address = f"tcp://127.0.0.1:{free_port()}"
+    sensor = SensorSize(480, 640)
+    child = subprocess.Popen([sys.executable, "-c", FROZEN_SUBSCRIBER, address], stdout=subprocess.PIPE, text=True)
+    try:
+        with EventPublisher(address, sndhwm=2) as publisher:
+            ready = threading.Thread(target=child.stdout.readline)
+            ready.start()
+            while ready.is_alive():  # until the subscriber has received a message
+                publisher.publish(events_factory(10), sensor)
+                ready.join(0.05)
+            os.kill(child.pid, signal.SIGSTOP)  # frozen: reads nothing more, its TCP buffers fill up
+            batch = events_factory(200_000, sensor)
+            start = time.monotonic()
+            results = [publisher.publish(batch, sensor) for _ in range(200)]
+            elapsed = time.monotonic() - start
+    finally:
+        child.kill()
+        child.wait()
+    assert results.count(False) == publisher.dropped > 0
+    assert publisher.seq == publisher.sent + publisher.dropped
+    assert elapsed < 30
+
+
+def test_publish_address_in_use_is_a_clear_error():
+    address = f"tcp://127.0.0.1:{free_port()}"
+    with EventPublisher(address), pytest.raises(RecorderError, match=f"cannot publish on {address}"):
+        EventPublisher(address)

@@ -1,0 +1,253 @@
+"""Live sources: the simulated camera, file replay, and the camera's discovery, serial choice and reconnection."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import numpy as np
+import pytest
+from recorders_fakes import FakeRig, clock_batches
+
+from mem_core.events import EVENT_DTYPE, SensorSize, validate_events
+from mem_core.representation import event_histogram
+from mem_core.simulator import EventSimulator, SimulatorConfig
+from recorders.camera import CameraSource, DvCameraBackend, NoCameraError
+from recorders.sources import Pacer, RecorderError, ReplaySource, SimulatorSource, open_live_source
+
+SIM = SimulatorConfig(sensor=SensorSize(64, 80), n_objects=1, size_range=(0.2, 0.25), noise_rate_hz=0.2, seed=3)
+
+
+def concat(batches: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(batches) if batches else np.empty(0, dtype=EVENT_DTYPE)
+
+
+def assert_monotonic(batches: list[np.ndarray]) -> None:
+    """Every batch is valid and time never goes back from one batch to the next."""
+    events = concat(batches)
+    validate_events(events)
+
+
+# ---------------------------------------------------------------------------------------------- simulator
+
+
+def test_simulator_source_delivers_the_simulators_events():
+    source = SimulatorSource(SIM, batch_us=5_000, speed=0, duration_us=40_000)
+    batches = list(source)
+    expected = EventSimulator(SIM).simulate(40_000)
+    assert source.sensor == SIM.sensor
+    assert source.metadata["kind"] == "sim" and source.metadata["height"] == 64 and source.metadata["width"] == 80
+    assert len(batches) == 8
+    assert_monotonic(batches)
+    np.testing.assert_array_equal(concat(batches), expected)
+
+
+def test_simulator_events_rendered_as_a_histogram_show_the_object():
+    source = SimulatorSource(SIM, object_classes=[0], speed=0, duration_us=20_000)
+    events = concat(list(source))
+    counts = event_histogram(events, source.sensor).sum(axis=0)  # (H, W) events per pixel
+    ys, xs = np.nonzero(source.simulator.label_mask())
+    margin = 8  # the object moves at most ~5 px in 20 ms
+    box = np.zeros(counts.shape, dtype=bool)
+    box[max(ys.min() - margin, 0) : ys.max() + margin + 1, max(xs.min() - margin, 0) : xs.max() + margin + 1] = True
+    assert box.mean() < 0.6
+    assert counts[box].sum() > 0.9 * counts.sum()
+    assert box[np.unravel_index(np.argmax(counts), counts.shape)]
+
+
+def test_simulator_source_runs_in_real_time_when_asked():
+    source = SimulatorSource(SIM, batch_us=10_000, speed=1.0, duration_us=200_000)
+    start = time.monotonic()
+    n = sum(1 for _ in source)
+    assert n == 20
+    assert time.monotonic() - start >= 0.19
+
+
+class FakeClock:
+    """``time.monotonic`` / ``time.sleep`` stand-ins: sleeping advances the clock."""
+
+    def __init__(self) -> None:
+        self.now, self.slept = 100.0, []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+@pytest.mark.parametrize("speed", [1.0, 4.0])
+def test_pacer_releases_event_time_at_speed_times_wall_time(monkeypatch, speed):
+    clock = FakeClock()
+    monkeypatch.setattr("recorders.sources.time", clock)
+    pacer = Pacer(speed)
+    pacer.wait(1_000_000)  # anchors: event time 1 s happens now
+    pacer.wait(1_500_000)
+    clock.now += 0.05  # work that took 50 ms counts towards the next wait
+    pacer.wait(2_000_000)
+    assert clock.slept == pytest.approx([0.5 / speed, 0.5 / speed - 0.05])
+
+
+def test_pacer_at_speed_zero_never_waits(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr("recorders.sources.time", clock)
+    pacer = Pacer(0)
+    for t in range(0, 10_000_000, 1_000_000):
+        pacer.wait(t)
+    assert clock.slept == []
+    with pytest.raises(ValueError, match="speed"):
+        Pacer(-1)
+
+
+def test_open_live_source_rejects_what_it_does_not_know(tmp_path):
+    with pytest.raises(RecorderError, match="not camera"):
+        open_live_source(str(tmp_path / "missing.dat"))
+    with pytest.raises(RecorderError, match="simulator preset"):
+        open_live_source("sim:nope")
+    assert isinstance(open_live_source("sim", speed=0), SimulatorSource)
+
+
+# ---------------------------------------------------------------------------------------------- camera
+
+
+def take_events(source, n_events: int, max_batches: int = 10_000) -> list[np.ndarray]:
+    batches = []
+    for batch in itertools.islice(source, max_batches):
+        batches.append(batch)
+        if sum(b.size for b in batches) >= n_events:
+            break
+    return batches
+
+
+def test_no_camera_is_a_clear_error_not_an_index_error():
+    with pytest.raises(NoCameraError, match="no event camera found"):
+        CameraSource(backend=FakeRig({}))
+
+
+def test_dv_processing_backend_reports_no_camera_on_this_machine():
+    backend = DvCameraBackend()
+    if backend.discover():
+        pytest.skip("an event camera is connected")
+    with pytest.raises(NoCameraError, match="no event camera found"):
+        CameraSource(backend=backend)
+
+
+def test_camera_is_chosen_by_serial(events_factory):
+    rig = FakeRig({"DXA001": [clock_batches(events_factory, [1])], "DXA002": [clock_batches(events_factory, [2])]})
+    source = CameraSource("DXA002", backend=rig)
+    assert source.metadata == {"kind": "camera", "model": "DVXPLORER", "serial": "DXA002", "height": 32, "width": 48}
+    np.testing.assert_array_equal(take_events(source, 500)[-1], clock_batches(events_factory, [2])[0])
+    with pytest.raises(NoCameraError, match=r"serial 'DXA009'.*DXA001.*DXA002"):
+        CameraSource("DXA009", backend=rig)
+
+
+def test_unplugged_camera_reconnects_and_time_keeps_going(events_factory):
+    first = clock_batches(events_factory, [1, 2, 3])
+    second = clock_batches(events_factory, [4, 5], t0=0)  # a re-plugged camera restarts its clock
+    rig = FakeRig({"DXA001": [first, second]}, away_polls=3)
+    source = CameraSource(backend=rig, retry_interval_s=0.001)
+    batches = take_events(source, 2500)
+    events = concat(batches)
+    assert source.reconnects == 1 and source.connected
+    assert rig.opened[0].closed
+    assert events.size == 2500
+    assert_monotonic(batches)
+    assert any(b.size == 0 for b in batches)  # heartbeats while the camera was away
+    before, after = concat(first), concat(second)
+    np.testing.assert_array_equal(events[:1500], before)
+    for field in ("x", "y", "p"):
+        np.testing.assert_array_equal(events[1500:][field], after[field])
+    np.testing.assert_array_equal(np.diff(events[1500:]["t"]), np.diff(after["t"]))
+    source.close()
+
+
+def test_camera_that_does_not_come_back_fails_after_the_timeout(events_factory):
+    rig = FakeRig({"DXA001": [clock_batches(events_factory, [1]), []]}, away_polls=10**9)
+    source = CameraSource(backend=rig, retry_interval_s=0.001, reconnect_timeout_s=0.05)
+    with pytest.raises(RecorderError, match="DXA001 disconnected and was not back"):
+        for _ in source:
+            pass
+    no_retry = CameraSource(backend=FakeRig({"DXA001": [clock_batches(events_factory, [1]), []]}), reconnect=False)
+    with pytest.raises(RecorderError, match="DXA001 disconnected"):
+        for _ in no_retry:
+            pass
+
+
+# ---------------------------------------------------------------------------------------------- file replay
+
+
+@pytest.fixture
+def recording(tmp_path, events_factory):
+    """A .dat file of 2000 events over ~0.2 s and its events."""
+    from mem_core.io import read_events, write_events
+
+    path = tmp_path / "rec.dat"
+    write_events(path, events_factory(2000, seed=7, t0=5_000), SensorSize(32, 48))
+    return path, read_events(path).events
+
+
+def test_replay_as_fast_as_possible_delivers_the_file(recording):
+    path, events = recording
+    source = ReplaySource(path, speed=0, batch_us=20_000)
+    batches = list(source)
+    assert source.sensor == SensorSize(32, 48) and source.metadata["path"] == str(path.resolve())
+    assert all(int(b["t"][-1]) - int(b["t"][0]) < 20_000 for b in batches)
+    np.testing.assert_array_equal(concat(batches), events)
+
+
+@pytest.mark.parametrize("speed", [1.0, 2.0])
+def test_replay_takes_the_recordings_duration_divided_by_speed(recording, speed):
+    path, events = recording
+    span = (int(events["t"][-1]) - int(events["t"][0])) / 1e6
+    start = time.monotonic()
+    n = sum(b.size for b in ReplaySource(path, speed=speed, batch_us=10_000))
+    assert n == events.size
+    assert time.monotonic() - start >= 0.9 * span / speed
+
+
+def test_looped_replay_repeats_the_file_with_time_moving_on(recording):
+    path, events = recording
+    batches = take_events(ReplaySource(path, speed=0, loop=True, batch_us=50_000), 3 * events.size)
+    looped = concat(batches)[: 3 * events.size]
+    validate_events(looped)
+    for k in range(3):
+        part = looped[k * events.size : (k + 1) * events.size]
+        np.testing.assert_array_equal(part[["x", "y", "p"]], events[["x", "y", "p"]])
+        np.testing.assert_array_equal(np.diff(part["t"]), np.diff(events["t"]))
+
+
+def test_replay_pause_and_seek(recording):
+    path, events = recording
+    source = ReplaySource(path, speed=0, batch_us=10_000)
+    stream = iter(source)
+    first = next(stream)
+    source.pause()
+    assert next(stream).size == 0  # paused: heartbeats only
+    source.seek(0)
+    source.resume()
+    rest = concat(list(stream))
+    validate_events(concat([first, rest]))
+    np.testing.assert_array_equal(rest[["x", "y", "p"]], events[["x", "y", "p"]])  # replayed from the start
+
+
+def test_replay_stays_responsive_through_a_quiet_stretch(tmp_path, events_factory):
+    from mem_core.io import write_events
+
+    path = tmp_path / "gap.dat"
+    burst = events_factory(100, seed=1)  # ~10 ms of events, then 0.5 s of silence, then another burst
+    write_events(path, np.concatenate([burst, events_factory(100, seed=2, t0=510_000)]), SensorSize(32, 48))
+    batches = list(ReplaySource(path, speed=1.0, batch_us=10_000))
+    sizes = [b.size for b in batches]
+    assert sum(sizes) == 200
+    first, last = next(i for i, n in enumerate(sizes) if n), max(i for i, n in enumerate(sizes) if n)
+    assert sizes[first:last].count(0) >= 5  # heartbeats while the file is quiet
+
+
+def test_replay_of_a_bad_file_names_it(tmp_path):
+    from mem_core.io import EventFileError
+
+    bad = tmp_path / "garbage.dat"
+    bad.write_bytes(b"\x00\x01garbage" * 7)
+    with pytest.raises(EventFileError, match=r"garbage\.dat"):
+        ReplaySource(bad)
