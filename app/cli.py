@@ -56,9 +56,15 @@ def inspect(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Describe an event file (format, events, sensor, time range, ON/OFF) or a corpus directory."""
-    from app.commands import describe_path
+    if path.is_dir():
+        from mem_core.corpus import Corpus
 
-    info = describe_path(path)
+        with Corpus(path) as corpus:
+            info = corpus.describe()
+    else:
+        from mem_core.io import describe
+
+        info = describe(path)
     if as_json:
         print(json.dumps(info))
         return
