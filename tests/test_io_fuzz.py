@@ -1,0 +1,125 @@
+"""Property tests: whatever bytes a file holds, ``read_events`` returns valid events or raises ``EventFileError``.
+
+Never another exception type, never a hang, never a crash of the interpreter.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mem_core.events import SensorSize, validate_events
+from mem_core.io import EventFileError, aedat4, read_events, write_events
+
+FUZZ = settings(
+    max_examples=80,
+    deadline=timedelta(seconds=20),  # a loaded shared machine; the first example also compiles numba kernels
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+EXTENSIONS = [".bin", ".bs2", ".dat", ".raw", ".npz", ".h5", ".aedat4", ".xyz"]
+PREFIXES = [
+    b"",
+    b"%",
+    b"% Version 2\n",
+    b"% Width 120\n% Height 100\n\x00\x08",
+    b"% evt 3.0\n",
+    b"% evt 2.0\n",
+    b"% format EVT3;height=720;width=1280\n% end\n",
+    b"PK\x03\x04",
+    b"\x89HDF\r\n\x1a\n",
+]
+
+
+def read_or_refuse(path: Path) -> None:
+    """The property: a clean refusal, or events that are sorted, binary-polarity and on the sensor."""
+    try:
+        events, sensor = read_events(path)
+    except EventFileError as e:
+        assert e.path == str(path) and e.reason
+        return
+    assert isinstance(sensor, SensorSize)
+    validate_events(events, sensor)
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("fuzz")
+
+
+@pytest.fixture(scope="module")
+def short_aedat4_timeout():
+    """A damaged AEDAT4 can make dv-processing spin until the child is killed: keep that wait short here."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(aedat4, "TIMEOUT_BASE_S", 3.0)
+        mp.setattr(aedat4, "TIMEOUT_S_PER_MB", 0.0)
+        yield
+
+
+@pytest.fixture(scope="module")
+def samples(data_dir, work) -> dict[str, bytes]:
+    """Real recordings plus files written in the .npz and .h5 layouts, as bytes to cut and damage."""
+    rng = np.random.default_rng(0)
+    n = 300
+    events = np.sort(rng.integers(0, 50_000, n))
+    from mem_core.events import make_events
+
+    ev = make_events(events, rng.integers(0, 64, n), rng.integers(0, 48, n), rng.integers(0, 2, n))
+    written = {suffix: write_events(work / f"sample{suffix}", ev, SensorSize(48, 64)) for suffix in (".npz", ".h5")}
+    real = {
+        ".dat": sorted((data_dir / "ncars-dev" / "train" / "cars").glob("*.dat"))[0],
+        ".bs2": data_dir / "nmnist-small" / "1.bs2",
+        ".bin": data_dir / "fixtures" / "nmnist_sample.bin",
+        ".raw": data_dir / "fixtures" / "prophesee_evt3_sample.raw",
+        "2.raw": data_dir / "fixtures" / "prophesee_evt2_sample.raw",
+    }
+    return {name: path.read_bytes() for name, path in {**real, **written}.items()}
+
+
+def _write(work: Path, name: str, content: bytes) -> Path:
+    suffix = "." + name.split(".")[-1]
+    path = work / f"case{suffix}"
+    path.write_bytes(content)
+    return path
+
+
+@FUZZ
+@given(prefix=st.sampled_from(PREFIXES), tail=st.binary(max_size=2048), suffix=st.sampled_from(EXTENSIONS))
+def test_random_bytes_are_read_or_refused(work, short_aedat4_timeout, prefix, tail, suffix):
+    read_or_refuse(_write(work, suffix, prefix + tail))
+
+
+@FUZZ
+@given(data=st.data())
+def test_truncated_real_files_are_read_or_refused(samples, work, data):
+    name = data.draw(st.sampled_from(sorted(samples)))
+    content = samples[name]
+    cut = data.draw(st.integers(0, len(content) - 1))
+    read_or_refuse(_write(work, name, content[:cut]))
+
+
+@FUZZ
+@given(data=st.data())
+def test_damaged_real_files_are_read_or_refused(samples, work, data):
+    name = data.draw(st.sampled_from(sorted(samples)))
+    content = bytearray(samples[name])
+    for _ in range(data.draw(st.integers(1, 16))):
+        content[data.draw(st.integers(0, len(content) - 1))] = data.draw(st.integers(0, 255))
+    read_or_refuse(_write(work, name, bytes(content)))
+
+
+@settings(max_examples=8, deadline=None)  # each example starts a dv-processing child (~0.4 s, 3 s if it spins)
+@given(data=st.data())
+def test_cut_or_damaged_aedat4_is_read_or_refused(data_dir, work, short_aedat4_timeout, data):
+    content = bytearray((data_dir / "fixtures" / "inivation_sample.aedat4").read_bytes())
+    if data.draw(st.booleans()):
+        content = content[: data.draw(st.integers(0, len(content) - 1))]
+    else:
+        for _ in range(data.draw(st.integers(1, 8))):
+            content[data.draw(st.integers(0, len(content) - 1))] = data.draw(st.integers(0, 255))
+    read_or_refuse(_write(work, ".aedat4", bytes(content)))
