@@ -1,0 +1,252 @@
+"""``mem demo``: the whole product on the built-in simulated camera, in a few minutes on a CPU.
+
+1. record an unlabeled corpus from the simulated camera (``recorders.record``),
+2. train the tokenizer and pretrain MEM on it (no labels),
+3. finetune a MEM-initialised and a from-scratch classifier with a few labels each,
+4. evaluate both on held-out simulated samples and print them side by side,
+5. export the MEM model and start the live server + viewer on the simulated camera (headless: snapshots and a
+   report instead of a window).
+
+Every step writes under ``--out`` and is reused by the next run unless ``--fresh``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+# The demo's recipe: cpu-tiny with windows the size of a simulated sample (50 ms, ~5 000 events).
+DEMO_INPUT = ["input.n_max=5000", "data.num_workers=1"]
+STAGE_SETTINGS = {
+    "tokenizer": ["epochs=8", "batch_size=64", "lr=2e-3"],
+    "pretrain": ["epochs=12", "batch_size=64", "warmup_steps=50"],
+    "finetune": ["epochs=30", "batch_size=25", "warmup_epochs=3", "eval_every=5", "lr=1e-3"],
+}
+CORPUS_SIM_SECONDS = 120
+LIVE_SECONDS = 12
+
+
+@dataclass
+class DemoConfig:
+    out: Path
+    headless: bool
+    fresh: bool
+    labels_per_class: int = 10
+
+
+def _say(message: str) -> None:
+    from rich.console import Console
+
+    Console(stderr=True).print(f"[bold cyan]mem demo[/] {message}")
+
+
+def _stage(stage: str, dataset: str, *extra: str):
+    from mem_core.configuration import resolve
+    from mem_core.train.configs import STAGES
+
+    overrides = [*DEMO_INPUT, *STAGE_SETTINGS[stage], *extra]
+    return resolve(STAGES[stage], stage, preset="cpu-tiny", overrides=overrides, base={"data.dataset": dataset})
+
+
+def _finished(run: Path) -> bool:
+    from mem_core.train.rundir import RunDir, RunError
+
+    try:
+        epochs = RunDir(run).read_config()["config"]["epochs"]
+        records = RunDir(run).metrics()
+    except (RunError, KeyError):
+        return False
+    return bool(records) and records[-1]["epoch"] == epochs - 1 and (run / "checkpoint.pt").exists()
+
+
+def record_corpus(corpus: Path) -> None:
+    from mem_core.simulator import SimulatorConfig
+    from recorders.record import RecordConfig, run
+    from recorders.sources import SimulatorSource
+
+    if (corpus / "manifest.json").exists():
+        _say(f"corpus {corpus} exists: reusing it")
+        return
+    _say(f"recording {CORPUS_SIM_SECONDS} s of the simulated camera (as fast as it computes) into {corpus}")
+    source = SimulatorSource(SimulatorConfig(seed=7), speed=0, duration_us=CORPUS_SIM_SECONDS * 1_000_000)
+    result = run(RecordConfig(source="sim", out=corpus, name="sim-session", speed=0), source=source)
+    if result.error:
+        raise RuntimeError(f"recording the demo corpus failed: {result.error}")
+    _say(f"recorded {result.stored:,} events in {result.seconds:.1f} s")
+
+
+def train_all(cfg: DemoConfig) -> dict[str, Path]:
+    from mem_core.train import finetune, pretrain, tokenizer
+
+    out = cfg.out
+    corpus = out / "corpus"
+    record_corpus(corpus)
+    runs = {name: out / name for name in ("tokenizer", "pretrain", "finetune-mem", "finetune-scratch")}
+    if not _finished(runs["tokenizer"]):
+        _say("stage 1: training the event tokenizer on the unlabeled corpus")
+        cfg_tok = _stage("tokenizer", "corpus", f"data.path={corpus}")
+        tokenizer.run(cfg_tok, runs["tokenizer"], resume=runs["tokenizer"].exists())
+    if not _finished(runs["pretrain"]):
+        _say("stage 2: masked event pretraining on the unlabeled corpus")
+        cfg_pre = _stage("pretrain", "corpus", f"data.path={corpus}")
+        pretrain.run(cfg_pre, runs["pretrain"], tokenizer=runs["tokenizer"], resume=runs["pretrain"].exists())
+    n_classes = 5
+    fraction = cfg.labels_per_class * n_classes / 1000  # the sim train split holds 200 samples per class
+    for arm, init in (("mem", runs["pretrain"]), ("scratch", None)):
+        path = runs[f"finetune-{arm}"]
+        if not (path / "result.json").exists():
+            _say(f"stage 3: finetuning the {arm} model with {cfg.labels_per_class} labels per class")
+            ft = _stage("finetune", "sim", f"data.labels={fraction}")
+            finetune.run(ft, path, init=init, resume=path.exists())
+    return runs
+
+
+def evaluate_both(runs: dict[str, Path]) -> dict[str, dict]:
+    from mem_core.train.evaluate import evaluate_run
+
+    results = {}
+    for arm in ("mem", "scratch"):
+        results[arm] = evaluate_run(runs[f"finetune-{arm}"], "sim", None, "test", num_workers=0)
+    return results
+
+
+def print_table(results: dict[str, dict], labels_per_class: int) -> str:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"Simulated camera, {labels_per_class} labels per class, held-out test split")
+    for column in ("model", "top-1", "test samples"):
+        table.add_column(column)
+    for arm, name in (("mem", "MEM (pretrained, finetuned)"), ("scratch", "ViT from scratch")):
+        table.add_row(name, f"{100 * results[arm]['top1']:.1f} %", str(results[arm]["n"]))
+    Console().print(table)
+    lines = ["| model | top-1 | test samples |", "|---|---|---|"]
+    lines += [f"| {arm} | {100 * results[arm]['top1']:.1f} % | {results[arm]['n']} |" for arm in ("mem", "scratch")]
+    return "\n".join(lines)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def live(export_dir: Path, out: Path, headless: bool) -> dict | None:
+    """Start ``mem serve`` on the simulated camera and ``mem view`` as users would; headless: one snapshot."""
+    port = _free_port()
+    pub = f"tcp://127.0.0.1:{port}"
+    base = [sys.executable, "-m", "app.cli"]
+    serve_cmd = [*base, "serve", "--model", str(export_dir), "--source", "sim", "--pub", pub]
+    env = dict(os.environ)
+    if headless:
+        env["QT_QPA_PLATFORM"] = "offscreen"
+        serve_cmd += ["--duration", str(LIVE_SECONDS + 20)]
+    _say(f"live: mem serve on the simulated camera, publishing on {pub}")
+    server = subprocess.Popen(serve_cmd, env=env)
+    try:
+        view_cmd = [*base, "view", "--connect", pub]
+        if headless:
+            snapshot = out / "live.png"
+            view_cmd += ["--snapshot", str(snapshot), "--quit-after", str(LIVE_SECONDS)]
+            _say(f"live: headless viewer for {LIVE_SECONDS} s, snapshot -> {snapshot}")
+            subprocess.run(view_cmd, env=env, check=True, timeout=LIVE_SECONDS + 120)
+            state_path = snapshot.with_suffix(".json")
+            return json.loads(state_path.read_text()) if state_path.exists() else None
+        _say("live: opening the viewer (close the window to finish)")
+        subprocess.run(view_cmd, env=env, check=False)
+        return None
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+def write_report(cfg: DemoConfig, runs: dict[str, Path], table_md: str, live_state: dict | None) -> Path:
+    out = cfg.out
+    pictures = {
+        "tokenizer reconstructions (top: input histograms, bottom: decoded tokens)": runs["tokenizer"]
+        / "reconstructions.png",
+        "most used codebook entries": runs["tokenizer"] / "codebook.png",
+        "masked event modeling (rows: input, masked input, predicted tokens decoded, target tokens decoded)": runs[
+            "pretrain"
+        ]
+        / "predictions.png",
+        "finetuning curves (MEM)": runs["finetune-mem"] / "curves.png",
+        "finetuning curves (scratch)": runs["finetune-scratch"] / "curves.png",
+        "live viewer (histogram, token overlay, predictions)": out / "live.png",
+    }
+    lines = ["# MEM demo report", "", "MEM vs a ViT trained from scratch, same recipe and labels:", "", table_md, ""]
+    if live_state:
+        lines += [
+            "Live viewer state at the snapshot:",
+            "",
+            "```json",
+            json.dumps(live_state, indent=2)[:3000],
+            "```",
+            "",
+        ]
+    for title, path in pictures.items():
+        if path.exists():
+            target = out / "report" / path.name.replace(".png", f"-{path.parent.name}.png")
+            target.parent.mkdir(exist_ok=True)
+            shutil.copy2(path, target)
+            lines += [f"## {title}", "", f"![{title}]({target.relative_to(out)})", ""]
+    report = out / "report.md"
+    report.write_text("\n".join(lines))
+    return report
+
+
+def has_display() -> bool:
+    if sys.platform.startswith("linux"):
+        return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+    return True
+
+
+def run(cfg: DemoConfig) -> Path:
+    if cfg.fresh and cfg.out.exists():
+        shutil.rmtree(cfg.out)
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    runs = train_all(cfg)
+    results = evaluate_both(runs)
+    table_md = print_table(results, cfg.labels_per_class)
+    (cfg.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    from mem_core.train.evaluate import export_run
+
+    export_dir = export_run(runs["finetune-mem"], cfg.out / "export")
+    _say(f"exported the MEM model to {export_dir}")
+    live_state = live(export_dir, cfg.out, cfg.headless)
+    report = write_report(cfg, runs, table_md, live_state)
+    _say(f"done in {time.perf_counter() - t0:.0f} s; report: {report}")
+    return report
+
+
+def demo(
+    out: Annotated[Path, typer.Option("--out", help="Where the demo writes everything.")] = Path("mem-demo"),
+    headless: Annotated[
+        bool | None, typer.Option("--headless/--window", help="Snapshots and a report instead of a window.")
+    ] = None,
+    fresh: Annotated[bool, typer.Option("--fresh", help="Start over instead of reusing the last demo's work.")] = False,
+    labels_per_class: Annotated[int, typer.Option("--labels-per-class", help="Labelled samples per class.")] = 10,
+) -> None:
+    """The whole product on the simulated camera: record, pretrain, finetune MEM vs scratch, live viewer."""
+    run(
+        DemoConfig(
+            out=out,
+            headless=(not has_display()) if headless is None else headless,
+            fresh=fresh,
+            labels_per_class=labels_per_class,
+        )
+    )
