@@ -83,21 +83,25 @@ def ingest(
     from rich.table import Table
 
     from recorders.ingest import IngestConfig, run
+    from recorders.sources import RecorderError
 
     if workers < 1:
         raise _fail(f"--workers must be >= 1, got {workers}")
     config = IngestConfig(
         paths=tuple(paths), out=out, dataset=dataset, workers=workers, min_free_bytes=int(min_free_mb * (1 << 20))
     )
-    report = run(config)
+    try:
+        report = run(config)
+    except RecorderError as e:
+        raise _fail(str(e)) from None
     console = Console()
     table = Table(title=f"ingest into {out}", show_header=False)
     table.add_row("ingested", f"{len(report.ingested)} files, {report.events:,} events")
     table.add_row("skipped (already ingested)", str(len(report.skipped)))
     table.add_row("failed", str(len(report.failed)))
     table.add_row("time", f"{report.seconds:.1f} s ({report.events / max(report.seconds, 1e-9) / 1e6:.1f} Mev/s)")
-    table.add_row("report", str(report.report_path))
     console.print(table)
+    typer.echo(f"report: {report.report_path}")
     for entry in report.failed:  # plain lines (no wrapping): one per file, easy to grep
         typer.echo(f"failed {entry['path']}: {entry['reason']}")
     if report.stopped:

@@ -17,7 +17,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -90,10 +90,18 @@ def _name_for(path: Path, root: Path) -> str:
 
 
 def collect(config: IngestConfig) -> tuple[list[IngestItem], list[dict[str, Any]]]:
-    """The files to ingest, in a fixed order, and the input paths that failed outright (with the reason)."""
+    """The files to ingest, in a fixed order, and the input paths that failed outright (with the reason).
+
+    Raises ``RecorderError`` for an unknown dataset name (a usage error, not a bad file).
+    """
     items: list[IngestItem] = []
     failed: list[dict[str, Any]] = []
     out = config.out.resolve()
+    if config.dataset is not None:
+        from mem_core.datasets import dataset_names
+
+        if config.dataset not in dataset_names():
+            raise RecorderError(f"unknown dataset {config.dataset!r}; known: {', '.join(dataset_names())}")
     for root in config.paths:
         if not root.exists():
             failed.append({"path": str(root), "reason": "no such file or directory"})
@@ -321,7 +329,7 @@ def _add(writer: CorpusWriter, item: IngestItem, key, decoded, names: set[str], 
 
 def _write_report(out: Path, report: IngestReport, started: datetime) -> Path:
     path = out / f"ingest-report-{started:%Y%m%dT%H%M%S%fZ}.json"
-    data = {k: v for k, v in asdict(report).items() if k != "report_path"}
+    data = {f.name: getattr(report, f.name) for f in fields(report) if f.name != "report_path"}
     data["mev_per_s"] = report.events / report.seconds / 1e6 if report.seconds > 0 else None
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(data, indent=1))

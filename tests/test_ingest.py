@@ -1,0 +1,188 @@
+"""``mem ingest``: good files in, bad files listed (never fatal), re-runs skip, dataset labels, workers, full disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mem_core import corpus as corpus_module
+from mem_core.corpus import Corpus
+from mem_core.events import SensorSize
+from mem_core.io import read_events, write_events
+from recorders.ingest import IngestConfig, run
+from recorders.sources import RecorderError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def mixed_folder(tmp_path, events_factory) -> tuple[Path, list[Path], list[Path]]:
+    """A folder tree with good files (.dat, .bin, .npz), bad ones (truncated, garbage, empty) and a text file."""
+    folder = tmp_path / "in"
+    (folder / "sub" / "deeper").mkdir(parents=True)
+    good = [folder / "a.dat", folder / "sub" / "b.bin", folder / "sub" / "deeper" / "c.npz"]
+    write_events(good[0], events_factory(3000, SensorSize(100, 120), seed=1), SensorSize(100, 120))
+    write_events(good[1], events_factory(2000, SensorSize(34, 34), seed=2), SensorSize(34, 34))
+    write_events(good[2], events_factory(1000, SensorSize(480, 640), seed=3), SensorSize(480, 640))
+    bad = [folder / "truncated.dat", folder / "sub" / "garbage.aedat4", folder / "empty.bin"]
+    bad[0].write_bytes(good[0].read_bytes()[:-3])
+    bad[1].write_bytes(b"this is not an event file\n" * 20)
+    bad[2].write_bytes(b"")
+    (folder / "notes.txt").write_text("not an event file, not ingested")
+    return folder, good, bad
+
+
+def ingest(paths, out: Path, **kwargs):
+    return run(IngestConfig(paths=tuple(paths), out=out, progress=False, min_free_bytes=0, **kwargs))
+
+
+def corpus_by_source(out: Path) -> dict[str, np.ndarray]:
+    corpus = Corpus(out)
+    return {r.metadata["source_path"]: corpus.events(i) for i, r in enumerate(corpus.recordings)}
+
+
+def test_good_files_are_ingested_and_bad_ones_listed_with_a_reason(mixed_folder, tmp_path):
+    folder, good, bad = mixed_folder
+    out = tmp_path / "corpus"
+    report = ingest([folder], out)
+    assert sorted(e["path"] for e in report.ingested) == sorted(map(str, good))
+    assert sorted(e["path"] for e in report.failed) == sorted(map(str, bad))
+    assert all(e["reason"] for e in report.failed)
+    assert not report.ok and report.stopped is None
+    stored = corpus_by_source(out)
+    assert sorted(stored) == sorted(str(p.resolve()) for p in good)
+    for path in good:
+        np.testing.assert_array_equal(stored[str(path.resolve())], read_events(path).events)
+    assert report.events == sum(read_events(p).events.size for p in good)
+    recs = Corpus(out).recordings
+    assert {r.name for r in recs} == {"in:a.dat", "in:sub:b.bin", "in:sub:deeper:c.npz"}
+    assert all(r.label is None and r.complete for r in recs)
+    saved = json.loads(Path(report.report_path).read_text())
+    assert Path(report.report_path).parent == out and Path(report.report_path).name.startswith("ingest-report-")
+    assert saved["failed"] == report.failed and len(saved["ingested"]) == 3
+
+
+def test_rerun_skips_what_is_already_ingested_and_picks_up_changed_files(mixed_folder, tmp_path, events_factory):
+    folder, good, _ = mixed_folder
+    out = tmp_path / "corpus"
+    ingest([folder], out)
+    again = ingest([folder], out)
+    assert again.ingested == [] and len(again.skipped) == 3 and len(again.failed) == 3
+    assert len(Corpus(out).recordings) == 3
+    write_events(good[0], events_factory(777, SensorSize(100, 120), seed=9), SensorSize(100, 120))
+    os.utime(good[0], ns=(1, 1))  # a different mtime, whatever the clock resolution
+    third = ingest([folder], out)
+    assert [e["path"] for e in third.ingested] == [str(good[0])]
+    assert third.ingested[0]["name"] == "in:a.dat~2" and third.ingested[0]["events"] == 777
+    assert len(Corpus(out).recordings) == 4
+
+
+def test_real_files_are_ingested(data_dir, tmp_path):
+    files = [
+        next((data_dir / "ncars-dev" / "train" / "cars").glob("*.dat")),
+        data_dir / "nmnist-small" / "881.bs2",
+        data_dir / "fixtures" / "inivation_sample.aedat4",
+    ]
+    report = ingest(files, tmp_path / "corpus")
+    assert report.failed == [] and len(report.ingested) == 3
+    stored = corpus_by_source(tmp_path / "corpus")
+    for path in files:
+        np.testing.assert_array_equal(stored[str(path.resolve())], read_events(path).events)
+
+
+def test_dataset_layout_carries_labels(data_dir, tmp_path):
+    root = tmp_path / "ncars"
+    expected = {}
+    for split, n in (("train", 3), ("val", 1)):
+        for cls in ("cars", "background"):
+            (root / split / cls).mkdir(parents=True)
+            for real in sorted((data_dir / "ncars-dev" / split / cls).glob("*.dat"))[:n]:
+                link = root / split / cls / real.name
+                link.symlink_to(real)
+                expected[str(link.resolve())] = (cls, split)
+    report = ingest([root], tmp_path / "corpus", dataset="ncars")
+    assert report.failed == [] and len(report.ingested) == 8
+    recs = Corpus(tmp_path / "corpus").recordings
+    assert {r.metadata["source_path"]: (r.label, r.metadata["split"]) for r in recs} == expected
+    assert {r.sensor for r in recs} == {SensorSize(100, 120)}
+    assert Corpus(tmp_path / "corpus").describe()["labels"] == {"cars": 4, "background": 4}
+
+
+def test_wrong_dataset_layout_is_reported_and_unknown_dataset_refused(tmp_path):
+    report = ingest([tmp_path], tmp_path / "corpus", dataset="ncars")
+    assert len(report.failed) == 1 and "ncars" in report.failed[0]["reason"]
+    with pytest.raises(RecorderError, match=r"unknown dataset 'ncras'.*ncars"):
+        ingest([tmp_path], tmp_path / "corpus", dataset="ncras")
+
+
+def test_worker_processes_give_the_same_corpus(mixed_folder, tmp_path):
+    folder, _, _ = mixed_folder
+    one = ingest([folder], tmp_path / "one")
+    two = ingest([folder], tmp_path / "two", workers=2)
+    assert [e["name"] for e in two.ingested] == [e["name"] for e in one.ingested]
+    assert two.failed == one.failed
+    a, b = corpus_by_source(tmp_path / "one"), corpus_by_source(tmp_path / "two")
+    assert a.keys() == b.keys()
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key])
+
+
+def test_full_disk_stops_the_ingest_and_keeps_what_was_committed(tmp_path, events_factory, monkeypatch):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    sensor = SensorSize(480, 640)
+    for k in range(12):
+        write_events(folder / f"{k:02d}.npz", events_factory(400_000, sensor, seed=k), sensor)
+    out = tmp_path / "corpus"
+    real_disk_usage = corpus_module.shutil.disk_usage
+
+    def small_disk(path):
+        used = sum(p.stat().st_size for p in out.iterdir()) if out.is_dir() else 0
+        return real_disk_usage(path)._replace(free=60_000_000 - used)
+
+    monkeypatch.setattr(corpus_module.shutil, "disk_usage", small_disk)
+    config = IngestConfig(paths=(folder,), out=out, progress=False, min_free_bytes=20_000_000, flush_interval_s=0)
+    report = run(config)
+    assert report.stopped is not None and "min_free_bytes" in report.stopped and not report.ok
+    committed = Corpus(out).recordings
+    assert 0 < len(committed) < 12
+    stored = corpus_by_source(out)
+    for path, events in stored.items():
+        np.testing.assert_array_equal(events, read_events(path).events)
+
+
+def mem(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_cli_lists_bad_files_and_exits_nonzero_only_with_strict(mixed_folder, tmp_path):
+    folder, _, bad = mixed_folder
+    out = tmp_path / "corpus"
+    done = mem("ingest", str(folder), "--out", str(out), "--min-free-mb", "0")
+    assert done.returncode == 0, done.stderr
+    for path in bad:
+        assert f"failed {path}: " in done.stdout
+    strict = mem("ingest", str(folder), "--out", str(out), "--strict", "--min-free-mb", "0")
+    assert strict.returncode == 1
+    assert len(Corpus(out).recordings) == 3
+
+
+def test_inspect_reports_an_ingested_corpus(mixed_folder, tmp_path):
+    folder, _, _ = mixed_folder
+    out = tmp_path / "corpus"
+    ingest([folder], out)
+    info = mem("inspect", str(out), "--json")
+    assert info.returncode == 0, info.stderr
+    summary = json.loads(info.stdout.strip().splitlines()[-1])
+    described = Corpus(out).describe()
+    assert summary["recordings"] == 3
+    for key in ("recordings", "events", "t_min", "t_max"):
+        assert summary[key] == described[key]
