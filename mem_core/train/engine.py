@@ -8,6 +8,7 @@ the samples a step sees do not depend on the number of DDP processes or DataLoad
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -84,7 +85,8 @@ def seed_everything(seed: int, epoch: int) -> None:
 
 
 def progress_bar(runtime: Runtime) -> Progress:
-    """A rich progress bar with rate and ETA on the main process (silent on the others)."""
+    """A rich progress bar with rate and ETA on the main process, when stderr is a terminal (logs get one line
+    per epoch from ``fit`` instead of a redrawn bar)."""
     return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -94,7 +96,7 @@ def progress_bar(runtime: Runtime) -> Progress:
         TextColumn("eta"),
         TimeRemainingColumn(),
         TextColumn("{task.fields[info]}"),
-        disable=not runtime.is_main,
+        disable=not (runtime.is_main and sys.stderr.isatty()),
         transient=False,
         refresh_per_second=4,
     )

@@ -83,6 +83,16 @@ def build_scheduler(cfg, optimizer: torch.optim.Optimizer, steps_per_epoch: int)
     return None
 
 
+def _print_epoch(description: str, epoch: int, epochs: int, record: dict[str, Any]) -> None:
+    from rich.console import Console
+
+    shown = {k: v for k, v in record.items() if isinstance(v, float) and k not in ("epoch_seconds", "train_grad_norm")}
+    values = "  ".join(f"{k} {v:.4g}" for k, v in shown.items())
+    Console(stderr=True, highlight=False).print(
+        f"[bold]{description}[/] epoch {epoch + 1}/{epochs}  {values}  ({record['epoch_seconds']:.1f} s)"
+    )
+
+
 @dataclass
 class FitResult:
     history: list[dict[str, Any]] = field(default_factory=list)
@@ -174,6 +184,7 @@ def fit(
         if is_best:
             best = {"epoch": epoch, f"val_{select}": record[f"val_{select}"]}
         if runtime.is_main:
+            _print_epoch(description, epoch, cfg.epochs, record)
             run.log(record)
             state = {
                 "model": model.state_dict(),
