@@ -60,7 +60,7 @@ def record(
     if result.reconnects:
         typer.echo(f"camera reconnected {result.reconnects} time(s)")
     if publish:
-        typer.echo(f"published {result.published} batches ({result.publish_dropped} dropped: no room in the queue)")
+        typer.echo(f"published {result.published} batches, dropped {result.publish_dropped} (a subscriber was full)")
     if result.error:
         raise _fail(result.error, code=1)
 

@@ -1,6 +1,6 @@
 """``mem ingest``: turn event files (or a dataset's layout, with its labels) into a pretraining corpus.
 
-Worker processes read and decode files; this process is the single corpus writer and appends each file as one
+Reader processes (``workers``) decode files; this process is the single corpus writer and appends each file as one
 recording, in a fixed order. A bad file (truncated, garbage, empty, unknown format) never stops the run: it is
 listed with its reason in the returned report and in ``ingest-report-<UTC time>.json`` inside the corpus. A full
 disk does stop it (everything committed stays). Re-running skips files already ingested, recognised by the source
@@ -26,6 +26,7 @@ import numpy as np
 
 from mem_core.corpus import MANIFEST, Corpus, CorpusFullError, CorpusWriter
 from mem_core.events import SensorSize
+from mem_core.io import EventFileError, read_events
 from recorders.sources import RecorderError
 
 EVENT_SUFFIXES = (".dat", ".bin", ".bs2", ".raw", ".aedat4", ".npz", ".h5", ".hdf5")
@@ -83,9 +84,7 @@ def _file_key(path: Path) -> tuple[str, int, int]:
 
 
 def _name_for(path: Path, root: Path) -> str:
-    """``<root folder>:<relative path with ':' for '/'>`` (corpus names cannot hold '/'), or the file name."""
-    if path == root:
-        return path.name
+    """``<root folder>:<path relative to it, ':' for '/'>`` (corpus names cannot hold '/')."""
     return ":".join((root.name or "root", *path.relative_to(root).parts))
 
 
@@ -147,8 +146,6 @@ def read_file(path: Path, sensor: SensorSize | None = None) -> tuple[np.ndarray,
 
     With ``sensor`` (a dataset's), events outside it are dropped and the recording gets that sensor.
     """
-    from mem_core.io import EventFileError, read_events
-
     try:
         events, file_sensor = read_events(path)
     except EventFileError as e:

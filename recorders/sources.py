@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from mem_core.events import EVENT_DTYPE, SensorSize
+from mem_core.io import read_events
 from mem_core.simulator import EventSimulator, SimulatorConfig, fast_config
 
 HEARTBEAT_S = 0.05  # longest a paused or waiting source stays silent
@@ -127,8 +128,6 @@ class ReplaySource(LiveSource):
     """
 
     def __init__(self, path: str | Path, *, speed: float = 1.0, loop: bool = False, batch_us: int = 10_000) -> None:
-        from mem_core.io import read_events
-
         if batch_us <= 0:
             raise ValueError(f"batch_us must be > 0, got {batch_us}")
         self.path = Path(path)

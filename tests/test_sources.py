@@ -10,6 +10,7 @@ import pytest
 from recorders_fakes import FakeRig, clock_batches
 
 from mem_core.events import EVENT_DTYPE, SensorSize, validate_events
+from mem_core.io import EventFileError, read_events, write_events
 from mem_core.representation import event_histogram
 from mem_core.simulator import EventSimulator, SimulatorConfig
 from recorders.camera import CameraSource, DvCameraBackend, NoCameraError
@@ -180,8 +181,6 @@ def test_camera_that_does_not_come_back_fails_after_the_timeout(events_factory):
 @pytest.fixture
 def recording(tmp_path, events_factory):
     """A .dat file of 2000 events over ~0.2 s and its events."""
-    from mem_core.io import read_events, write_events
-
     path = tmp_path / "rec.dat"
     write_events(path, events_factory(2000, seed=7, t0=5_000), SensorSize(32, 48))
     return path, read_events(path).events
@@ -232,8 +231,6 @@ def test_replay_pause_and_seek(recording):
 
 
 def test_replay_stays_responsive_through_a_quiet_stretch(tmp_path, events_factory):
-    from mem_core.io import write_events
-
     path = tmp_path / "gap.dat"
     burst = events_factory(100, seed=1)  # ~10 ms of events, then 0.5 s of silence, then another burst
     write_events(path, np.concatenate([burst, events_factory(100, seed=2, t0=510_000)]), SensorSize(32, 48))
@@ -245,8 +242,6 @@ def test_replay_stays_responsive_through_a_quiet_stretch(tmp_path, events_factor
 
 
 def test_replay_of_a_bad_file_names_it(tmp_path):
-    from mem_core.io import EventFileError
-
     bad = tmp_path / "garbage.dat"
     bad.write_bytes(b"\x00\x01garbage" * 7)
     with pytest.raises(EventFileError, match=r"garbage\.dat"):
