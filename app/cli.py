@@ -33,10 +33,6 @@ SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a conf
 ResumeOpt = Annotated[bool, typer.Option("--resume", help="Continue an interrupted run in --out.")]
 
 
-class CliError(Exception):
-    """An error to show the user as one line, without a traceback."""
-
-
 def fail(message: str) -> None:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code=2)
@@ -252,43 +248,30 @@ def label_efficiency(
     typer.echo(f"results: {out / 'results.json'}, plot: {out / 'label_efficiency.png'}")
 
 
-def _register_optional_commands() -> None:
-    """Commands that live in their own modules (recording, ingest, live app, demo) join when present."""
-    import importlib
+def _register_commands() -> None:
+    """Commands whose code lives in its own module: recording and ingest, the live app, the demo, benchmarks."""
+    from app import demo, live_cli, record_cli
+    from bench import bench_live, bench_record
 
-    for module, names in (
-        ("app.record_cli", ("record", "ingest")),
-        ("app.live_cli", ("serve", "view")),
-        ("app.demo", ("demo",)),
-    ):
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
-            continue
-        for name in names:
-            app.command(name)(getattr(mod, name))
-    for module, name in (("bench.bench_record", "record"), ("bench.bench_live", "live")):
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
-            continue
-        bench_app.command(name)(mod.cli)
+    app.command("record")(record_cli.record)
+    app.command("ingest")(record_cli.ingest)
+    app.command("serve")(live_cli.serve)
+    app.command("view")(live_cli.view)
+    app.command("demo")(demo.demo)
+    bench_app.command("record")(bench_record.cli)
+    bench_app.command("live")(bench_live.cli)
 
 
-_register_optional_commands()
+_register_commands()
 
 
 def main() -> None:
-    """Entry point: library errors become one clear line and exit status 2."""
-    from mem_core.errors import USER_ERRORS
+    """Entry point: bad input (``MemError``, a missing file) becomes one clear line and exit status 2."""
+    from mem_core.errors import MemError
 
     try:
         app()
-    except USER_ERRORS as exc:
+    except (MemError, FileNotFoundError, NotADirectoryError, PermissionError) as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         sys.exit(2)
 

@@ -17,12 +17,14 @@ import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
+from mem_core.errors import MemError
+
 T = TypeVar("T")
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
-class ConfigError(ValueError):
+class ConfigError(MemError, ValueError):
     """A config key or value that does not fit the config's dataclass."""
 
 

@@ -34,13 +34,14 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from mem_core.errors import MemError
 from mem_core.events import SensorSize, window_start
 
 VAL_FRACTION = 0.1
 SPLIT_SEED = 20240101  # fixed: the same val/test carve-out on every machine
 
 
-class DatasetError(ValueError):
+class DatasetError(MemError, ValueError):
     """A dataset root that does not have the expected layout, or an unknown split or name."""
 
 

@@ -1,22 +1,8 @@
-"""The library's user-facing error types, gathered so the CLI can show them as one clear line."""
+"""``MemError``: the base of every error the library raises for bad input, so the CLI can show it as one line.
 
-from __future__ import annotations
+Kept free of imports on purpose: the CLI catches ``MemError`` without loading torch or h5py.
+"""
 
-from mem_core.configuration import ConfigError
-from mem_core.corpus import CorpusError
-from mem_core.datasets import DatasetError
-from mem_core.io import EventFileError
-from mem_core.train.engine import NonFiniteLossError
-from mem_core.train.rundir import RunError
 
-USER_ERRORS: tuple[type[BaseException], ...] = (
-    ConfigError,
-    CorpusError,
-    DatasetError,
-    EventFileError,
-    NonFiniteLossError,
-    RunError,
-    FileNotFoundError,
-    NotADirectoryError,
-    PermissionError,
-)
+class MemError(Exception):
+    """A user-facing error: the message names the file or value and what is wrong."""

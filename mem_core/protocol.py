@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from mem_core.errors import MemError
 from mem_core.events import EVENT_DTYPE, SensorSize
 
 PROTOCOL_VERSION = 1
@@ -31,7 +32,7 @@ MAX_HEADER_BYTES = 1 << 20
 MAX_BUFFERS = 16
 
 
-class ProtocolError(ValueError):
+class ProtocolError(MemError, ValueError):
     """A message that does not follow the wire format (named by what is wrong)."""
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from mem_core.errors import MemError
 from mem_core.events import EVENT_DTYPE, SensorSize
 from mem_core.io import read_events
 from mem_core.simulator import EventSimulator, SimulatorConfig, fast_config
@@ -27,7 +28,7 @@ from mem_core.simulator import EventSimulator, SimulatorConfig, fast_config
 HEARTBEAT_S = 0.05  # longest a paused or waiting source stays silent
 
 
-class RecorderError(Exception):
+class RecorderError(MemError):
     """A source, recording or ingest problem to show the user as one line (names what is wrong)."""
 
 

@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from mem_core.errors import MemError
 from mem_core.events import SensorSize
 
 
@@ -18,7 +19,7 @@ class EventFile(NamedTuple):
     sensor: SensorSize
 
 
-class EventFileError(Exception):
+class EventFileError(MemError):
     """A file that cannot be read as events: missing, empty, truncated, corrupt or of an unknown format.
 
     ``str(error)`` is ``"<path>: <reason>"``; ``.path`` and ``.reason`` hold the two parts.

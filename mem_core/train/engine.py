@@ -17,10 +17,11 @@ import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from torch.utils.data import Sampler
 
+from mem_core.errors import MemError
 from mem_core.train.runtime import Runtime, all_reduce_sum
 
 
-class NonFiniteLossError(FloatingPointError):
+class NonFiniteLossError(MemError, FloatingPointError):
     """The loss became NaN or infinite: the run stops instead of training on garbage."""
 
 

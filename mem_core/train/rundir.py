@@ -20,13 +20,15 @@ from typing import Any
 
 import torch
 
+from mem_core.errors import MemError
+
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_FILE = "checkpoint.pt"
 BEST_FILE = "best.pt"
 
 
-class RunError(RuntimeError):
+class RunError(MemError, RuntimeError):
     """A run directory that cannot be used: missing, incomplete or from another stage."""
 
 
