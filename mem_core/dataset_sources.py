@@ -48,7 +48,8 @@ class CorpusSource(EventSource):
                 slots.append((i, lo, hi - lo))
         table = np.asarray(slots, dtype=np.int64).reshape(-1, 3)
         if split == "train":
-            keep = np.arange(len(table)) % CORPUS_VAL_EVERY != 0 if len(table) >= CORPUS_VAL_EVERY else slice(None)
+            # a one-slot corpus cannot be split: train and val then share that slot
+            keep = np.arange(len(table)) % CORPUS_VAL_EVERY != 0 if len(table) > 1 else slice(None)
         elif split == "val":
             keep = np.arange(len(table)) % CORPUS_VAL_EVERY == 0
         elif split == "all":
@@ -146,16 +147,16 @@ class DsecSemanticSource(EventSource):
         t_offset = int(f["t_offset"][()]) if "t_offset" in f else 0
         t1 = t_label - t_offset
         t0 = t1 - DSEC_WINDOW_US
-        ms_to_idx = f["ms_to_idx"]
-        lo_ms, hi_ms = max(t0 // 1000, 0), min(t1 // 1000 + 1, len(ms_to_idx) - 1)
-        lo, hi = int(ms_to_idx[lo_ms]), int(ms_to_idx[hi_ms]) if hi_ms >= 0 else 0
+        ms_to_idx = f["ms_to_idx"]  # ms_to_idx[k]: index of the first event with t >= k ms
+        lo_ms = min(max(t0 // 1000, 0), len(ms_to_idx) - 1)
+        hi_ms = min(max(t1 // 1000 + 1, 0), len(ms_to_idx) - 1)
+        lo, hi = int(ms_to_idx[lo_ms]), int(ms_to_idx[hi_ms]) if t1 // 1000 + 1 < len(ms_to_idx) else None
         ev = f["events"]
         t = ev["t"][lo:hi].astype(np.int64)
         keep = (t >= t0) & (t < t1)
-        y = ev["y"][lo:hi][keep]
-        inside = y < self.sensor.height
-        events = make_events(t[keep][inside], ev["x"][lo:hi][keep][inside], y[inside], ev["p"][lo:hi][keep][inside])
-        return events
+        columns = {name: ev[name][lo:hi][keep] for name in ("x", "y", "p")}
+        inside = columns["y"] < self.sensor.height
+        return make_events(t[keep][inside] + t_offset, columns["x"][inside], columns["y"][inside], columns["p"][inside])
 
     def mask(self, index: int) -> np.ndarray:
         from PIL import Image

@@ -1,0 +1,170 @@
+"""The dataset registry: layouts, splits, labels, label fractions and the windows a DataLoader gets."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from mem_core.corpus import CorpusWriter
+from mem_core.datasets import DatasetError, WindowDataset, collate_windows, label_subset, open_source
+from mem_core.events import SensorSize
+from mem_core.io import write_events
+from mem_core.representation import InputSpec
+from tests.conftest import synthetic_events
+
+SPEC = InputSpec(n_max=500, size=(32, 32))
+
+
+def test_ncars_dev_splits_on_real_files(data_dir):
+    train = open_source("ncars", data_dir / "ncars-dev", "train")
+    val = open_source("ncars", data_dir / "ncars-dev", "val")
+    assert (len(train), len(val)) == (3000, 1000)
+    assert train.classes == ["background", "cars"] and train.sensor == SensorSize(100, 120)
+    assert np.bincount(train.labels).tolist() == [1500, 1500]
+    assert set(map(str, train.files)).isdisjoint(map(str, val.files))
+    events = train.load(0)
+    assert len(events) > 0 and events["x"].max() < 120 and events["y"].max() < 100
+    assert "cars" in str(train.files[int(np.flatnonzero(train.labels == 1)[0])])
+
+
+def test_ncars_official_layout_carves_a_fixed_validation_split(tmp_path, data_dir):
+    for split in ("n-cars_train", "n-cars_test"):
+        for cls in ("cars", "background"):
+            (tmp_path / split / cls).mkdir(parents=True)
+            for src in sorted((data_dir / "ncars-dev" / "val" / cls).glob("*.dat"))[:20]:
+                (tmp_path / split / cls / src.name).symlink_to(src)
+    train, val, test = (open_source("ncars", tmp_path, s) for s in ("train", "val", "test"))
+    assert (len(train), len(val), len(test)) == (36, 4, 40)
+    assert set(map(str, train.files)).isdisjoint(map(str, val.files))
+    assert open_source("ncars", tmp_path, "val").files == val.files  # the same carve-out every time
+
+
+def test_nmnist_list_files(data_dir):
+    test = open_source("nmnist", data_dir / "nmnist-small", "test")
+    train = open_source("nmnist", data_dir / "nmnist-small", "train")
+    val = open_source("nmnist", data_dir / "nmnist-small", "val")
+    assert len(test) == 100 and len(train) + len(val) == 1000
+    assert test.classes == [str(d) for d in range(10)] and test.sensor == SensorSize(34, 34)
+    assert len(test.load(3)) > 0
+
+
+def make_ncaltech(root, classes=("Faces_easy", "ant", "elephant", "BACKGROUND_Google"), per_class=10):
+    sensor = SensorSize(180, 240)
+    for c, name in enumerate(classes):
+        (root / name).mkdir(parents=True)
+        for i in range(per_class):
+            ev = synthetic_events(50, SensorSize(100, 200), seed=100 * c + i)
+            write_events(root / name / f"image_{i:04d}.bin", ev, sensor)
+
+
+def test_ncaltech101_split_is_written_once_and_exact(tmp_path):
+    make_ncaltech(tmp_path)
+    train = open_source("ncaltech101", tmp_path, "train")
+    split = json.loads((tmp_path / "mem-split.json").read_text())
+    assert {k: len(v) for k, v in split.items()} == {"train": 28, "val": 4, "test": 8}
+    # exact class names: 'ant' is not matched inside 'elephant'
+    assert train.classes == ["BACKGROUND_Google", "Faces_easy", "ant", "elephant"]
+    for rel, cls in split["train"] + split["test"]:
+        assert rel.split("/")[0] == cls
+    # every class is in every split, and the splits do not overlap
+    names = {k: {rel for rel, _ in v} for k, v in split.items()}
+    assert not (names["train"] & names["test"]) and not (names["val"] & names["test"])
+    test = open_source("ncaltech101", tmp_path, "test")
+    assert sorted(set(test.labels.tolist())) == [0, 1, 2, 3]
+    # the written file is the truth from now on, even if files are added
+    write_events(tmp_path / "ant" / "image_9999.bin", synthetic_events(50, SensorSize(100, 200)), SensorSize(180, 240))
+    assert open_source("ncaltech101", tmp_path, "train").files == train.files
+
+
+def test_nimagenet_layout(tmp_path):
+    sensor = SensorSize(480, 640)
+    for wnid in ("n01440764", "n01443537"):
+        for split in ("train", "val"):
+            (tmp_path / split / wnid).mkdir(parents=True)
+            write_events(tmp_path / split / wnid / "a.npz", synthetic_events(80, sensor), sensor)
+    src = open_source("nimagenet", tmp_path, "val")
+    assert src.classes == ["n01440764", "n01443537"] and len(src) == 2 and len(src.load(1)) == 80
+
+
+def make_dsec(root, n_labels=3):
+    from PIL import Image
+
+    seq = root / "train" / "zurich_city_00_a"
+    sensor = SensorSize(480, 640)
+    rng = np.random.default_rng(0)
+    n = 20_000
+    t = np.sort(rng.integers(0, 400_000, n))
+    ev = synthetic_events(n, sensor)
+    ev["t"] = t
+    (seq / "events" / "left").mkdir(parents=True)
+    write_events(seq / "events" / "left" / "events.h5", ev, sensor)
+    labels = seq / "semantic" / "left" / "11classes"
+    (labels / "data").mkdir(parents=True)
+    stamps = []
+    for i in range(n_labels):
+        mask = rng.integers(0, 11, (440, 640)).astype(np.uint8)
+        Image.fromarray(mask).save(labels / "data" / f"{i:06d}.png")
+        stamps.append(100_000 + i * 100_000)
+    (labels / "timestamps.txt").write_text("\n".join(map(str, stamps)) + "\n")
+    return ev, stamps
+
+
+def test_dsec_semantic_gives_50ms_before_each_label(tmp_path):
+    ev, stamps = make_dsec(tmp_path)
+    src = open_source("dsec-semantic", tmp_path, "train")
+    assert len(src) == 3 and len(src.classes) == 11 and src.sensor == SensorSize(440, 640)
+    got = src.load(1)
+    expected = ev[(ev["t"] >= stamps[1] - 50_000) & (ev["t"] < stamps[1]) & (ev["y"] < 440)]
+    assert np.array_equal(got["t"], expected["t"]) and np.array_equal(got["x"], expected["x"])
+    assert src.mask(1).shape == (440, 640)
+
+
+def test_corpus_source_with_labels_and_slots(tmp_path):
+    sensor = SensorSize(32, 48)
+    with CorpusWriter(tmp_path) as writer:
+        writer.add_recording("long", synthetic_events(100_000, sensor), sensor)
+        writer.add_recording("a", synthetic_events(500, sensor, seed=1), sensor, label="cars")
+        writer.add_recording("b", synthetic_events(500, sensor, seed=2), sensor, label="background")
+    everything = open_source("corpus", tmp_path, "all")
+    assert len(everything) == 3 + 2  # 100 000 events make three 30 000-event slots, plus two short recordings
+    assert everything.classes == ["background", "cars"]
+    assert sorted(everything.labels.tolist()) == [-1, -1, -1, 0, 1]
+    train, val = open_source("corpus", tmp_path, "train"), open_source("corpus", tmp_path, "val")
+    assert len(train) + len(val) == len(everything)
+    window = everything.load_window(0, 1000, np.random.default_rng(0))
+    assert len(window) == 1000 and np.all(np.diff(window["t"]) >= 0)
+
+
+def test_unknown_names_and_bad_roots_are_clear_errors(tmp_path):
+    with pytest.raises(DatasetError, match="unknown dataset 'ncar'"):
+        open_source("ncar", tmp_path, "train")
+    with pytest.raises(DatasetError, match="N-Cars root not found"):
+        open_source("ncars", tmp_path / "missing", "train")
+    with pytest.raises(DatasetError, match="no N-Cars split 'test'"):
+        open_source("ncars", tmp_path, "test")
+
+
+def test_label_subset_is_stratified_and_seeded():
+    labels = np.repeat(np.arange(4), [100, 50, 30, 20])
+    a = label_subset(labels, 0.1, seed=3)
+    assert np.bincount(labels[a]).tolist() == [10, 5, 3, 2]
+    assert np.array_equal(a, label_subset(labels, 0.1, seed=3))
+    assert not np.array_equal(a, label_subset(labels, 0.1, seed=4))
+    assert len(label_subset(labels, 1.0, seed=0)) == 200
+    with pytest.raises(DatasetError, match="label fraction"):
+        label_subset(labels, 0.0, seed=0)
+
+
+def test_windows_are_random_at_train_and_fixed_at_evaluation():
+    src = open_source("sim", None, "val")
+    train = WindowDataset(src, SPEC, train=True, seed=0)
+    evaluation = WindowDataset(src, SPEC, train=False)
+    e0, label, mask = evaluation[(0, 0)]
+    assert np.array_equal(e0, evaluation[(0, 5)][0])  # evaluation ignores the epoch
+    assert len(e0) <= 500 and label == 0 and mask.shape == (128, 128)
+    a, b = train[(0, 0)][0], train[(0, 1)][0]
+    assert np.array_equal(a, train[(0, 0)][0]) and not np.array_equal(a, b)
+    batch, labels, masks = collate_windows([evaluation[(i, 0)] for i in range(4)], src.sensor)
+    assert batch.t.shape[0] == 4 and labels.tolist() == [0, 1, 2, 3] and masks.shape == (4, 128, 128)
