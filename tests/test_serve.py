@@ -190,7 +190,7 @@ def test_a_slow_model_skips_windows_instead_of_building_a_backlog(export):
         while len(server.latencies) < 30:
             assert time.monotonic() < deadline, "too few predictions"
             time.sleep(0.1)
-        latencies = [lat for _, lat in server.latencies]
+        latencies = [lat for _, lat in list(server.latencies)]
         skipped = server.skipped_windows
     # the newest window is always the one inferred: latency stays near one model run, it does not grow
     assert np.median(latencies[-10:]) < np.median(latencies[:10]) + 0.2
@@ -253,10 +253,11 @@ def test_control_pauses_seeks_and_changes_replay_speed(export, data_dir):
         control = server.control_endpoint
         reply = request(control, "pause")
         assert reply["ok"] and reply["state"]["source"]["replay"]["playing"] is False
-        time.sleep(0.3)  # let the last in-flight batch through
-        frames = server.frames
-        time.sleep(0.6)
-        assert server.frames == frames, "predictions went on while paused"
+        frames, deadline = -1, time.monotonic() + WAIT_S
+        while server.frames != frames:  # settles once the batches in flight at the pause are inferred
+            assert time.monotonic() < deadline, "predictions went on while paused"
+            frames = server.frames
+            time.sleep(0.5)
         reply = request(control, "speed", value=2.0)
         assert reply["ok"] and reply["state"]["source"]["replay"]["speed"] == 2.0
         assert request(control, "seek", position_s=0.05)["ok"]

@@ -58,6 +58,18 @@ def test_histogram_is_drawn_on_black_in_polarity_colours(window):
     assert window.view.shape == (16, 16) and window.frames_shown == 1
 
 
+def test_messages_whose_content_does_not_fit_the_topic_are_dropped_and_counted(window):
+    good = hist_with_on_and_off()
+    window.apply({"hist": message("hist", 0, {"hist": good})})
+    window.apply({"hist": message("hist", 1, {"hist": np.zeros(5, np.float32)})})
+    window.apply({"tokens": message("tokens", 0, {"tokens": np.zeros((4, 4), np.int32)})})  # no num_tokens
+    window.apply({"pred": message("pred", 0, {"probs": np.ones(2, np.float32)}, task="classification")})
+    assert window.bad_messages == 3
+    np.testing.assert_array_equal(window.view.hist, good)  # the last good frame stays on screen
+    window.update_status()
+    assert window.status_labels["dropped"].text() == "dropped 3"
+
+
 def test_levels_are_fixed_so_a_frame_does_not_rescale_to_its_own_peak(window):
     """A faint frame stays faint: the same value gives the same brightness in every frame."""
     hist = hist_with_on_and_off()
@@ -244,6 +256,19 @@ def test_client_drains_to_the_newest_message_and_counts_gaps_and_malformed(qtbot
     assert client.tracker.missed == 3 and client.malformed == 1 and client.dropped == 4
 
 
+def bind_when_free(socket, endpoint: str) -> None:
+    """Bind, retrying while the previous socket on the port is still being closed by ZMQ's I/O thread."""
+    deadline = time.monotonic() + WAIT_MS / 1000
+    while True:
+        try:
+            socket.bind(endpoint)
+            return
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EADDRINUSE or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def test_client_started_first_waits_and_picks_up_a_restarted_server(qtbot):
     context = zmq.Context.instance()
     probe = context.socket(zmq.PUB)
@@ -257,7 +282,7 @@ def test_client_started_first_waits_and_picks_up_a_restarted_server(qtbot):
         for session in ("first", "second"):  # a server, then a restarted one on the same port
             server = context.socket(zmq.PUB)
             server.setsockopt(zmq.LINGER, 0)
-            server.bind(endpoint)
+            bind_when_free(server, endpoint)
             deadline, seq = time.monotonic() + WAIT_MS / 1000, 0
             while session not in sessions:
                 assert time.monotonic() < deadline, f"the client never received the {session} server"

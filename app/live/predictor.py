@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from mem_core.configuration import from_dict
-from mem_core.events import SensorSize
+from mem_core.events import SensorSize, make_events
 from mem_core.models import DiscreteVAE
 from mem_core.representation import InputSpec, histograms_to_input, input_histogram
 from mem_core.train.evaluate import load_export
@@ -67,6 +67,14 @@ class Predictor:
     def token_grid(self) -> tuple[int, int] | None:
         """(h, w) of the token ids, or None without a tokenizer."""
         return None if self.tokenizer is None else self.tokenizer.config.grid_size
+
+    def warm_up(self) -> None:
+        """Run once on a small synthetic window: compiles the histogram kernels and lets torch allocate, so that
+        the first real window is not slow (and its events are not counted as skipped)."""
+        sensor = SensorSize(32, 32)
+        n = 1000
+        rng = np.random.default_rng(0)
+        self(make_events(np.arange(n), rng.integers(0, 32, n), rng.integers(0, 32, n), rng.integers(0, 2, n)), sensor)
 
     @torch.inference_mode()
     def __call__(self, events: np.ndarray, sensor: SensorSize) -> Output:

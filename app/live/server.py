@@ -128,7 +128,8 @@ class LiveServer:
         self.frames = 0
         self.skipped_windows = 0
         self.control_malformed = 0
-        self.latencies: deque[tuple[float, float]] = deque(maxlen=LATENCY_HISTORY)  # (monotonic, seconds)
+        # (publish time, latency) in monotonic seconds; other threads read it with list() (atomic under the GIL)
+        self.latencies: deque[tuple[float, float]] = deque(maxlen=LATENCY_HISTORY)
         self._seen_total = 0
         self._unseen_events = 0
         self._last_window: dict[str, Any] = {}
@@ -169,6 +170,7 @@ class LiveServer:
     def run(self, duration_s: float | None = None) -> None:
         """Serve until ``stop()``, the end of a non-looping source, or ``duration_s``; re-raises a source error."""
         duration_s = duration_s if duration_s is not None else self.config.duration_s
+        self.predictor.warm_up()
         end = None if duration_s is None else time.monotonic() + duration_s
         self._threads = [
             threading.Thread(target=self._read_source, name="mem-serve-reader", daemon=True),
@@ -277,9 +279,9 @@ class LiveServer:
                 "tokens", {"tokens": out.tokens}, num_tokens=self.predictor.tokenizer.config.num_tokens, **common
             )
         arrays, fields = self._prediction(out)
-        latency = time.monotonic() - snap.arrival
-        self._send("pred", arrays, latency_ms=latency * 1e3, **fields, **common)
-        self.latencies.append((time.monotonic(), time.monotonic() - snap.arrival))
+        now = time.monotonic()
+        self._send("pred", arrays, latency_ms=(now - snap.arrival) * 1e3, **fields, **common)
+        self.latencies.append((now, now - snap.arrival))
         self._last_stages = {**out.stages_ms, "publish": (time.perf_counter() - start) * 1e3}
 
     def _prediction(self, out: Output) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -301,11 +303,15 @@ class LiveServer:
         t0, total0, frames0 = self._stats_mark
         self._stats_mark = (now, total, frames)
         dt = max(now - t0, 1e-9)
-        recent = [lat for t, lat in self.latencies if t >= now - 2.0]
+        recent = []  # latencies of the last 2 s, newest first
+        for t, lat in reversed(self.latencies):
+            if t < now - 2.0:
+                break
+            recent.append(lat)
         latency = {}
         if recent:
             p50, p95 = np.percentile(recent, [50, 95]) * 1e3
-            latency = {"last": recent[-1] * 1e3, "p50": float(p50), "p95": float(p95)}
+            latency = {"last": recent[0] * 1e3, "p50": float(p50), "p95": float(p95)}
         window = self._last_window
         return {
             "session": self.session,

@@ -13,8 +13,8 @@ from mem_core.visualize import histogram_rgb, label_palette
 pg.setConfigOptions(imageAxisOrder="row-major", antialias=True, background="#16181d", foreground="#c8ccd4")
 
 DEFAULT_LEVEL = 0.25  # model input value drawn at full brightness (the peak pixel is 1.0)
-MASK_ALPHA = 90  # of 255
-TOKEN_ALPHA = 50
+MASK_ALPHA = 100  # of 255
+TOKEN_ALPHA = 40
 TIMELINE_S = 20.0
 TIMELINE_REDRAW_S = 0.1  # the timeline is redrawn at most 10 times a second
 TIMELINE_CLASSES = 5
@@ -24,6 +24,15 @@ ACCENT = "#e8eaf0"
 def class_colors(n: int) -> np.ndarray:
     """(n, 3) uint8 colours for classification classes (the palette without its dark background grey)."""
     return label_palette(n + 1)[1:]
+
+
+def mask_colors(n: int) -> np.ndarray:
+    """(n, 3) uint8 segmentation colours: ``label_palette`` without its red, blue and purple, which would vanish
+    among the ON (red) and OFF (blue) events under the mask."""
+    colors = label_palette(n + 3)
+    keep = np.ones(len(colors), bool)
+    keep[[i for i in (1, 4, 6) if i < len(colors)]] = False
+    return colors[keep][:n]
 
 
 def token_colors(num_tokens: int) -> np.ndarray:
@@ -59,25 +68,33 @@ class EventView(pg.GraphicsLayoutWidget):
         self.show_tokens = True
         self.show_mask = True
         self._token_colors = token_colors(1)
-        self._mask_colors = label_palette(1)
+        self._mask_colors = mask_colors(1)
+        self._clear_ids: list[int] = []  # mask classes left untinted (named "background")
         self._grid_shape: tuple | None = None  # (token grid, image shape) the grid lines were drawn for
         self.scene().sigMouseMoved.connect(self._mouse_moved)
 
     def set_histogram(self, hist: np.ndarray) -> None:
-        """A (2, H, W) OFF / ON histogram in [0, 1]."""
+        """A (2, H, W) OFF / ON histogram in [0, 1]; ``ValueError`` for another shape."""
+        if hist.ndim != 3 or hist.shape[0] != 2 or hist.dtype.kind != "f":
+            raise ValueError(f"a histogram must be float (2, H, W), got {hist.dtype} {hist.shape}")
         self.hist = hist
 
     def set_tokens(self, tokens: np.ndarray | None, num_tokens: int) -> None:
-        """Token ids (h, w) for the overlay (None: no overlay)."""
+        """Token ids (h, w) for the overlay (None: no overlay); ``ValueError`` for another shape."""
+        if tokens is not None and (tokens.ndim != 2 or tokens.dtype.kind not in "iu" or num_tokens < 1):
+            raise ValueError(f"token ids must be integer (h, w), got {tokens.dtype} {tokens.shape}")
         self.tokens = tokens
         if len(self._token_colors) != num_tokens:
             self._token_colors = token_colors(num_tokens)
 
-    def set_mask(self, mask: np.ndarray | None, num_classes: int) -> None:
-        """Class ids (H, W) drawn over the histogram (None: no overlay)."""
+    def set_mask(self, mask: np.ndarray | None, classes: list[str]) -> None:
+        """Class ids (H, W) drawn over the histogram (None: no overlay); ``ValueError`` for another shape."""
+        if mask is not None and (mask.ndim != 2 or mask.dtype.kind not in "u"):
+            raise ValueError(f"a mask must be unsigned integer (H, W), got {mask.dtype} {mask.shape}")
         self.mask = mask
-        if mask is not None and len(self._mask_colors) < max(num_classes, int(mask.max()) + 1):
-            self._mask_colors = label_palette(max(num_classes, int(mask.max()) + 1))
+        self._clear_ids = [i for i, name in enumerate(classes) if name == "background"]
+        if mask is not None and len(self._mask_colors) < max(len(classes), int(mask.max()) + 1):
+            self._mask_colors = mask_colors(max(len(classes), int(mask.max()) + 1))
 
     def set_overlays(self, tokens: bool, mask: bool) -> None:
         """Toggle the token and mask overlays."""
@@ -94,7 +111,7 @@ class EventView(pg.GraphicsLayoutWidget):
         height, width = rgb.shape[:2]
         layers = []
         if self.show_mask and self.mask is not None and self.mask.shape == (height, width):
-            layers.append((self._mask_colors[self.mask], MASK_ALPHA / 255))
+            layers.append((self._mask_colors[self.mask], self._mask_alpha()))
         if self.show_tokens and self.tokens is not None:
             rows, cols = self.tokens.shape
             cells = self.tokens[np.arange(height) * rows // height][:, np.arange(width) * cols // width]  # (H, W)
@@ -106,6 +123,16 @@ class EventView(pg.GraphicsLayoutWidget):
         for color, alpha in layers:
             out += alpha * (color - out)
         return out.astype(np.uint8)
+
+    def _mask_alpha(self) -> np.ndarray:
+        """(H, W, 1) opacity of the mask: a light fill, solid class borders, no tint on "background"."""
+        mask = self.mask
+        edge = np.zeros(mask.shape, bool)
+        edge[:, 1:] |= mask[:, 1:] != mask[:, :-1]
+        edge[1:, :] |= mask[1:, :] != mask[:-1, :]
+        alpha = np.where(edge, 1.0, MASK_ALPHA / 255).astype(np.float32)
+        alpha[np.isin(mask, self._clear_ids) & ~edge] = 0.0
+        return alpha[..., None]
 
     def render(self) -> None:
         """Draw the current layers."""
@@ -259,13 +286,12 @@ class ConfidenceTimeline(pg.PlotWidget):
             self.curves[class_id].setData(times, probs_hist[:, class_id])
 
 
-class SegmentLegend(QtWidgets.QWidget):
+class SegmentLegend(QtWidgets.QGroupBox):
     """Colour swatches and names of the classes present in the newest mask."""
 
     def __init__(self, parent: QtWidgets.QWidget | None = None) -> None:
-        super().__init__(parent)
+        super().__init__("Classes in view", parent)
         self.grid = QtWidgets.QGridLayout(self)
-        self.grid.setContentsMargins(0, 0, 0, 0)
         self.present: tuple[int, ...] = ()
         self.labels: list[str] = []
 
@@ -277,7 +303,7 @@ class SegmentLegend(QtWidgets.QWidget):
         self.present = key
         while self.grid.count():
             self.grid.takeAt(0).widget().deleteLater()
-        palette = label_palette(max(len(classes), max(present, default=0) + 1))
+        palette = mask_colors(max(len(classes), max(present, default=0) + 1))
         self.labels = []
         for row, class_id in enumerate(present):
             swatch = QtWidgets.QLabel()

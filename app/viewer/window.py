@@ -61,6 +61,7 @@ class ViewerWindow(QtWidgets.QMainWindow):
         self.last_stats: dict[str, Any] = {}
         self.last_pred: dict[str, Any] = {}
         self.frames_shown = 0
+        self.bad_messages = 0  # decodable messages whose content does not fit their topic (dropped)
         self._frame_times: deque[float] = deque(maxlen=1000)
         self._first_message: tuple[float, float] | None = None  # (monotonic, GUI thread CPU s) at the 1st message
         self._build()
@@ -145,20 +146,29 @@ class ViewerWindow(QtWidgets.QMainWindow):
         session = next((m.header.get("session") for m in messages.values() if m.header.get("session")), None)
         if session is not None and session != self.session:
             self._new_session(session)
-        if "hist" in messages:
-            self.view.set_histogram(messages["hist"].arrays["hist"])
-        if "tokens" in messages:
-            tokens = messages["tokens"]
-            self.view.set_tokens(tokens.arrays["tokens"], int(tokens.header.get("num_tokens", 1)))
-            self.tokens_box.setVisible(True)
-        if "pred" in messages:
-            self._apply_prediction(messages["pred"])
-        if "stats" in messages:
-            self._apply_stats(messages["stats"].header)
+        for topic, handler in (
+            ("hist", self._apply_hist),
+            ("tokens", self._apply_tokens),
+            ("pred", self._apply_prediction),
+            ("stats", self._apply_stats),
+        ):
+            if topic in messages:
+                try:
+                    handler(messages[topic])
+                except (KeyError, ValueError, TypeError, IndexError):  # well-formed, but not what the topic holds
+                    self.bad_messages += 1
         if messages.keys() & {"hist", "tokens", "pred"}:
             self.view.render()
+        if "hist" in messages:  # a frame is a new window on screen (its overlays may come in the next drain)
             self.frames_shown += 1
             self._frame_times.append(time.monotonic())
+
+    def _apply_hist(self, hist: Message) -> None:
+        self.view.set_histogram(hist.arrays["hist"])
+
+    def _apply_tokens(self, tokens: Message) -> None:
+        self.view.set_tokens(tokens.arrays["tokens"], int(tokens.header["num_tokens"]))
+        self.tokens_box.setVisible(True)
 
     def _set_brightness(self, value: int) -> None:
         self.view.level = 1.0 / value
@@ -169,7 +179,7 @@ class ViewerWindow(QtWidgets.QMainWindow):
         self.session = session
         self.timeline.clear_history()
         self.view.set_tokens(None, 1)
-        self.view.set_mask(None, 0)
+        self.view.set_mask(None, [])
         self.tokens_box.setVisible(False)
 
     def _apply_prediction(self, pred: Message) -> None:
@@ -177,13 +187,15 @@ class ViewerWindow(QtWidgets.QMainWindow):
         self.task = header.get("task")
         self.classes = [str(c) for c in header.get("classes", [])]
         if self.task == "classification" and "probs" in pred.arrays:
+            if pred.arrays["probs"].shape != (len(self.classes),):
+                raise ValueError(f"{len(self.classes)} classes but probabilities of shape {pred.arrays['probs'].shape}")
             colors = class_colors(len(self.classes))
             self.top_k.set_top_k(list(header.get("top_k", [])), colors)
             self.timeline.add(time.monotonic(), pred.arrays["probs"], self.classes, colors)
             self.last_pred = {"task": self.task, "top_k": header.get("top_k", [])}
         elif self.task == "segmentation" and "mask" in pred.arrays:
             mask = pred.arrays["mask"]
-            self.view.set_mask(mask, len(self.classes))
+            self.view.set_mask(mask, self.classes)
             present = np.unique(mask).tolist()
             self.legend.set_classes(present, self.classes)
             self.last_pred = {"task": self.task, "present": self.legend.labels}
@@ -193,7 +205,8 @@ class ViewerWindow(QtWidgets.QMainWindow):
         self.legend.setVisible(segmentation)
         self.mask_box.setVisible(segmentation)
 
-    def _apply_stats(self, stats: dict[str, Any]) -> None:
+    def _apply_stats(self, message: Message) -> None:
+        stats = message.header
         self.last_stats = stats
         source = stats.get("source") or {}
         replay = source.get("replay")
@@ -237,7 +250,7 @@ class ViewerWindow(QtWidgets.QMainWindow):
         latency = stats.get("latency_ms") or {}
         labels["latency"].setText(f"latency {latency.get('p50', 0):.1f} ms (p95 {latency.get('p95', 0):.1f})")
         labels["skipped"].setText(f"skipped {stats.get('skipped_windows', 0):,}")
-        dropped = (self.client.dropped if self.client else 0) + int(stats.get("malformed", 0))
+        dropped = (self.client.dropped if self.client else 0) + self.bad_messages + int(stats.get("malformed", 0))
         labels["dropped"].setText(f"dropped {dropped:,}")
 
     def _link_text(self) -> str:
@@ -278,7 +291,7 @@ class ViewerWindow(QtWidgets.QMainWindow):
             "messages": {
                 "received": client.tracker.received if client else 0,
                 "missed": client.tracker.missed if client else 0,
-                "malformed": client.malformed if client else 0,
+                "malformed": (client.malformed if client else 0) + self.bad_messages,
                 "restarts": client.tracker.restarts if client else 0,
             },
             "controls": {"replay": self.replay.isVisibleTo(self), "record": self.record.isVisibleTo(self)},
