@@ -48,7 +48,7 @@ def build_loader(
         num_workers=num_workers,
         collate_fn=_Collate(source.sensor),
         pin_memory=runtime.device.type == "cuda",
-        persistent_workers=False,
+        persistent_workers=num_workers > 0,  # the sampler lives in this process: workers can stay
     )
     return loader, sampler
 
