@@ -32,6 +32,9 @@ class LabelEfficiencyConfig:
     config_file: str | None = None
     fractions: tuple[float, ...] = (0.1, 1.0)
     seeds: tuple[int, ...] = (0, 1, 2)
+    # every finetuning run takes the same number of optimisation steps: the preset's epochs at 100 % labels,
+    # epochs / fraction below (evaluating as often per sample seen)
+    equal_steps: bool = True
     overrides: dict[str, list[str]] = field(default_factory=dict)  # stage -> ["key=value", ...]
 
 
