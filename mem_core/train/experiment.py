@@ -84,9 +84,15 @@ def run(cfg: LabelEfficiencyConfig) -> dict[str, Any]:
             for arm, init in (("mem", pre_path), ("scratch", None)):
                 path = out / f"finetune-{arm}-labels{fraction:g}-seed{seed}"
                 if not _done(path, "result.json"):
-                    ft_cfg = _stage_config(
-                        cfg, "finetune", f"seed={seed}", f"data.labels={fraction}", f"data.label_seed={seed}"
-                    )
+                    settings = [f"seed={seed}", f"data.labels={fraction}", f"data.label_seed={seed}"]
+                    ft_cfg = _stage_config(cfg, "finetune", *settings)
+                    if cfg.equal_steps and fraction < 1:
+                        settings += [
+                            f"epochs={max(1, round(ft_cfg.epochs / fraction))}",
+                            f"eval_every={max(1, round(ft_cfg.eval_every / fraction))}",
+                            f"warmup_epochs={ft_cfg.warmup_epochs / fraction}",
+                        ]
+                        ft_cfg = _stage_config(cfg, "finetune", *settings)
                     timed(
                         f"finetune-{arm}",
                         lambda c=ft_cfg, p=path, i=init: finetune.run(c, p, init=i, resume=p.exists()),
