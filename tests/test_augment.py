@@ -8,10 +8,13 @@ import torch.nn.functional as F
 from mem_core.augment import (
     RANDAUG_OPS,
     _affine_grid,
+    _rand_augment_torch,
     augment_events,
+    draw_rand_augment,
     flip_polarity,
     hflip_events,
     rand_augment,
+    resize_and_augment,
     shift_events,
 )
 from mem_core.events import SensorSize, validate_events
@@ -169,3 +172,93 @@ def test_rand_augment_rejects_bad_arguments():
         rand_augment(x, magnitude=31)
     with pytest.raises(ValueError, match=r"\(B, C, H, W\)"):
         rand_augment(x[0])
+
+
+def centred(x: torch.Tensor) -> torch.Tensor:
+    """x with events only in its central third: rotated, sheared or shifted, they stay clear of the image edge,
+    where the compiled kernel and grid_sample use different (half-pixel) border rules."""
+    height, width = x.shape[-2:]
+    out = torch.zeros_like(x)
+    rows, cols = slice(height // 3, 2 * height // 3), slice(width // 3, 2 * width // 3)
+    out[..., rows, cols] = x[..., rows, cols]
+    return out
+
+
+@pytest.mark.parametrize("op", RANDAUG_OPS)
+def test_cpu_kernel_and_torch_ops_apply_the_same_plan(op):
+    # rand_augment runs a compiled kernel on CPU and torch ops on other devices; both must give the same image.
+    x = centred(random_images(n=4, channels=3))
+    level = 2 / 3
+    plan = [[(op, level), ("brightness", level)], [("brightness", -level), (op, -level)]]
+    plan += [[("identity", level), (op, -level)], [(op, level), ("identity", level)]]
+    by_kernel = resize_and_augment(x, x.shape[-2:], plan)
+    by_torch = _rand_augment_torch(x.clone(), plan)
+    np.testing.assert_allclose(by_kernel.numpy(), by_torch.numpy(), rtol=0, atol=1e-5)  # float rounding only
+
+
+def test_consecutive_warps_interpolate_once():
+    x = centred(random_images(n=1))
+    undone = resize_and_augment(x, x.shape[-2:], [[("rotate", 0.5), ("rotate", -0.5)]])
+    np.testing.assert_allclose(undone.numpy(), x.numpy(), rtol=0, atol=1e-5)
+
+
+def test_rand_augment_is_the_drawn_plan_applied():
+    x = random_images()
+    plan = draw_rand_augment(len(x), 2, 20, torch.Generator().manual_seed(5))
+    expected = resize_and_augment(x, x.shape[-2:], plan)
+    assert torch.equal(rand_augment(x, generator=torch.Generator().manual_seed(5)), expected)
+    y = x.clone()
+    out = rand_augment(y, generator=torch.Generator().manual_seed(5), inplace=True)
+    assert out.data_ptr() == y.data_ptr() and torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("size", [(24, 32), (50, 47), (61, 90)])
+def test_resize_equals_bilinear_interpolate(size):
+    x = random_images(n=3, size=(24, 32))
+    expected = F.interpolate(x, size=size, mode="bilinear", align_corners=False)
+    np.testing.assert_allclose(resize_and_augment(x, size).numpy(), expected.numpy(), rtol=0, atol=1e-6)
+
+
+def test_leading_translation_is_an_exact_shift_of_the_resized_image():
+    x = random_images(n=4, size=(20, 30))
+    plan = [[("translate_x", 0.5), ("translate_y", -0.5)], [("identity", 0.5), ("translate_y", 1.0)]] * 2
+    fused = resize_and_augment(x, (44, 64), plan)
+    two_steps = _rand_augment_torch(F.interpolate(x, size=(44, 64), mode="bilinear", align_corners=False), plan)
+    np.testing.assert_allclose(fused.numpy(), two_steps.numpy(), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("ops", [[("rotate", 0.5)], [("translate_x", 0.3), ("shear_y", -1.0)]])
+def test_leading_warp_is_fused_with_the_resize(ops):
+    # One bilinear sampling of the small image instead of resize-then-warp: the same geometry, a little less blur.
+    x = torch.zeros(1, 1, 30, 40)
+    x[0, 0, 12:15, 25:28] = 1.0  # a blob right of the centre
+    fused = resize_and_augment(x, (90, 120), [ops])[0, 0]
+    resized = F.interpolate(x, size=(90, 120), mode="bilinear", align_corners=False)
+    two_steps = _rand_augment_torch(resized, [ops])[0, 0]
+    ys, xs = torch.meshgrid(torch.arange(90.0), torch.arange(120.0), indexing="ij")
+    assert abs(fused.sum() / two_steps.sum() - 1) < 0.02  # the same mass ...
+    for coordinate in (xs, ys):  # ... at the same place (centroid within 0.2 px)
+        centroid = (fused * coordinate).sum() / fused.sum()
+        assert abs(centroid - (two_steps * coordinate).sum() / two_steps.sum()) < 0.2
+    assert fused.max() >= two_steps.max()  # one interpolation blurs less than two
+
+
+def test_ops_after_a_pixel_op_run_at_output_resolution():
+    x = centred(random_images(n=3, size=(20, 30)))
+    plan = [[("brightness", -0.5), ("rotate", 0.5)], [("posterize", 1.0), ("translate_x", -0.5)]]
+    plan += [[("contrast", 0.5), ("translate_y", 0.5)]]
+    fused = resize_and_augment(x, (40, 60), plan)
+    resized = F.interpolate(x, size=(40, 60), mode="bilinear", align_corners=False)
+    np.testing.assert_allclose(fused.numpy(), _rand_augment_torch(resized, plan).numpy(), rtol=0, atol=1e-5)
+
+
+def test_resize_and_augment_rejects_what_it_cannot_do():
+    x = random_images(n=2, size=(24, 32))
+    with pytest.raises(ValueError, match="antialiased"):
+        resize_and_augment(x, (12, 32))
+    with pytest.raises(ValueError, match="CPU batch"):
+        resize_and_augment(x.half(), (24, 32))
+    with pytest.raises(ValueError, match="out must be"):
+        resize_and_augment(x, (30, 40), out=torch.empty(2, 2, 24, 32))
+    with pytest.raises(ValueError, match="plan covers 1"):
+        resize_and_augment(x, (24, 32), [[("identity", 1.0)]])

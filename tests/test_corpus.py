@@ -362,3 +362,28 @@ def test_corpus_reads_in_dataloader_workers_and_after_pickling(tmp_path, events_
 
     clone = pickle.loads(pickle.dumps(c))
     np.testing.assert_array_equal(clone.events(5), samples[5])
+
+
+def test_windows_read_from_several_threads_are_exact(tmp_path, events_factory, small_chunks):
+    from concurrent.futures import ThreadPoolExecutor
+
+    live = events_factory(5000, seed=3)
+    with CorpusWriter(tmp_path) as w:
+        w.add_recording("live", live, SENSOR)
+    c = Corpus(tmp_path)
+    starts = np.random.default_rng(0).integers(0, 4900, 64).tolist()
+    with ThreadPoolExecutor(4) as pool:
+        windows = list(pool.map(lambda s: c.window(0, s, 100 + s % 50), starts))
+    for s, got in zip(starts, windows, strict=True):
+        np.testing.assert_array_equal(got, live[s : s + 100 + s % 50])
+
+
+def test_reading_a_long_recording_keeps_no_recording_sized_buffer(tmp_path, events_factory, monkeypatch):
+    monkeypatch.setattr(corpus_module, "_READ_BUFFER_EVENTS", 1000)
+    events = events_factory(30_000, seed=4)
+    with CorpusWriter(tmp_path) as w:
+        w.add_recording("long", events, SENSOR)
+    c = Corpus(tmp_path)
+    np.testing.assert_array_equal(c.window(0, 10, 500), events[10:510])
+    np.testing.assert_array_equal(c.events(0), events)
+    assert max(b.size for b in c._buffers.values()) <= max(1000, corpus_module.CHUNK_EVENTS)

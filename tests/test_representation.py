@@ -283,3 +283,39 @@ def test_batch_preprocess_rejects_windows_longer_than_n_max(events_factory):
     batch = collate_events([events_factory(SMALL.n_max + 1, SENSOR)], SENSOR)
     with pytest.raises(ValueError, match="prepare_events"):
         batch_preprocess(batch, SMALL, train=False)
+
+
+@pytest.mark.parametrize("channels", CHANNELS)
+def test_compiled_cpu_path_equals_the_torch_ops_path(events_factory, monkeypatch, channels):
+    # CPU batches run compiled kernels, GPU batches torch ops (forced here on CPU): the same model input.
+    spec = InputSpec(n_max=3000, size=(40, 56), channels=channels)
+    hot = make_events(np.arange(3000), np.full(3000, 9), np.full(3000, 4), np.zeros(3000))
+    streams = [np.sort(np.concatenate([events_factory(2000, SENSOR, seed=s), hot]), order="t") for s in range(3)]
+    hist = batch_histogram(collate_events([center_window(s, 3000) for s in streams], SENSOR), channels)
+    compiled = rep.histograms_to_input(hist, spec, train=False)
+    monkeypatch.setattr(rep, "_kernel_ok", lambda x: False)
+    by_torch = rep.histograms_to_input(hist, spec, train=False)
+    np.testing.assert_allclose(compiled.numpy(), by_torch.numpy(), rtol=0, atol=1e-6)
+
+
+def test_batch_preprocess_in_chunks_equals_whole_batch_processing(events_factory):
+    # The CPU batch path works in chunks of a few samples; the result must not depend on it.
+    windows = [events_factory(1500, SENSOR, seed=s) for s in range(rep._CHUNK + 3)]
+    batch = collate_events(windows, SENSOR)
+    for train in (False, True):
+        chunked = batch_preprocess(batch, SMALL, train=train, generator=torch.Generator().manual_seed(4))
+        whole = rep.histograms_to_input(
+            batch_histogram(batch), SMALL, train=train, generator=torch.Generator().manual_seed(4)
+        )
+        assert torch.equal(chunked, whole)
+
+
+def test_collate_in_a_dataloader_worker_builds_the_batch_in_shared_memory(events_factory, monkeypatch):
+    windows = [events_factory(n, SENSOR, seed=n) for n in (40, 7, 0)]
+    private = collate_events(windows, SENSOR)
+    monkeypatch.setattr(rep, "get_worker_info", lambda: object())  # as inside a worker process
+    shared = collate_events(windows, SENSOR)
+    for name in ("t", "x", "y", "p"):
+        assert getattr(shared, name).is_shared() and not getattr(private, name).is_shared()
+        assert torch.equal(getattr(shared, name), getattr(private, name))
+    assert torch.equal(shared.lengths, private.lengths)
