@@ -60,6 +60,7 @@ import numba
 import numpy as np
 from h5py import h5s, h5t
 
+from mem_core.errors import MemError
 from mem_core.events import EVENT_DTYPE, SensorSize, validate_events
 
 FORMAT_VERSION = 1
@@ -74,7 +75,7 @@ _SHARD_RE = re.compile(r"shard-(\d+)\.h5$")
 _READ_BUFFER_EVENTS = 1 << 20  # reads up to this size go through per-process column buffers (~15 MB at most)
 
 
-class CorpusError(Exception):
+class CorpusError(MemError):
     """A corpus that cannot be read or written: the message names the file and what is wrong."""
 
 
