@@ -6,13 +6,13 @@ import json
 
 import numpy as np
 import pytest
+from conftest import synthetic_events
 
 from mem_core.corpus import CorpusWriter
 from mem_core.datasets import DatasetError, WindowDataset, collate_windows, label_subset, open_source
 from mem_core.events import SensorSize
 from mem_core.io import write_events
 from mem_core.representation import InputSpec
-from tests.conftest import synthetic_events
 
 SPEC = InputSpec(n_max=500, size=(32, 32))
 
