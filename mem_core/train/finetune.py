@@ -169,10 +169,12 @@ def run(cfg: FinetuneStageConfig, out: Path | str, *, init: Path | str | None = 
         resume=resume,
         description="probe" if cfg.probe else "finetune",
     )
+    if runtime.distributed:
+        torch.distributed.barrier()  # best.pt is written by the main process; every process evaluates it
+    best_model = MEMClassifier(MEMViT(cfg.model), num_classes)
+    best_model.load_state_dict(load_checkpoint(run_dir.best_path)["model"])
+    final = evaluate_classifier(best_model.to(runtime.device), val_loader, cfg.input, runtime, num_classes)
     if runtime.is_main:
-        best_model = MEMClassifier(MEMViT(cfg.model), num_classes)
-        best_model.load_state_dict(load_checkpoint(run_dir.best_path)["model"])
-        final = evaluate_classifier(best_model.to(runtime.device), val_loader, cfg.input, runtime, num_classes)
         summary = {
             "split": cfg.data.val_split,
             "best_epoch": fit_result.best["epoch"] if fit_result.best else None,

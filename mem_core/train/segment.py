@@ -108,12 +108,12 @@ def run(cfg: SegmentStageConfig, out: Path | str, *, init: Path | str | None = N
         resume=resume,
         description="segment",
     )
+    if runtime.distributed:
+        torch.distributed.barrier()  # best.pt is written by the main process; every process evaluates it
+    best = SegmentationModel(MEMViT(cfg.model), num_classes, channels=cfg.head_channels)
+    best.load_state_dict(load_checkpoint(run_dir.best_path)["model"])
+    final = evaluate_segmenter(best.to(runtime.device), val_loader, cfg.input, runtime, num_classes, cfg.ignore_index)
     if runtime.is_main:
-        best = SegmentationModel(MEMViT(cfg.model), num_classes, channels=cfg.head_channels)
-        best.load_state_dict(load_checkpoint(run_dir.best_path)["model"])
-        final = evaluate_segmenter(
-            best.to(runtime.device), val_loader, cfg.input, runtime, num_classes, cfg.ignore_index
-        )
         run_dir.write_json("result.json", {"split": cfg.data.val_split, "classes": train_src.mask_classes, **final})
     return run_dir
 
