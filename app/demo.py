@@ -70,7 +70,7 @@ def _finished(run: Path) -> bool:
 
 
 def record_corpus(corpus: Path) -> None:
-    from mem_core.simulator import SimulatorConfig
+    from mem_core.dataset_sources import sim_config
     from recorders.record import RecordConfig, run
     from recorders.sources import SimulatorSource
 
@@ -78,7 +78,7 @@ def record_corpus(corpus: Path) -> None:
         _say(f"corpus {corpus} exists: reusing it")
         return
     _say(f"recording {CORPUS_SIM_SECONDS} s of the simulated camera (as fast as it computes) into {corpus}")
-    source = SimulatorSource(SimulatorConfig(seed=7), speed=0, duration_us=CORPUS_SIM_SECONDS * 1_000_000)
+    source = SimulatorSource(sim_config(seed=7), speed=0, duration_us=CORPUS_SIM_SECONDS * 1_000_000)
     result = run(RecordConfig(source="sim", out=corpus, name="sim-session", speed=0), source=source)
     if result.error:
         raise RuntimeError(f"recording the demo corpus failed: {result.error}")

@@ -177,16 +177,21 @@ SIM_SPLITS = {"train": (200, 1), "val": (40, 2), "test": (60, 3)}  # samples per
 SIM_DURATION_US = 50_000
 
 
+def sim_config(seed: int = 0):
+    """The simulated camera of the ``sim`` dataset and the demo: shapes large enough to tell apart at 64 x 64."""
+    from mem_core.simulator import SimulatorConfig
+
+    return SimulatorConfig(size_range=(0.18, 0.3), texture=0.15, seed=seed)
+
+
 class SimSource(EventSource):
     """Labelled samples of the built-in simulated camera, generated on demand (deterministic per split)."""
 
     def __init__(self, split: str, n_per_class: int | None = None, seed: int | None = None):
-        from mem_core.simulator import SimulatorConfig
-
         if split not in SIM_SPLITS:
             raise DatasetError(f"sim splits are {', '.join(SIM_SPLITS)}, not {split!r}")
         default_n, default_seed = SIM_SPLITS[split]
-        self.config = SimulatorConfig()
+        self.config = sim_config()
         self.name, self.sensor = "sim", self.config.sensor
         self.classes = list(self.config.classes)
         n = n_per_class or default_n
