@@ -28,11 +28,18 @@ import typer
 # The demo's recipe: cpu-tiny with windows the size of a simulated sample (50 ms, ~5 000 events).
 DEMO_INPUT = ["input.n_max=5000", "data.num_workers=1"]
 STAGE_SETTINGS = {
-    "tokenizer": ["epochs=8", "batch_size=64", "lr=2e-3"],
-    "pretrain": ["epochs=12", "batch_size=64", "warmup_steps=50"],
-    "finetune": ["epochs=30", "batch_size=25", "warmup_epochs=3", "eval_every=5", "lr=1e-3"],
+    "tokenizer": ["epochs=5", "batch_size=64", "lr=2e-3", "model.temperature_anneal_steps=150"],
+    "pretrain": ["epochs=10", "batch_size=64", "warmup_steps=20"],
+    "finetune": [
+        "epochs=30",
+        "batch_size=25",
+        "warmup_epochs=2",
+        "eval_every=10",
+        "head_init_scale=1.0",
+        "input.randaug_ops=0",
+    ],
 }
-CORPUS_SIM_SECONDS = 120
+CORPUS_SIM_SECONDS = 60
 LIVE_SECONDS = 12
 
 
@@ -41,7 +48,7 @@ class DemoConfig:
     out: Path
     headless: bool
     fresh: bool
-    labels_per_class: int = 10
+    labels_per_class: int = 20
 
 
 def _say(message: str) -> None:
@@ -239,7 +246,7 @@ def demo(
         bool | None, typer.Option("--headless/--window", help="Snapshots and a report instead of a window.")
     ] = None,
     fresh: Annotated[bool, typer.Option("--fresh", help="Start over instead of reusing the last demo's work.")] = False,
-    labels_per_class: Annotated[int, typer.Option("--labels-per-class", help="Labelled samples per class.")] = 10,
+    labels_per_class: Annotated[int, typer.Option("--labels-per-class", help="Labelled samples per class.")] = 20,
 ) -> None:
     """The whole product on the simulated camera: record, pretrain, finetune MEM vs scratch, live viewer."""
     run(
