@@ -79,6 +79,7 @@ class FinetuneStageConfig(StageConfig):
     layer_decay: float = 0.65
     label_smoothing: float = 0.1
     head_dropout: float = 0.0
+    head_init_scale: float = 0.001  # BEiT's small head init; short CPU runs learn faster with 1.0
     ema_decay: float = 0.0  # 0 = no EMA; the paper reports 0.9999 on large datasets
     mixup: float = 0.0
     cutmix: float = 0.0

@@ -110,7 +110,9 @@ def run(cfg: FinetuneStageConfig, out: Path | str, *, init: Path | str | None = 
     )
     num_classes = len(train_src.classes)
     torch.manual_seed(cfg.seed)
-    model = MEMClassifier(MEMViT(cfg.model), num_classes, drop_rate=cfg.head_dropout)
+    model = MEMClassifier(
+        MEMViT(cfg.model), num_classes, drop_rate=cfg.head_dropout, head_init_scale=cfg.head_init_scale
+    )
     if pretrained is not None:
         report = load_pretrained_backbone(model, pretrained)
         if report.missing:
