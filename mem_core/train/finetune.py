@@ -22,7 +22,7 @@ from mem_core.representation import batch_preprocess
 from mem_core.train.common import batch_generator, fit_input, open_split, start_run, train_indices, wrap_model
 from mem_core.train.configs import FinetuneStageConfig
 from mem_core.train.engine import StepResult
-from mem_core.train.fit import build_loader, fit
+from mem_core.train.fit import build_stage_loaders, fit
 from mem_core.train.rundir import RunDir, RunError, load_checkpoint
 from mem_core.train.runtime import Runtime, all_reduce_sum
 
@@ -89,25 +89,7 @@ def run(cfg: FinetuneStageConfig, out: Path | str, *, init: Path | str | None = 
         raise RunError(f"{cfg.data.dataset} {cfg.data.train_split}: finetuning needs labels on every sample")
     indices = train_indices(cfg, train_src)
     run_dir.write_json("classes.json", {"classes": train_src.classes, "train_samples": len(indices)})
-    loader, sampler = build_loader(
-        train_src,
-        cfg.input,
-        train=True,
-        seed=cfg.seed,
-        batch_size=cfg.batch_size,
-        runtime=runtime,
-        num_workers=cfg.data.num_workers,
-        indices=indices,
-    )
-    val_loader, _ = build_loader(
-        val_src,
-        cfg.input,
-        train=False,
-        seed=cfg.seed,
-        batch_size=cfg.batch_size,
-        runtime=runtime,
-        num_workers=cfg.data.num_workers,
-    )
+    loader, sampler, val_loader = build_stage_loaders(cfg, runtime, train_src, val_src, indices)
     num_classes = len(train_src.classes)
     torch.manual_seed(cfg.seed)
     model = MEMClassifier(

@@ -53,6 +53,14 @@ def build_loader(
     return loader, sampler
 
 
+def build_stage_loaders(cfg, runtime: Runtime, train_src: EventSource, val_src: EventSource, indices=None):
+    """The training loader (random windows, augmented), its sampler, and the validation loader (deterministic)."""
+    common = {"seed": cfg.seed, "batch_size": cfg.batch_size, "runtime": runtime, "num_workers": cfg.data.num_workers}
+    loader, sampler = build_loader(train_src, cfg.input, train=True, indices=indices, **common)
+    val_loader, _ = build_loader(val_src, cfg.input, train=False, **common)
+    return loader, sampler, val_loader
+
+
 class _Collate:
     """Picklable collate for worker processes."""
 

@@ -20,7 +20,7 @@ from mem_core.representation import batch_preprocess
 from mem_core.train.common import batch_generator, fit_input, open_split, start_run, train_indices, wrap_model
 from mem_core.train.configs import PretrainStageConfig
 from mem_core.train.engine import MetricMeter, StepResult
-from mem_core.train.fit import build_loader, fit
+from mem_core.train.fit import build_stage_loaders, fit
 from mem_core.train.rundir import RunDir, RunError
 from mem_core.train.runtime import Runtime
 from mem_core.train.tokenizer import load_tokenizer
@@ -49,25 +49,7 @@ def run(cfg: PretrainStageConfig, out: Path | str, *, tokenizer: Path | str | No
             )
         run_dir.write_json("tokenizer.json", {"path": str(Path(tokenizer).resolve())})
     train_src, val_src = open_split(cfg, cfg.data.train_split), open_split(cfg, cfg.data.val_split)
-    loader, sampler = build_loader(
-        train_src,
-        cfg.input,
-        train=True,
-        seed=cfg.seed,
-        batch_size=cfg.batch_size,
-        runtime=runtime,
-        num_workers=cfg.data.num_workers,
-        indices=train_indices(cfg, train_src),
-    )
-    val_loader, _ = build_loader(
-        val_src,
-        cfg.input,
-        train=False,
-        seed=cfg.seed,
-        batch_size=cfg.batch_size,
-        runtime=runtime,
-        num_workers=cfg.data.num_workers,
-    )
+    loader, sampler, val_loader = build_stage_loaders(cfg, runtime, train_src, val_src, train_indices(cfg, train_src))
     torch.manual_seed(cfg.seed)
     model = build_pretrain_model(cfg, tok.config.num_tokens if tok is not None else 0).to(runtime.device)
     train_model = wrap_model(model, cfg, runtime)

@@ -22,7 +22,7 @@ from mem_core.train.common import batch_generator, fit_input, open_split, start_
 from mem_core.train.configs import SegmentStageConfig
 from mem_core.train.engine import StepResult
 from mem_core.train.finetune import adopt_pretrained_architecture
-from mem_core.train.fit import build_loader, fit
+from mem_core.train.fit import build_stage_loaders, fit
 from mem_core.train.rundir import RunDir, RunError, load_checkpoint
 from mem_core.train.runtime import Runtime, all_reduce_sum
 
@@ -47,25 +47,7 @@ def run(cfg: SegmentStageConfig, out: Path | str, *, init: Path | str | None = N
         raise RunError(f"dataset {cfg.data.dataset!r} has no label images: segmentation needs dsec-semantic or sim")
     num_classes = len(train_src.mask_classes)
     run_dir.write_json("classes.json", {"classes": train_src.mask_classes})
-    loader, sampler = build_loader(
-        train_src,
-        cfg.input,
-        train=True,
-        seed=cfg.seed,
-        batch_size=cfg.batch_size,
-        runtime=runtime,
-        num_workers=cfg.data.num_workers,
-        indices=train_indices(cfg, train_src),
-    )
-    val_loader, _ = build_loader(
-        val_src,
-        cfg.input,
-        train=False,
-        seed=cfg.seed,
-        batch_size=cfg.batch_size,
-        runtime=runtime,
-        num_workers=cfg.data.num_workers,
-    )
+    loader, sampler, val_loader = build_stage_loaders(cfg, runtime, train_src, val_src, train_indices(cfg, train_src))
     torch.manual_seed(cfg.seed)
     model = SegmentationModel(MEMViT(cfg.model), num_classes, channels=cfg.head_channels)
     if pretrained is not None:

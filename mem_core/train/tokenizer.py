@@ -17,7 +17,7 @@ from mem_core.representation import batch_preprocess
 from mem_core.train.common import batch_generator, fit_input, open_split, start_run, train_indices, wrap_model
 from mem_core.train.configs import TokenizerStageConfig
 from mem_core.train.engine import StepResult
-from mem_core.train.fit import build_loader, fit
+from mem_core.train.fit import build_stage_loaders, fit
 from mem_core.train.rundir import RunDir, RunError, load_checkpoint
 from mem_core.train.runtime import Runtime, all_reduce_sum
 from mem_core.visualize import histogram_rgb, save_png, tile, upscale
@@ -27,25 +27,7 @@ def run(cfg: TokenizerStageConfig, out: Path | str, *, resume: bool = False) -> 
     cfg = fit_input(cfg)
     runtime, run_dir = start_run("tokenizer", cfg, out, resume=resume)
     train_src, val_src = open_split(cfg, cfg.data.train_split), open_split(cfg, cfg.data.val_split)
-    loader, sampler = build_loader(
-        train_src,
-        cfg.input,
-        train=True,
-        seed=cfg.seed,
-        batch_size=cfg.batch_size,
-        runtime=runtime,
-        num_workers=cfg.data.num_workers,
-        indices=train_indices(cfg, train_src),
-    )
-    val_loader, _ = build_loader(
-        val_src,
-        cfg.input,
-        train=False,
-        seed=cfg.seed,
-        batch_size=cfg.batch_size,
-        runtime=runtime,
-        num_workers=cfg.data.num_workers,
-    )
+    loader, sampler, val_loader = build_stage_loaders(cfg, runtime, train_src, val_src, train_indices(cfg, train_src))
     torch.manual_seed(cfg.seed)
     model = DiscreteVAE(cfg.model).to(runtime.device)
     train_model = wrap_model(model, cfg, runtime)
