@@ -34,8 +34,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from mem_core.augment import augment_events
 from mem_core.errors import MemError
 from mem_core.events import SensorSize, window_start
+from mem_core.representation import collate_events
 
 VAL_FRACTION = 0.1
 SPLIT_SEED = 20240101  # fixed: the same val/test carve-out on every machine
@@ -304,6 +306,11 @@ def open_source(name: str, root: Path | str | None, split: str, **options) -> Ev
 # ---------------------------------------------------------------------------------------------- windows
 
 
+def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
+    """The augmentation generator of one sample in one epoch (independent of workers and ranks)."""
+    return np.random.default_rng([seed, epoch, index])
+
+
 class WindowDataset(Dataset):
     """A source seen as model-input windows: ``dataset[(index, epoch)]`` -> ``(events, label, mask or None)``.
 
@@ -312,8 +319,6 @@ class WindowDataset(Dataset):
     """
 
     def __init__(self, source: EventSource, spec, *, train: bool, seed: int = 0, indices: np.ndarray | None = None):
-        from mem_core.augment import augment_events  # noqa: F401  (fail early if missing)
-
         self.source, self.spec, self.train, self.seed = source, spec, train, seed
         self.indices = np.arange(len(source)) if indices is None else np.asarray(indices, dtype=np.int64)
 
@@ -325,9 +330,6 @@ class WindowDataset(Dataset):
         return self.source.labels[self.indices]
 
     def __getitem__(self, key: int | tuple[int, int]):
-        from mem_core.augment import augment_events
-        from mem_core.train.engine import sample_rng
-
         position, epoch = key if isinstance(key, tuple) else (key, 0)
         index = int(self.indices[position])
         rng = sample_rng(self.seed, epoch, index) if self.train else None
@@ -340,8 +342,6 @@ class WindowDataset(Dataset):
 
 def collate_windows(items, sensor: SensorSize):
     """DataLoader collate: padded event batch, labels (B,), masks (B, H, W) or None."""
-    from mem_core.representation import collate_events
-
     events, labels, masks = zip(*items, strict=True)
     batch = collate_events(list(events), sensor)
     label_t = torch.as_tensor(np.asarray(labels, dtype=np.int64))

@@ -1,6 +1,6 @@
 """The shared training machinery: deterministic epoch sampling, the optimisation step, progress and schedules.
 
-Determinism: every epoch reseeds torch and derives each sample's augmentation generator from
+Determinism: every epoch reseeds torch and each sample's augmentation generator is derived (datasets.sample_rng) from
 ``(seed, epoch, index)``, so a run resumed from an epoch checkpoint reproduces the uninterrupted run exactly, and
 the samples a step sees do not depend on the number of DDP processes or DataLoader workers.
 """
@@ -73,11 +73,6 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
             batch = order[b * self.global_batch : (b + 1) * self.global_batch]
             mine = batch[self.rank * self.per_rank : (self.rank + 1) * self.per_rank]
             yield [(int(i), self.epoch) for i in mine]
-
-
-def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
-    """The augmentation generator of one sample in one epoch (independent of workers and ranks)."""
-    return np.random.default_rng([seed, epoch, index])
 
 
 def seed_everything(seed: int, epoch: int) -> None:
