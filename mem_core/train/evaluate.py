@@ -119,23 +119,31 @@ def export_run(run_path: Path | str, out: Path | str) -> Path:
     server can show the token overlay.
     """
     model, info = load_task_model(run_path, "cpu")
-    tokenizer_run = _tokenizer_of(Path(run_path))
-    tok = None
-    if tokenizer_run is not None:
-        from mem_core.train.tokenizer import load_tokenizer
-
-        tok = load_tokenizer(tokenizer_run)
     return export_model(
         model,
         out,
-        task="classification" if info["stage"] == "finetune" else "segmentation",
+        task=_task(info["stage"]),
         architecture=info["config"]["model"],
         classes=info["classes"],
         input_spec=info["input"],
         head_channels=info["config"].get("head_channels"),
-        tokenizer=tok,
+        tokenizer=_run_tokenizer(Path(run_path), "cpu"),
         source_run=str(Path(run_path).resolve()),
     )
+
+
+def _task(stage: str) -> str:
+    return "classification" if stage == "finetune" else "segmentation"
+
+
+def _run_tokenizer(run_path: Path, device) -> DiscreteVAE | None:
+    """The tokenizer behind a finetune run (for the token overlay), loaded; None when it has none."""
+    tokenizer_run = _tokenizer_of(run_path)
+    if tokenizer_run is None:
+        return None
+    from mem_core.train.tokenizer import load_tokenizer
+
+    return load_tokenizer(tokenizer_run, device)
 
 
 def _tokenizer_of(run_path: Path) -> Path | None:
@@ -152,14 +160,9 @@ def load_export(path: Path | str, device="cpu") -> tuple[torch.nn.Module, dict[s
     path = Path(path)
     if (path / "config.json").exists() and not (path / MODEL_JSON).exists():
         model, info = load_task_model(path, device)
-        tokenizer_run = _tokenizer_of(path)
-        tok = None
-        if tokenizer_run is not None:
-            from mem_core.train.tokenizer import load_tokenizer
-
-            tok = load_tokenizer(tokenizer_run, device)
+        tok = _run_tokenizer(path, device)
         meta = {
-            "task": "classification" if info["stage"] == "finetune" else "segmentation",
+            "task": _task(info["stage"]),
             "classes": info["classes"],
             "input": to_dict(info["input"]),
             "architecture": info["config"]["model"],
