@@ -422,6 +422,38 @@ def test_dvae_loss_decreases_on_a_fixed_batch():
     assert losses[-1] < 0.5 * losses[0]
 
 
+def test_dvae_diversity_is_zero_for_even_usage_and_one_for_a_single_entry():
+    vae = DiscreteVAE(tiny_tokenizer_config())
+    decoder_input = vae.encoder[-1]  # the 1x1 conv giving the logits: steer it to fixed posteriors
+    torch.nn.init.zeros_(decoder_input.weight)
+    with torch.no_grad():
+        decoder_input.bias.copy_(torch.zeros(TOKENS))
+    assert vae(histograms(), 1.0)["diversity"].item() == pytest.approx(0.0, abs=1e-6)  # every entry equally
+    with torch.no_grad():
+        decoder_input.bias[3] = 100.0
+    assert vae(histograms(), 1.0)["diversity"].item() == pytest.approx(1.0, abs=1e-6)  # entry 3 takes everything
+
+
+def test_diversity_weight_keeps_the_dvae_from_collapsing_onto_few_entries():
+    # Sparse histograms (mostly empty cells, a few events): the paper's loss lets one entry take almost every
+    # cell; the diversity term spreads the cells over the codebook at a similar reconstruction error.
+    generator = torch.Generator().manual_seed(0)
+    x = (torch.rand(32, 2, IMG, IMG, generator=generator) < 0.04).float()
+
+    def used_entries(weight: float) -> int:
+        torch.manual_seed(0)
+        vae = DiscreteVAE(tiny_tokenizer_config(diversity_weight=weight))
+        optimizer = torch.optim.Adam(vae.parameters(), lr=3e-3)
+        for step in range(40):
+            loss = vae(x, temperature=max(1 / 16, 0.9**step), generator=generator)["loss"]
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        return len(vae.token_ids(x).unique())
+
+    assert used_entries(0.5) > 2 * used_entries(0.0)
+
+
 def test_dvae_sampling_is_reproducible_with_a_generator():
     vae = DiscreteVAE(tiny_tokenizer_config())
     x = histograms()

@@ -285,10 +285,23 @@ def test_batch_preprocess_rejects_windows_longer_than_n_max(events_factory):
         batch_preprocess(batch, SMALL, train=False)
 
 
+def test_log_scale_lifts_single_events_and_keeps_the_unit_range():
+    hist = torch.zeros(2, 3, 4, 4)
+    hist[0, 0, 1, 1], hist[0, 1, 2, 2], hist[0, 1, 3, 3], hist[0, 2] = 15.0, 1.0, 3.0, 0.25
+    out = normalize_histogram(hist, count_channels=2, scale="log")
+    assert out[0, 0, 1, 1] == 1.0 and out[0, 0, 0, 0] == 0.0  # the peak is 1, empty pixels stay 0
+    assert out[0, 1, 2, 2].item() == pytest.approx(np.log(2) / np.log(16))  # one event: 0.25, not 1/15
+    assert out[0, 1, 3, 3].item() == pytest.approx(0.5)  # monotone: log(4) / log(16)
+    assert torch.equal(out[0, 2], hist[0, 2]) and torch.equal(out[1], torch.zeros(3, 4, 4))
+    with pytest.raises(ValueError, match="scale"):
+        InputSpec(scale="sqrt")
+
+
+@pytest.mark.parametrize("scale", ["linear", "log"])
 @pytest.mark.parametrize("channels", CHANNELS)
-def test_compiled_cpu_path_equals_the_torch_ops_path(events_factory, monkeypatch, channels):
+def test_compiled_cpu_path_equals_the_torch_ops_path(events_factory, monkeypatch, channels, scale):
     # CPU batches run compiled kernels, GPU batches torch ops (forced here on CPU): the same model input.
-    spec = InputSpec(n_max=3000, size=(40, 56), channels=channels)
+    spec = InputSpec(n_max=3000, size=(40, 56), channels=channels, scale=scale)
     hot = make_events(np.arange(3000), np.full(3000, 9), np.full(3000, 4), np.zeros(3000))
     streams = [np.sort(np.concatenate([events_factory(2000, SENSOR, seed=s), hot]), order="t") for s in range(3)]
     hist = batch_histogram(collate_events([center_window(s, 3000) for s in streams], SENSOR), channels)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from mem_core.models.tokenizer import DiscreteVAE, TokenizerConfig
 from mem_core.representation import batch_preprocess
@@ -42,7 +43,12 @@ def run(cfg: TokenizerStageConfig, out: Path | str, *, resume: bool = False) -> 
         out = train_model(x, temperature, generator=g)
         return StepResult(
             out["loss"],
-            {"recon_loss": out["recon_loss"].item(), "kl": out["kl"].item(), "temperature": temperature},
+            {
+                "recon_loss": out["recon_loss"].item(),
+                "kl": out["kl"].item(),
+                "diversity": out["diversity"].item(),
+                "temperature": temperature,
+            },
             x.shape[0],
         )
 
@@ -71,10 +77,13 @@ def run(cfg: TokenizerStageConfig, out: Path | str, *, resume: bool = False) -> 
 
 @torch.no_grad()
 def evaluate_tokenizer(model: DiscreteVAE, loader, spec, runtime: Runtime) -> dict[str, float]:
-    """Reconstruction MSE of the hard (argmax) tokens, and codebook usage/perplexity over the whole split."""
+    """Reconstruction MSE of the hard (argmax) tokens, codebook usage/perplexity over the whole split, and the
+    perplexity over the *active* cells only (a patch with at least one event): event histograms are mostly empty,
+    and one "empty" entry taking most cells hides whether the others are used."""
     model.eval()
-    num_tokens = model.config.num_tokens
+    num_tokens, patch = model.config.num_tokens, model.config.patch_size
     counts = torch.zeros(num_tokens, dtype=torch.float64)
+    active_counts = torch.zeros(num_tokens, dtype=torch.float64)
     sq_err = torch.zeros(2, dtype=torch.float64)  # (sum of squared errors, number of values)
     for events, _, _ in loader:
         x = batch_preprocess(events, spec, train=False, device=runtime.device)
@@ -83,15 +92,23 @@ def evaluate_tokenizer(model: DiscreteVAE, loader, spec, runtime: Runtime) -> di
             recon = model.decode_ids(ids)
         sq_err += torch.tensor([((recon.float() - x) ** 2).sum().item(), x.numel()], dtype=torch.float64)
         counts += torch.bincount(ids.flatten().cpu(), minlength=num_tokens).double()
+        active = F.avg_pool2d(x[:, : spec.count_channels].float().sum(1, keepdim=True), patch)[:, 0] > 0  # (B, h, w)
+        active_counts += torch.bincount(ids[active].cpu(), minlength=num_tokens).double()
     counts = all_reduce_sum(counts, runtime).cpu()
+    active_counts = all_reduce_sum(active_counts, runtime).cpu()
     sq_err = all_reduce_sum(sq_err, runtime).cpu()
-    p = counts / counts.sum().clamp_min(1)
-    entropy = -(p[p > 0] * p[p > 0].log()).sum().item()
     return {
         "recon_mse": (sq_err[0] / sq_err[1].clamp_min(1)).item(),
         "codebook_usage": (counts > 0).double().mean().item(),
-        "perplexity": float(np.exp(entropy)),
+        "perplexity": _perplexity(counts),
+        "active_perplexity": _perplexity(active_counts),
     }
+
+
+def _perplexity(counts: torch.Tensor) -> float:
+    """exp(entropy) of the empirical distribution given by ``counts`` (1 for an empty one)."""
+    p = counts / counts.sum().clamp_min(1)
+    return float(np.exp(-(p[p > 0] * p[p > 0].log()).sum().item()))
 
 
 @torch.no_grad()
