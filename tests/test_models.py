@@ -152,6 +152,13 @@ def test_block_mask_tops_up_when_blocks_do_not_fit():
     assert int(BlockMaskGenerator((4, 4), 0.0)(np.random.default_rng(0)).sum()) == 0
 
 
+def test_block_size_scales_with_the_grid():
+    # BEiT's smallest block is 16 of 196 patches; a small grid keeps that share instead of masking huge blocks
+    assert BlockMaskGenerator((14, 14), 0.5).min_block == 16
+    assert BlockMaskGenerator((8, 8), 0.5).min_block == 5
+    assert BlockMaskGenerator((2, 2), 0.5).min_block == 1
+
+
 def test_block_mask_forms_blocks():
     """Block-wise masking masks contiguous rectangles: most masked patches have a masked 4-neighbour."""
     mask = BlockMaskGenerator((14, 14), 0.5)(np.random.default_rng(0)).numpy()

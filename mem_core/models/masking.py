@@ -28,7 +28,8 @@ class BlockMaskGenerator:
     Args:
         grid: patch grid (h, w), e.g. (14, 14) for 224 / 16.
         mask_ratio: fraction of patches to mask; exactly ``round(mask_ratio * h * w)`` are masked.
-        min_block: smallest block area in patches.
+        min_block: smallest block area in patches (default: BEiT's 16 patches of a 14 x 14 grid, scaled to this
+            grid; 16 on an 8 x 8 grid would mask a quarter of the image in one block).
         max_block: largest block area (default: the number of patches to mask).
         aspect: range of block aspect ratios (height / width), sampled log-uniformly.
     """
@@ -37,7 +38,7 @@ class BlockMaskGenerator:
         self,
         grid: tuple[int, int] = (14, 14),
         mask_ratio: float = 0.5,
-        min_block: int = 16,
+        min_block: int | None = None,
         max_block: int | None = None,
         aspect: tuple[float, float] = (0.3, 1 / 0.3),
     ) -> None:
@@ -49,7 +50,8 @@ class BlockMaskGenerator:
             raise ValueError(f"aspect must be (low, high) with 0 < low <= high, got {aspect}")
         self.grid = (int(grid[0]), int(grid[1]))
         self.num_masked = round(mask_ratio * self.grid[0] * self.grid[1])
-        self.min_block = min_block
+        area = self.grid[0] * self.grid[1]
+        self.min_block = max(1, round(16 * area / 196)) if min_block is None else min_block
         self.max_block = self.num_masked if max_block is None else max_block
         self.log_aspect = (math.log(aspect[0]), math.log(aspect[1]))
 
