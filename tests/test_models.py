@@ -431,13 +431,13 @@ def test_dvae_loss_decreases_on_a_fixed_batch():
 
 def test_dvae_diversity_is_zero_for_even_usage_and_one_for_a_single_entry():
     vae = DiscreteVAE(tiny_tokenizer_config())
-    decoder_input = vae.encoder[-1]  # the 1x1 conv giving the logits: steer it to fixed posteriors
-    torch.nn.init.zeros_(decoder_input.weight)
+    to_logits = vae.encoder[-1]  # the 1x1 conv giving the logits: steer it to fixed posteriors
+    torch.nn.init.zeros_(to_logits.weight)
     with torch.no_grad():
-        decoder_input.bias.copy_(torch.zeros(TOKENS))
+        to_logits.bias.copy_(torch.zeros(TOKENS))
     assert vae(histograms(), 1.0)["diversity"].item() == pytest.approx(0.0, abs=1e-6)  # every entry equally
     with torch.no_grad():
-        decoder_input.bias[3] = 100.0
+        to_logits.bias[3] = 100.0
     assert vae(histograms(), 1.0)["diversity"].item() == pytest.approx(1.0, abs=1e-6)  # entry 3 takes everything
 
 
