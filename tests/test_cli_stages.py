@@ -30,31 +30,13 @@ def sets(*settings: str) -> list[str]:
 
 
 def test_tokenizer_pretrain_finetune_evaluate_export(tmp_path):
-    common = ["--dataset", "sim", "--preset", "cpu-tiny"]
-    r = mem("tokenizer", *common, "--out", str(tmp_path / "tok"), *sets(*TINY, *TINY_TOK))
-    assert r.returncode == 0, r.stderr[-3000:]
-    r = mem(
-        "pretrain",
-        *common,
-        "--out",
-        str(tmp_path / "pre"),
-        "--tokenizer",
-        str(tmp_path / "tok"),
-        *sets(*TINY, *TINY_VIT),
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    r = mem(
-        "finetune",
-        *common,
-        "--out",
-        str(tmp_path / "ft"),
-        "--init",
-        str(tmp_path / "pre"),
-        "--labels",
-        "0.5",
-        *sets(*TINY, *TINY_VIT),
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
+    def stage(name: str, out: str, *args: str) -> None:
+        r = mem(name, "--dataset", "sim", "--preset", "cpu-tiny", "--out", str(tmp_path / out), *args)
+        assert r.returncode == 0, r.stderr[-3000:]
+
+    stage("tokenizer", "tok", *sets(*TINY, *TINY_TOK))
+    stage("pretrain", "pre", "--tokenizer", str(tmp_path / "tok"), *sets(*TINY, *TINY_VIT))
+    stage("finetune", "ft", "--init", str(tmp_path / "pre"), "--labels", "0.5", *sets(*TINY, *TINY_VIT))
     r = mem("evaluate", "--model", str(tmp_path / "ft"), "--dataset", "sim", "--split", "test", "--json")
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads(r.stdout.strip().splitlines()[-1])

@@ -180,6 +180,11 @@ def codebook_stats(ids: torch.Tensor, num_tokens: int) -> dict[str, float]:
     counts = torch.bincount(ids.flatten().long(), minlength=num_tokens)
     if counts.numel() > num_tokens:
         raise ValueError(f"token id {int(ids.max())} is out of range for a codebook of {num_tokens}")
-    probs = counts.float() / max(int(counts.sum()), 1)
-    entropy = -(probs[probs > 0] * probs[probs > 0].log()).sum()
-    return {"usage": float((counts > 0).sum()) / num_tokens, "perplexity": float(entropy.exp())}
+    return {"usage": float((counts > 0).sum()) / num_tokens, "perplexity": counts_perplexity(counts)}
+
+
+def counts_perplexity(counts: torch.Tensor) -> float:
+    """exp(entropy) of the distribution given by per-entry ``counts`` (1 for an empty or one-entry one)."""
+    probs = counts.double() / counts.sum().double().clamp_min(1)
+    probs = probs[probs > 0]
+    return float((-(probs * probs.log()).sum()).exp())

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mem_core.models.tokenizer import DiscreteVAE, TokenizerConfig
+from mem_core.models.tokenizer import DiscreteVAE, TokenizerConfig, counts_perplexity
 from mem_core.representation import batch_preprocess
 from mem_core.train.common import batch_generator, fit_input, open_split, start_run, train_indices, wrap_model
 from mem_core.train.configs import TokenizerStageConfig
@@ -100,15 +99,9 @@ def evaluate_tokenizer(model: DiscreteVAE, loader, spec, runtime: Runtime) -> di
     return {
         "recon_mse": (sq_err[0] / sq_err[1].clamp_min(1)).item(),
         "codebook_usage": (counts > 0).double().mean().item(),
-        "perplexity": _perplexity(counts),
-        "active_perplexity": _perplexity(active_counts),
+        "perplexity": counts_perplexity(counts),
+        "active_perplexity": counts_perplexity(active_counts),
     }
-
-
-def _perplexity(counts: torch.Tensor) -> float:
-    """exp(entropy) of the empirical distribution given by ``counts`` (1 for an empty one)."""
-    p = counts / counts.sum().clamp_min(1)
-    return float(np.exp(-(p[p > 0] * p[p > 0].log()).sum().item()))
 
 
 @torch.no_grad()
