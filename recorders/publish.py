@@ -4,6 +4,10 @@ A recorder must not slow down because a subscriber is slow: the PUB socket has a
 message that does not fit is dropped (and counted) instead of waited for. A subscriber at its high-water mark holds
 the message back from every subscriber (``XPUB_NODROP``), which is what makes drops countable. ``seq`` still advances for a dropped
 message, so subscribers see the gap.
+
+Closing lingers briefly (``CLOSE_LINGER_MS``) instead of not at all: with a zero linger, libzmq 4.3 aborts the whole
+process (``session_base.cpp:233``) when a subscriber whose connection is stalled mid-message dies just after the
+publisher closed - the session then looks for the rest of a multipart message in a pipe that was already dropped.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from mem_core.protocol import encode_events
 from recorders.sources import RecorderError
 
 DEFAULT_HOST = "127.0.0.1"
+CLOSE_LINGER_MS = 200  # see the module docstring; bounds how long a context term waits for a stalled peer
 
 
 def normalize_address(address: str) -> str:
@@ -38,7 +43,7 @@ class EventPublisher:
         self._socket.setsockopt(zmq.SNDHWM, sndhwm)
         # A plain PUB drops silently at the high-water mark; with NODROP it says so (EAGAIN) and the drop is counted.
         self._socket.setsockopt(zmq.XPUB_NODROP, 1)
-        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.LINGER, CLOSE_LINGER_MS)
         try:
             self._socket.bind(self.address)
         except zmq.ZMQError as e:

@@ -31,6 +31,7 @@ from app.live.recording import LiveRecorder
 from app.live.ring import EventRing
 from mem_core.events import SensorSize
 from mem_core.protocol import ProtocolError, decode, decode_control, encode, encode_control
+from recorders.publish import CLOSE_LINGER_MS
 from recorders.sources import LiveSource, RecorderError, open_live_source
 
 RECORDABLE_KINDS = ("camera", "sim")
@@ -145,6 +146,7 @@ class LiveServer:
         socket.setsockopt(zmq.LINGER, 0)
         if kind == zmq.PUB:
             socket.setsockopt(zmq.SNDHWM, 16)  # a slow subscriber loses old messages, the server never waits
+            socket.setsockopt(zmq.LINGER, CLOSE_LINGER_MS)  # a zero linger can abort libzmq; see recorders.publish
         try:
             socket.bind(endpoint)
         except zmq.ZMQError as exc:
