@@ -14,6 +14,7 @@ from mem_core.representation import (
     collate_events,
     event_histogram,
     input_histogram,
+    log_scale,
     normalize_histogram,
     prepare_events,
     preprocess,
@@ -286,15 +287,29 @@ def test_batch_preprocess_rejects_windows_longer_than_n_max(events_factory):
 
 
 def test_log_scale_lifts_single_events_and_keeps_the_unit_range():
-    hist = torch.zeros(2, 3, 4, 4)
-    hist[0, 0, 1, 1], hist[0, 1, 2, 2], hist[0, 1, 3, 3], hist[0, 2] = 15.0, 1.0, 3.0, 0.25
-    out = normalize_histogram(hist, count_channels=2, scale="log")
-    assert out[0, 0, 1, 1] == 1.0 and out[0, 0, 0, 0] == 0.0  # the peak is 1, empty pixels stay 0
-    assert out[0, 1, 2, 2].item() == pytest.approx(np.log(2) / np.log(16))  # one event: 0.25, not 1/15
-    assert out[0, 1, 3, 3].item() == pytest.approx(0.5)  # monotone: log(4) / log(16)
-    assert torch.equal(out[0, 2], hist[0, 2]) and torch.equal(out[1], torch.zeros(3, 4, 4))
-    with pytest.raises(ValueError, match="scale"):
-        InputSpec(scale="sqrt")
+    x = torch.zeros(2, 3, 4, 4)
+    x[0, 0, 1, 1], x[0, 1, 2, 2], x[0, 1, 3, 3], x[0, 2] = 1.0, 1 / 50, 0.5, 0.25
+    out = log_scale(x, count_channels=2, gain=50.0)
+    assert out[0, 0, 1, 1] == pytest.approx(1.0) and out[0, 0, 0, 0] == 0.0  # the peak stays 1, empty pixels 0
+    assert out[0, 1, 2, 2].item() == pytest.approx(np.log(2) / np.log(51))  # 1/50 of the peak: 0.18, not 0.02
+    assert out[0, 1, 2, 2] < out[0, 1, 3, 3] < 1.0  # monotone
+    assert torch.equal(out[0, 2], x[0, 2]) and torch.equal(out[1], torch.zeros(3, 4, 4))  # timestamp untouched
+    assert torch.equal(x[0, 1, 2, 2], torch.tensor(1 / 50))  # not in place unless asked
+    for bad in ({"scale": "sqrt"}, {"log_gain": 0.0}, {"log_gain": float("nan")}):
+        with pytest.raises(ValueError, match=r"scale|log_gain"):
+            InputSpec(**bad)
+
+
+def test_log_scale_is_taken_after_a_shrinking_resize(events_factory):
+    # A lone event averaged with empty neighbours by the shrink must keep log-scale brightness: the log comes
+    # after the resize, on the normalized counts, not before it on the raw ones.
+    events = events_factory(2000, SENSOR, seed=3)
+    hist = torch.from_numpy(input_histogram(events, SENSOR))[None]
+    spec = InputSpec(n_max=2000, size=(SENSOR.height // 2, SENSOR.width // 2), scale="log", hot_pixel_std=None)
+    shrunk = resize_histogram(normalize_histogram(hist), spec.size)
+    expected = np.log1p(spec.log_gain * shrunk.numpy()) / np.log1p(spec.log_gain)
+    for path in (rep.histograms_to_input(hist, spec, train=False), preprocess(events, SENSOR, spec, train=False)[None]):
+        np.testing.assert_allclose(path.numpy(), expected, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("scale", ["linear", "log"])
@@ -308,7 +323,9 @@ def test_compiled_cpu_path_equals_the_torch_ops_path(events_factory, monkeypatch
     compiled = rep.histograms_to_input(hist, spec, train=False)
     monkeypatch.setattr(rep, "_kernel_ok", lambda x: False)
     by_torch = rep.histograms_to_input(hist, spec, train=False)
-    np.testing.assert_allclose(compiled.numpy(), by_torch.numpy(), rtol=0, atol=1e-6)
+    # float rounding of the linear input, magnified by the log's slope at 0 (gain / log1p(gain)) for "log"
+    atol = 1e-6 if scale == "linear" else 1e-6 * spec.log_gain / np.log1p(spec.log_gain)
+    np.testing.assert_allclose(compiled.numpy(), by_torch.numpy(), rtol=0, atol=atol)
 
 
 def test_batch_preprocess_in_chunks_equals_whole_batch_processing(events_factory):
