@@ -157,6 +157,8 @@ def test_block_size_scales_with_the_grid():
     assert BlockMaskGenerator((14, 14), 0.5).min_block == 16
     assert BlockMaskGenerator((8, 8), 0.5).min_block == 5
     assert BlockMaskGenerator((2, 2), 0.5).min_block == 1
+    with pytest.raises(ValueError, match="min_block"):
+        BlockMaskGenerator((8, 8), 0.5, min_block=0)
 
 
 def test_block_mask_forms_blocks():

@@ -51,6 +51,8 @@ class BlockMaskGenerator:
         self.grid = (int(grid[0]), int(grid[1]))
         self.num_masked = round(mask_ratio * self.grid[0] * self.grid[1])
         area = self.grid[0] * self.grid[1]
+        if min_block is not None and min_block < 1:
+            raise ValueError(f"min_block must be at least 1 patch, got {min_block}")
         self.min_block = max(1, round(16 * area / 196)) if min_block is None else min_block
         self.max_block = self.num_masked if max_block is None else max_block
         self.log_aspect = (math.log(aspect[0]), math.log(aspect[1]))

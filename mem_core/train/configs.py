@@ -65,6 +65,7 @@ class PretrainStageConfig(StageConfig):
     method: Literal["mem", "emae"] = "mem"
     emae_loss: Literal["masked", "all"] = "all"
     mask_ratio: float = 0.5
+    mask_min_block: int | None = None  # smallest masked block in patches; None: BEiT's 16 of 196, scaled to the grid
     lr: float = 3e-4
     betas: tuple[float, float] = (0.9, 0.95)
     warmup_steps: int = 1000

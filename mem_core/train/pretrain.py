@@ -56,7 +56,7 @@ def run(cfg: PretrainStageConfig, out: Path | str, *, tokenizer: Path | str | No
     from timm.optim import create_optimizer_v2
 
     optimizer = create_optimizer_v2(model, "adamw", lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas)
-    masks = BlockMaskGenerator(cfg.model.grid_size, cfg.mask_ratio)
+    masks = BlockMaskGenerator(cfg.model.grid_size, cfg.mask_ratio, min_block=cfg.mask_min_block)
 
     def forward(events, generator: torch.Generator, mask_rng: np.random.Generator, train: bool, net):
         x = batch_preprocess(events, cfg.input, train=train, generator=generator, device=runtime.device)
@@ -112,7 +112,11 @@ def save_predictions(model, tok, events, cfg: PretrainStageConfig, runtime: Runt
     x = batch_preprocess(events, cfg.input, train=False, device=runtime.device)[:n]
     grid = cfg.model.grid_size
     p = cfg.model.patch_size
-    mask = BlockMaskGenerator(grid, cfg.mask_ratio).batch(x.shape[0], np.random.default_rng(0)).to(x.device)
+    mask = (
+        BlockMaskGenerator(grid, cfg.mask_ratio, min_block=cfg.mask_min_block)
+        .batch(x.shape[0], np.random.default_rng(0))
+        .to(x.device)
+    )
     pixel_mask = mask.view(-1, 1, *grid).repeat_interleave(p, 2).repeat_interleave(p, 3)  # (B, 1, H, W)
     masked_input = x * ~pixel_mask
     if tok is not None:
