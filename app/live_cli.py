@@ -29,6 +29,13 @@ def serve(
         int | None,
         typer.Option("--window", help="Events per window (default: the model's n_max, 30000 for the paper's models)."),
     ] = None,
+    window_ms: Annotated[
+        float | None,
+        typer.Option(
+            "--window-ms",
+            help="Also cap the window's time span (ms), e.g. 100 for a model trained on 100 ms N-Cars samples.",
+        ),
+    ] = None,
     pub: Annotated[str, typer.Option("--pub", help="PUB endpoint to bind.")] = "tcp://127.0.0.1:5557",
     control: Annotated[
         str | None, typer.Option("--control", help="Control (REP) endpoint to bind (default: the --pub port + 1).")
@@ -53,6 +60,7 @@ def serve(
         source=source,
         tokenizer=tokenizer,
         window=window,
+        window_ms=window_ms,
         pub=pub,
         control=control,
         speed=speed,

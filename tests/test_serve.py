@@ -173,6 +173,19 @@ def test_server_publishes_hist_tokens_pred_and_stats(export):
     assert s["source"]["kind"] == "synthetic" and s["session"] == p.header["session"]
 
 
+def test_window_ms_caps_the_time_span_of_each_window(export):
+    # 200 k events/s: the model's 2000-event window spans 10 ms; a 4 ms cap keeps only the newest ~800 events
+    source = SyntheticSource(200_000, SENSOR, batch_us=2000)
+    with serving(export, source, window_ms=4.0) as server, subscriber(server.pub_endpoint) as sub:
+        messages = collect(sub, lambda ms: len(of(ms, "pred")) >= 5)
+    for p in of(messages, "pred"):
+        window = p.header["window"]
+        assert window["t_last_us"] - window["t_first_us"] < 4000
+        assert 0 < window["events"] < 2000
+    with pytest.raises(ValueError, match="window_ms"):
+        LiveServer(ServeConfig(model=export, window_ms=0.0), source=SyntheticSource(1000, SENSOR))
+
+
 class SlowPredictor(Predictor):
     """The real predictor plus a fixed delay, standing in for a model slower than the event stream."""
 

@@ -46,6 +46,7 @@ class ServeConfig:
     source: str = "sim"
     tokenizer: Path | None = None
     window: int | None = None  # events per window; None: the model's n_max
+    window_ms: float | None = None  # and no older than this before the newest event (None: no time limit)
     pub: str = "tcp://127.0.0.1:5557"
     control: str | None = None
     speed: float = 1.0  # replay / simulator speed (x real time)
@@ -97,10 +98,11 @@ class LiveServer:
         self.config = config
         self.predictor = predictor or Predictor(config.model, config.tokenizer, config.device)
         self.window = config.window or self.predictor.spec.n_max
-        if self.window <= 0 or config.top_k <= 0 or config.stats_interval_s <= 0:
+        bad_span = config.window_ms is not None and not config.window_ms > 0  # (NaN too)
+        if self.window <= 0 or config.top_k <= 0 or config.stats_interval_s <= 0 or bad_span:
             raise ValueError(
-                f"window, top_k and stats_interval_s must be positive, got {self.window}, {config.top_k}, "
-                f"{config.stats_interval_s}"
+                f"window, window_ms, top_k and stats_interval_s must be positive, got {self.window}, "
+                f"{config.window_ms}, {config.top_k}, {config.stats_interval_s}"
             )
         self.source = source or open_source(config.source, speed=config.speed, loop=config.loop)
         self.ring = EventRing(self.window)
@@ -262,11 +264,15 @@ class LiveServer:
         # events that arrived but never fell inside a window: whole windows of them are "skipped"
         self._unseen_events += max(0, new_events - len(snap.events))
         self.skipped_windows = self._unseen_events // self.window
-        out = self.predictor(snap.events, sensor)
+        events = snap.events
+        if self.config.window_ms is not None:  # live sources keep time monotonic, so the newest span is a suffix
+            t = events["t"]
+            events = events[np.searchsorted(t, t[-1] - round(self.config.window_ms * 1000), side="right") :]
+        out = self.predictor(events, sensor)
         self.frames += 1
-        t = snap.events["t"]
+        t = events["t"]
         wall_arrival = time.time() - (time.monotonic() - snap.arrival)
-        self._last_window = {"events": len(snap.events), "t_first_us": int(t[0]), "t_last_us": int(t[-1])}
+        self._last_window = {"events": len(events), "t_first_us": int(t[0]), "t_last_us": int(t[-1])}
         common = {
             "session": self.session,
             "frame": self.frames,
@@ -431,7 +437,8 @@ def run(config: ServeConfig) -> None:
     server = LiveServer(config)
     print(
         f"mem serve: {server.predictor.task} model {config.model} on source {config.source!r}, "
-        f"window {server.window} events\n"
+        f"window {server.window} events"
+        f"{'' if config.window_ms is None else f' of at most {config.window_ms:g} ms'}\n"
         f"publishing on {server.pub_endpoint}, control on {server.control_endpoint}",
         flush=True,
     )
