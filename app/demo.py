@@ -29,12 +29,13 @@ import typer
 DEMO_INPUT = ["input.n_max=5000", "data.num_workers=1"]
 STAGE_SETTINGS = {
     "tokenizer": ["epochs=5", "batch_size=64", "lr=2e-3", "model.temperature_anneal_steps=150"],
-    "pretrain": ["epochs=10", "batch_size=64", "warmup_steps=20"],
+    # pretraining length is what makes MEM pay off (docs/RESULTS.md); a sim epoch takes under 2 s
+    "pretrain": ["epochs=60", "batch_size=64", "warmup_steps=20"],
     "finetune": [
-        "epochs=30",
+        "epochs=150",
         "batch_size=25",
-        "warmup_epochs=2",
-        "eval_every=10",
+        "warmup_epochs=10",
+        "eval_every=25",
         "head_init_scale=1.0",
         "input.randaug_ops=0",
     ],
