@@ -42,6 +42,7 @@ STAGE_SETTINGS = {
 }
 CORPUS_SIM_SECONDS = 60
 LIVE_SECONDS = 12
+SERVER_START_S = 120  # the longest the live server may take to publish its first message
 
 
 @dataclass
@@ -158,10 +159,11 @@ def live(export_dir: Path, out: Path, headless: bool) -> dict | None:
     env = dict(os.environ)
     if headless:
         env["QT_QPA_PLATFORM"] = "offscreen"
-        serve_cmd += ["--duration", str(LIVE_SECONDS + 20)]
+        serve_cmd += ["--duration", str(LIVE_SECONDS + SERVER_START_S)]
     _say(f"live: mem serve on the simulated camera, publishing on {pub}")
     server = subprocess.Popen(serve_cmd, env=env)
     try:
+        _wait_for_server(pub, server)
         view_cmd = [*base, "view", "--connect", pub]
         if headless:
             snapshot = out / "live.png"
@@ -179,6 +181,26 @@ def live(export_dir: Path, out: Path, headless: bool) -> dict | None:
             server.wait(timeout=10)
         except subprocess.TimeoutExpired:
             server.kill()
+
+
+def _wait_for_server(pub: str, server: subprocess.Popen) -> None:
+    """Block until ``mem serve`` publishes, so the headless viewer's seconds are spent on frames: on a fresh clone
+    the server first compiles its kernels, which can take longer than the viewer's whole window."""
+    import zmq
+
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.connect(pub)
+    deadline = time.monotonic() + SERVER_START_S
+    try:
+        while not sub.poll(250):
+            if server.poll() is not None:
+                raise RuntimeError(f"mem serve exited with code {server.returncode} before publishing on {pub}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"mem serve published nothing on {pub} within {SERVER_START_S} s")
+    finally:
+        sub.close()
 
 
 def write_report(cfg: DemoConfig, runs: dict[str, Path], table_md: str, live_state: dict | None) -> Path:
