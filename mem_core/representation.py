@@ -43,6 +43,7 @@ Channels = Literal["hist", "temporal", "timestamp"]
 CHANNELS: tuple[str, ...] = ("hist", "temporal", "timestamp")
 Scale = Literal["linear", "log"]
 SCALES: tuple[str, ...] = ("linear", "log")
+LOG_GAIN = 50.0  # default gain of the log scale (``log_scale``)
 
 # float32 holds every integer up to 2**24 exactly, so a window of at most that many events is counted straight
 # into float32; longer streams are counted in int64 and converted (counts above 2**24 then round to float32).
@@ -231,7 +232,7 @@ class InputSpec:
     resize_to: tuple[int, int] | None = None
     hot_pixel_std: float | None = 10.0
     scale: Scale = "linear"
-    log_gain: float = 50.0
+    log_gain: float = LOG_GAIN
     shift_px: int = 15
     flip_polarity_p: float = 0.5
     hflip_p: float = 0.5
@@ -343,7 +344,7 @@ def normalize_histogram(hist: torch.Tensor, count_channels: int | None = None) -
 
 
 def log_scale(
-    hist: torch.Tensor, count_channels: int | None = None, gain: float = 50.0, *, inplace: bool = False
+    hist: torch.Tensor, count_channels: int | None = None, gain: float = LOG_GAIN, *, inplace: bool = False
 ) -> torch.Tensor:
     """``log1p(gain * x) / log1p(gain)`` of the count channels of normalized, resized inputs: [0, 1] -> [0, 1].
 
@@ -366,9 +367,10 @@ def histograms_to_input(
 ) -> torch.Tensor:
     """Sensor-resolution histograms (B, C, h, w) -> model input (B, C, *spec.size) in [0, 1].
 
-    Order: hot pixels -> normalize -> resize (+ crop) -> log scale -> RandAugment (train). Hot pixels are removed at sensor
-    resolution: there a hot pixel is one outlier that the mean + k * std rule removes exactly, while after an
-    upsampling resize its interpolated halo survives the threshold and would set the normalization scale.
+    Order: hot pixels -> normalize -> resize (+ crop) -> log scale -> RandAugment (train). Hot pixels are
+    removed at sensor resolution: there a hot pixel is one outlier that the mean + k * std rule removes exactly,
+    while after an upsampling resize its interpolated halo survives the threshold and would set the
+    normalization scale.
     Normalizing before the resize gives the same image up to one scalar (the resize is linear), keeps the peak
     count of the sensor as the unit, and costs a pass over the small histogram instead of the large one; the
     bilinear resize is a convex combination, so values stay in [0, 1]. float32/float64 CPU batches run through
