@@ -396,8 +396,8 @@ def _to_input(
         hist = resize_histogram(hist, spec.size)
     else:
         hist = crop_histogram(resize_histogram(hist, spec.resize_to), spec.size, generator if train else None)
-    if spec.scale == "log":
-        hist = log_scale(hist, spec.count_channels, spec.log_gain)
+    if spec.scale == "log":  # ``hist`` is a new tensor since normalize_histogram: scale it in place
+        hist = log_scale(hist, spec.count_channels, spec.log_gain, inplace=True)
     hist = hist.contiguous()
     if train and spec.randaug_ops > 0:
         hist = rand_augment(hist, spec.randaug_ops, spec.randaug_magnitude, generator, inplace=True)

@@ -11,9 +11,19 @@ import torch
 from mem_core.train.rundir import RunDir, load_checkpoint
 
 SETTINGS = [
-    "epochs=2", "batch_size=8", "data.max_samples=32", "data.num_workers=0", "input.size=[32, 32]",
-    "input.n_max=2000", "input.randaug_ops=0", "model.patch_size=8", "model.embed_dim=32", "model.depth=2",
-    "model.num_heads=2", "model.drop_path=0.0", "warmup_epochs=0",
+    "epochs=2",
+    "batch_size=8",
+    "data.max_samples=32",
+    "data.num_workers=0",
+    "input.size=[32, 32]",
+    "input.n_max=2000",
+    "input.randaug_ops=0",
+    "model.patch_size=8",
+    "model.embed_dim=32",
+    "model.depth=2",
+    "model.num_heads=2",
+    "model.drop_path=0.0",
+    "warmup_epochs=0",
 ]
 
 
@@ -32,8 +42,18 @@ def run(cmd: list[str]) -> None:
 
 def test_two_processes_match_one(tmp_path):
     run([sys.executable, "-m", "app.cli", *finetune_command(tmp_path / "one")])
-    run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "app.cli",
-         *finetune_command(tmp_path / "two")])
+    run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "app.cli",
+            *finetune_command(tmp_path / "two"),
+        ]
+    )
     one = load_checkpoint(tmp_path / "one" / "checkpoint.pt")["model"]
     two = load_checkpoint(tmp_path / "two" / "checkpoint.pt")["model"]
     for key in one:

@@ -349,15 +349,12 @@ for _ in range(rounds):
 
 def test_publish_never_blocks_on_a_frozen_subscriber_and_survives_its_death():
     address = f"tcp://127.0.0.1:{free_port()}"
-    repo = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(
         [sys.executable, "-c", FROZEN_PUBLISHER, FROZEN_SUBSCRIBER, address, "3"],
         capture_output=True,
         text=True,
         timeout=120,
-        env=env,
-        cwd=repo,
+        cwd=ROOT,
     )
     assert done.returncode == 0, f"publisher process died (rc {done.returncode}): {done.stderr[-2000:]}"
     rounds = [json.loads(line) for line in done.stdout.splitlines()]

@@ -145,10 +145,10 @@ class LiveServer:
 
     def _bind(self, kind: int, endpoint: str) -> zmq.Socket:
         socket = self._context.socket(kind)
-        socket.setsockopt(zmq.LINGER, 0)
+        # a PUB socket with a zero linger can abort libzmq on close (see recorders.publish); the others need none
+        socket.setsockopt(zmq.LINGER, CLOSE_LINGER_MS if kind == zmq.PUB else 0)
         if kind == zmq.PUB:
             socket.setsockopt(zmq.SNDHWM, 16)  # a slow subscriber loses old messages, the server never waits
-            socket.setsockopt(zmq.LINGER, CLOSE_LINGER_MS)  # a zero linger can abort libzmq; see recorders.publish
         try:
             socket.bind(endpoint)
         except zmq.ZMQError as exc:
