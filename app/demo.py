@@ -28,13 +28,21 @@ import typer
 # The demo's recipe: cpu-tiny with windows the size of a simulated sample (50 ms, ~5 000 events).
 DEMO_INPUT = ["input.n_max=5000", "data.num_workers=1"]
 STAGE_SETTINGS = {
-    # ~1600 steps: with 5 epochs (137 steps) the dVAE put every cell on one entry (usage 1 %); 60 epochs: 57 %
-    "tokenizer": ["epochs=60", "batch_size=64", "lr=1e-3", "lr_gamma=0.97", "model.temperature_anneal_steps=1000"],
-    # pretraining length is what makes MEM pay off (docs/RESULTS.md); a sim epoch takes under 2 s
-    "pretrain": ["epochs=60", "batch_size=64", "warmup_steps=20"],
+    # ~430 steps (an epoch reads the 60 s corpus once): codebook usage ~80 %; 5 epochs of 30 000-event slots had
+    # left every cell on one entry
+    "tokenizer": [
+        "epochs=40",
+        "batch_size=64",
+        "lr=1e-3",
+        "lr_gamma=0.95",
+        "model.temperature_anneal_steps=400",
+        "eval_every=5",
+    ],
+    # pretraining length is what makes MEM pay off (docs/RESULTS.md): ~1000 steps, small batches to afford them
+    "pretrain": ["epochs=50", "batch_size=32", "warmup_steps=50", "eval_every=5"],
     "finetune": [
         "epochs=150",
-        "batch_size=25",
+        "batch_size=50",
         "warmup_epochs=10",
         "eval_every=25",
         "head_init_scale=1.0",
@@ -51,7 +59,7 @@ class DemoConfig:
     out: Path
     headless: bool
     fresh: bool
-    labels_per_class: int = 20
+    labels_per_class: int = 40
 
 
 def _say(message: str) -> None:
@@ -80,7 +88,7 @@ def _finished(run: Path) -> bool:
 
 
 def record_corpus(corpus: Path) -> None:
-    from mem_core.dataset_sources import sim_config
+    from mem_core.simulator import task_config
     from recorders.record import RecordConfig, run
     from recorders.sources import SimulatorSource
 
@@ -88,16 +96,27 @@ def record_corpus(corpus: Path) -> None:
         _say(f"corpus {corpus} exists: reusing it")
         return
     _say(f"recording {CORPUS_SIM_SECONDS} s of the simulated camera (as fast as it computes) into {corpus}")
-    source = SimulatorSource(sim_config(seed=7), speed=0, duration_us=CORPUS_SIM_SECONDS * 1_000_000)
+    source = SimulatorSource(task_config(seed=7), speed=0, duration_us=CORPUS_SIM_SECONDS * 1_000_000)
     result = run(RecordConfig(source="sim", out=corpus, name="sim-session", speed=0), source=source)
     if result.error:
         raise RuntimeError(f"recording the demo corpus failed: {result.error}")
     _say(f"recorded {result.stored:,} events in {result.seconds:.1f} s")
 
 
+def label_fraction(labels_per_class: int) -> float:
+    """The share of the simulated train split that ``labels_per_class`` labelled samples per class make."""
+    from mem_core.dataset_sources import SIM_SPLITS
+
+    per_class = SIM_SPLITS["train"][0]
+    if not 0 < labels_per_class <= per_class:
+        raise ValueError(f"labels per class must be in 1..{per_class} (the simulated train split), got {labels_per_class}")
+    return labels_per_class / per_class
+
+
 def train_all(cfg: DemoConfig) -> dict[str, Path]:
     from mem_core.train import finetune, pretrain, tokenizer
 
+    fraction = label_fraction(cfg.labels_per_class)
     out = cfg.out
     corpus = out / "corpus"
     record_corpus(corpus)
@@ -110,8 +129,6 @@ def train_all(cfg: DemoConfig) -> dict[str, Path]:
         _say("stage 2: masked event pretraining on the unlabeled corpus")
         cfg_pre = _stage("pretrain", "corpus", f"data.path={corpus}")
         pretrain.run(cfg_pre, runs["pretrain"], tokenizer=runs["tokenizer"], resume=runs["pretrain"].exists())
-    n_classes = 5
-    fraction = cfg.labels_per_class * n_classes / 1000  # the sim train split holds 200 samples per class
     for arm, init in (("mem", runs["pretrain"]), ("scratch", None)):
         path = runs[f"finetune-{arm}"]
         if not (path / "result.json").exists():
@@ -156,7 +173,11 @@ def live(export_dir: Path, out: Path, headless: bool) -> dict | None:
     port = _free_port()
     pub = f"tcp://127.0.0.1:{port}"
     base = [sys.executable, "-m", "app.cli"]
-    serve_cmd = [*base, "serve", "--model", str(export_dir), "--source", "sim", "--pub", pub]
+    from mem_core.dataset_sources import SIM_DURATION_US
+
+    # windows as long as the labelled samples the model learned from (50 ms), not 5 000 events of any length
+    window_ms = str(SIM_DURATION_US // 1000)
+    serve_cmd = [*base, "serve", "--model", str(export_dir), "--source", "sim", "--pub", pub, "--window-ms", window_ms]
     env = dict(os.environ)
     if headless:
         env["QT_QPA_PLATFORM"] = "offscreen"
@@ -270,9 +291,13 @@ def demo(
         bool | None, typer.Option("--headless/--window", help="Snapshots and a report instead of a window.")
     ] = None,
     fresh: Annotated[bool, typer.Option("--fresh", help="Start over instead of reusing the last demo's work.")] = False,
-    labels_per_class: Annotated[int, typer.Option("--labels-per-class", help="Labelled samples per class.")] = 20,
+    labels_per_class: Annotated[int, typer.Option("--labels-per-class", help="Labelled samples per class.")] = 40,
 ) -> None:
     """The whole product on the simulated camera: record, pretrain, finetune MEM vs scratch, live viewer."""
+    try:
+        label_fraction(labels_per_class)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--labels-per-class") from None
     run(
         DemoConfig(
             out=out,

@@ -22,14 +22,19 @@ CORPUS_VAL_EVERY = 20  # every 20th slot is validation
 
 
 class CorpusSource(EventSource):
-    """A MEM corpus as samples: each recording is cut into slots of ``slot`` events (a short recording is one slot).
+    """A MEM corpus as samples. Each recording is cut into slots of ``slot`` events (a short recording is one slot);
+    ``split`` ``train`` / ``val`` takes every slot but / only each ``CORPUS_VAL_EVERY``-th one, ``all`` everything.
 
-    At train time a window is drawn at random inside its slot, so a long recording yields fresh windows every
-    epoch; ``split`` ``train`` / ``val`` takes every slot but / only each ``CORPUS_VAL_EVERY``-th one, ``all``
-    everything. Recording labels (class names) become class ids; unlabeled recordings get -1.
+    With ``window`` (the model's events per input), a slot holds ``slot // window`` samples, so one epoch reads the
+    corpus about once; without it a slot is one sample. At train time a sample's window is drawn at random inside
+    its slot, so a long recording yields fresh windows every epoch and never reaches into another split's slot; at
+    evaluation sample ``k`` of a slot is its ``k``-th window. Recording labels (class names) become class ids;
+    unlabeled recordings get -1.
     """
 
-    def __init__(self, root: Path, split: str, slot: int = CORPUS_SLOT):
+    def __init__(self, root: Path, split: str, slot: int = CORPUS_SLOT, window: int | None = None):
+        if slot < 1 or (window is not None and window < 1):
+            raise DatasetError(f"corpus slot and window must be >= 1 events, got slot={slot}, window={window}")
         self.name = "corpus"
         self.corpus = Corpus(root)
         recordings = self.corpus.recordings
@@ -56,29 +61,39 @@ class CorpusSource(EventSource):
             keep = slice(None)
         else:
             raise DatasetError(f"corpus splits are train, val and all, not {split!r}")
-        self.slots = table[keep]
+        table = table[keep]
+        parts = np.maximum(1, table[:, 2] // window) if window else np.ones(len(table), dtype=np.int64)
+        # one row per sample: (recording, first event, events in slot, part, parts)
+        part = np.arange(parts.sum()) - np.repeat(np.cumsum(parts) - parts, parts)
+        self.samples = np.column_stack([np.repeat(table, parts, axis=0), part, np.repeat(parts, parts)])
         index = {c: k for k, c in enumerate(names)}
         self.labels = np.asarray(
-            [index[str(recordings[i].label)] if recordings[i].label is not None else -1 for i in self.slots[:, 0]],
+            [index[str(recordings[i].label)] if recordings[i].label is not None else -1 for i in self.samples[:, 0]],
             dtype=np.int64,
         )
 
+    def _part(self, index: int) -> tuple[int, int, int]:
+        """(recording, first event, events) of sample ``index``'s share of its slot."""
+        rec, lo, count, part, parts = (int(v) for v in self.samples[index])
+        size = count // parts
+        return rec, lo + part * size, count - part * size if part == parts - 1 else size
+
     def load(self, index: int) -> np.ndarray:
-        rec, lo, count = (int(v) for v in self.slots[index])
+        rec, lo, count = self._part(index)
         return self.corpus.window(rec, lo, count)
 
     def load_window(self, index: int, n: int, rng: np.random.Generator | None) -> np.ndarray:
-        rec, lo, count = (int(v) for v in self.slots[index])
+        rec, lo, count = (int(v) for v in self.samples[index, :3]) if rng is not None else self._part(index)
         total = self.corpus.recordings[rec].n_events
-        # a short slot's window may reach into its neighbours
+        # a window longer than its slot (or part) reaches into the neighbours, centred on it
         start = lo + window_start(count, n, rng) if count >= n else max(0, min(lo + count // 2 - n // 2, total - n))
         return self.corpus.window(rec, start, n)
 
 
-def corpus(root, split: str) -> EventSource:
+def corpus(root, split: str, window: int | None = None) -> EventSource:
     if root is None:
         raise DatasetError("the corpus dataset needs --data CORPUS_DIR")
-    return CorpusSource(_require_dir(Path(root), "corpus directory"), split)
+    return CorpusSource(_require_dir(Path(root), "corpus directory"), split, window=window)
 
 
 # ---------------------------------------------------------------------------------------------- DSEC-Semantic
@@ -177,21 +192,16 @@ SIM_SPLITS = {"train": (200, 1), "val": (40, 2), "test": (60, 3)}  # samples per
 SIM_DURATION_US = 50_000
 
 
-def sim_config(seed: int = 0):
-    """The simulated camera of the ``sim`` dataset and the demo: shapes large enough to tell apart at 64 x 64."""
-    from mem_core.simulator import SimulatorConfig
-
-    return SimulatorConfig(size_range=(0.18, 0.3), texture=0.15, seed=seed)
-
-
 class SimSource(EventSource):
     """Labelled samples of the built-in simulated camera, generated on demand (deterministic per split)."""
 
     def __init__(self, split: str, n_per_class: int | None = None, seed: int | None = None):
         if split not in SIM_SPLITS:
             raise DatasetError(f"sim splits are {', '.join(SIM_SPLITS)}, not {split!r}")
+        from mem_core.simulator import task_config
+
         default_n, default_seed = SIM_SPLITS[split]
-        self.config = sim_config()
+        self.config = task_config()
         self.name, self.sensor = "sim", self.config.sensor
         self.classes = list(self.config.classes)
         n = n_per_class or default_n

@@ -6,7 +6,8 @@ log-intensity frame; between two frames each pixel's log intensity is interpolat
 emitted wherever it moves one contrast threshold away from the level at that pixel's last event (ESIM-style),
 at the interpolated crossing time. Pixels have their own ON/OFF thresholds (Gaussian mismatch around
 ``contrast_threshold``), a refractory period, and Poisson background noise. Output is ``EVENT_DTYPE``
-sorted by time.
+sorted by time. With ``scene_us`` the scene cuts to freshly drawn objects at every multiple of ``scene_us``, so a
+long recording shows every class; a cut resets each pixel's reference level, so it fires no burst of events.
 
 Labels: ``EventSimulator.label_mask()`` is ``(H, W) uint8`` with 0 = background and ``k + 1`` for class id ``k``
 (an index into ``classes``). ``make_sample`` / ``make_dataset`` give labelled, reproducible training samples.
@@ -47,6 +48,7 @@ class SimulatorConfig:
     noise_rate_hz: float = 0.1  # background events per pixel per second
     step_us: int = 1000  # render interval; events in between are interpolated
     texture: float = 0.3  # log-intensity std of background/object textures; 0 = flat
+    scene_us: int = 0  # cut to new objects (classes and poses) every scene_us; 0 = one scene forever
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -60,7 +62,7 @@ class SimulatorConfig:
         unknown = [c for c in self.classes if c not in SHAPES]
         if unknown:
             problems.append(f"unknown classes {unknown} (known: {SHAPES})")
-        for name in ("n_objects", "refractory_us", "step_us", "seed"):
+        for name in ("n_objects", "refractory_us", "step_us", "scene_us", "seed"):
             if not isinstance(getattr(self, name), int | np.integer):
                 problems.append(f"{name} must be an integer, got {getattr(self, name)!r}")
         if self.n_objects < 0:
@@ -73,7 +75,7 @@ class SimulatorConfig:
             problems.append(f"speed_range must satisfy 0 <= low <= high, got {self.speed_range}")
         if self.contrast_threshold <= 0:
             problems.append(f"contrast_threshold must be > 0, got {self.contrast_threshold}")
-        for name in ("threshold_sigma", "refractory_us", "noise_rate_hz", "texture", "max_angular_speed"):
+        for name in ("threshold_sigma", "refractory_us", "noise_rate_hz", "texture", "max_angular_speed", "scene_us"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.step_us <= 0:
@@ -97,6 +99,16 @@ def fast_config(seed: int = 0) -> SimulatorConfig:
         texture=0.5,
         seed=seed,
     )
+
+
+def task_config(seed: int = 0) -> SimulatorConfig:
+    """The camera of the labelled ``sim`` dataset, the demo's corpus and the live ``sim`` source: one flat shape
+    at a time, large enough to tell apart at 64 x 64, and a new scene every 2 s.
+
+    Flat, because textured objects fire events all over their inside that hide the outline: a small ViT trained
+    on all 1000 labelled samples reached 37 % with ``texture=0.15`` and 80 % without.
+    """
+    return SimulatorConfig(n_objects=1, size_range=(0.18, 0.3), texture=0.0, scene_us=2_000_000, seed=seed)
 
 
 @dataclass
@@ -311,8 +323,9 @@ def _events_kernel(l0, l1, ref, last_t, c_on, c_off, t0, dt, refractory, noise_p
 class EventSimulator:
     """A live simulated event camera. Time starts at 0 and only moves forward (``simulate``/``stream``).
 
-    ``object_classes`` (class ids) fixes the scene's objects, bottom to top, overriding ``config.n_objects``.
-    The same config (and ``object_classes``) and the same sequence of calls give identical events.
+    ``object_classes`` (class ids) fixes the scene's objects, bottom to top, overriding ``config.n_objects`` (a
+    scene cut then draws new poses for the same classes). The same config (and ``object_classes``) and the same
+    sequence of calls give identical events.
     """
 
     def __init__(self, config: SimulatorConfig | None = None, object_classes: Sequence[int] | None = None) -> None:
@@ -320,14 +333,15 @@ class EventSimulator:
         cfg = self.config
         h, w = cfg.sensor
         bg_seq, threshold_seq, object_seq, class_seq, noise_seq = np.random.SeedSequence(cfg.seed).spawn(5)
-        if object_classes is None:
-            class_id = np.random.default_rng(class_seq).integers(0, len(cfg.classes), cfg.n_objects)
-        else:
-            class_id = np.asarray(object_classes, dtype=np.int64).reshape(-1)
-            bad = class_id[(class_id < 0) | (class_id >= len(cfg.classes))]
+        self._class_rng = np.random.default_rng(class_seq)
+        self._object_rng = np.random.default_rng(object_seq)
+        self._fixed_classes = None
+        if object_classes is not None:
+            self._fixed_classes = np.asarray(object_classes, dtype=np.int64).reshape(-1)
+            bad = self._fixed_classes[(self._fixed_classes < 0) | (self._fixed_classes >= len(cfg.classes))]
             if bad.size:
                 raise ValueError(f"object class ids {bad.tolist()} out of range for {len(cfg.classes)} classes")
-        self._objects = _spawn_objects(class_id, cfg, np.random.default_rng(object_seq))
+        self._objects = self._draw_objects()
         self._log_bg = _background(cfg.sensor, cfg.texture, np.random.default_rng(bg_seq))
         threshold_rng = np.random.default_rng(threshold_seq)
         floor = _MIN_THRESHOLD_FRACTION * cfg.contrast_threshold
@@ -341,6 +355,21 @@ class EventSimulator:
         self._render(self._log)
         self._ref = self._log.reshape(-1).astype(np.float64)  # every pixel starts at its current level
         self._last_t = np.full(h * w, _NEVER_US, dtype=np.int64)
+        self._next_cut = cfg.scene_us if cfg.scene_us else None
+
+    def _draw_objects(self) -> _Objects:
+        if self._fixed_classes is not None:
+            class_id = self._fixed_classes
+        else:
+            class_id = self._class_rng.integers(0, len(self.config.classes), self.config.n_objects)
+        return _spawn_objects(class_id, self.config, self._object_rng)
+
+    def _cut(self) -> None:
+        """Replace the objects; every pixel's reference level becomes its new level, so the cut fires no events."""
+        self._objects = self._draw_objects()
+        self._render(self._log)
+        self._ref = self._log.reshape(-1).astype(np.float64)
+        self._next_cut += self.config.scene_us
 
     @property
     def sensor(self) -> SensorSize:
@@ -372,7 +401,10 @@ class EventSimulator:
         end = self._t + int(duration_us)
         parts = []
         while self._t < end:
-            parts.append(self._step(min(self.config.step_us, end - self._t)))
+            if self._next_cut is not None and self._t >= self._next_cut:
+                self._cut()
+            step_end = end if self._next_cut is None else min(end, self._next_cut)
+            parts.append(self._step(min(self.config.step_us, step_end - self._t)))
         return _concatenate(parts)
 
     def stream(self, duration_us: int | None = None, batch_us: int = 10_000) -> Iterator[np.ndarray]:

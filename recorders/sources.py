@@ -23,7 +23,7 @@ import numpy as np
 from mem_core.errors import MemError
 from mem_core.events import EVENT_DTYPE, SensorSize
 from mem_core.io import read_events
-from mem_core.simulator import EventSimulator, SimulatorConfig, fast_config
+from mem_core.simulator import EventSimulator, SimulatorConfig, fast_config, task_config
 
 HEARTBEAT_S = 0.05  # longest a paused or waiting source stays silent
 
@@ -226,7 +226,7 @@ def open_live_source(spec: str, *, speed: float = 1.0, loop: bool = False, batch
 
         return CameraSource(arg or None)
     if kind == "sim":
-        presets = {"": SimulatorConfig(), "fast": fast_config()}
+        presets = {"": task_config(), "fast": fast_config()}
         if arg not in presets:
             raise RecorderError(f"unknown simulator preset {arg!r} in source {spec!r} (use sim or sim:fast)")
         return SimulatorSource(presets[arg], batch_us=batch_us, speed=speed)

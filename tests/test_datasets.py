@@ -137,6 +137,29 @@ def test_corpus_source_with_labels_and_slots(tmp_path):
     assert len(window) == 1000 and np.all(np.diff(window["t"]) >= 0)
 
 
+def test_corpus_epoch_reads_every_event_once_in_model_windows(tmp_path):
+    """With the model's window, an epoch holds a sample per window of the corpus, not one per 30 000-event slot, and
+    a training window never leaves its slot (so never crosses into the validation slots)."""
+    sensor = SensorSize(32, 48)
+    events = synthetic_events(100_000, sensor)
+    with CorpusWriter(tmp_path) as writer:
+        writer.add_recording("long", events, sensor)
+    slots = open_source("corpus", tmp_path, "all")
+    windows = open_source("corpus", tmp_path, "all", window=5000)
+    assert len(slots) == 3 and len(windows) == 6 + 6 + 8  # the last slot holds 40 000 events
+    covered = np.concatenate([windows.load(i)["t"] for i in range(len(windows))])
+    assert np.array_equal(covered, events["t"])  # evaluation samples tile the corpus
+    train = open_source("corpus", tmp_path, "train", window=5000)
+    assert len(train) == 6 + 8  # slot 0 is validation
+    rng = np.random.default_rng(0)
+    starts = {int(train.load_window(0, 5000, rng)["t"][0]) for _ in range(50)}
+    assert len(starts) > 10  # fresh windows every epoch
+    first_train_t, last_train_t = events["t"][30_000], events["t"][59_999]
+    for i in range(6):
+        window = train.load_window(i, 5000, rng)["t"]
+        assert first_train_t <= window[0] and window[-1] <= last_train_t
+
+
 def test_unknown_names_and_bad_roots_are_clear_errors(tmp_path):
     with pytest.raises(DatasetError, match="unknown dataset 'ncar'"):
         open_source("ncar", tmp_path, "train")

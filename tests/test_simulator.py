@@ -167,6 +167,7 @@ def test_make_sample_distractors_are_labelled_as_other_classes():
         ({"contrast_threshold": 0.0}, "contrast_threshold"),
         ({"speed_range": (5.0, 1.0)}, "speed_range"),
         ({"step_us": 1.5}, "step_us must be an integer"),
+        ({"scene_us": -1}, "scene_us"),
     ],
 )
 def test_config_rejects_bad_values(change, message):
@@ -177,3 +178,32 @@ def test_config_rejects_bad_values(change, message):
 def test_object_classes_out_of_range_are_rejected():
     with pytest.raises(ValueError, match="out of range"):
         EventSimulator(SMALL, object_classes=[len(SHAPES)])
+
+
+def test_scene_cuts_show_every_class_without_a_burst_of_events():
+    """A long recording from one simulator must cover the classes (a corpus of one shape teaches nothing), and a cut
+    must not fire the whole old and new silhouettes as one burst."""
+    scene_us = 20_000
+    config = dataclasses.replace(SMALL, n_objects=1, noise_rate_hz=0.0, scene_us=scene_us)
+    sim = EventSimulator(config)
+    seen, masks, per_ms = [], [], []
+    for batch in sim.stream(duration_us=15 * scene_us, batch_us=scene_us // 2):
+        seen.append(sim.object_classes[0])
+        masks.append(sim.label_mask())
+        per_ms.append(np.bincount((batch["t"] % (scene_us // 2)) // 1000, minlength=scene_us // 2000))
+    assert len(set(seen)) >= 4  # 15 scenes over 5 classes
+    assert all(set(np.unique(m)) == {BACKGROUND_LABEL, c + 1} for m, c in zip(masks, seen, strict=True))
+    rates = np.stack(per_ms)  # (batches, ms): batches 0, 2, 4, ... start with a cut
+    first_ms_after_cut, other_ms = rates[2::2, 0], rates[:, 1:]
+    assert first_ms_after_cut.max() < 3 * np.median(other_ms[other_ms > 0])
+    cut = EventSimulator(config)
+    assert cut.simulate(scene_us).size > 0 and cut.time_us == scene_us
+
+
+def test_scene_cuts_keep_fixed_object_classes():
+    config = dataclasses.replace(SMALL, scene_us=10_000)
+    sim = EventSimulator(config, object_classes=[2, 4])
+    before = sim.label_mask()
+    sim.simulate(25_000)
+    assert sim.object_classes == [2, 4]
+    assert not np.array_equal(before, sim.label_mask())  # new poses

@@ -37,7 +37,11 @@ def fit_input(cfg):
 
 
 def open_split(cfg, split: str) -> EventSource:
-    options = {"split_file": cfg.data.split_file} if cfg.data.dataset == "ncaltech101" and cfg.data.split_file else {}
+    options = {}
+    if cfg.data.dataset == "ncaltech101" and cfg.data.split_file:
+        options["split_file"] = cfg.data.split_file
+    if cfg.data.dataset == "corpus":  # one sample per model window, so an epoch reads the corpus once
+        options["window"] = cfg.input.n_max
     return open_source(cfg.data.dataset, cfg.data.path or None, split, **options)
 
 

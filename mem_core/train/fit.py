@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,6 +17,8 @@ from mem_core.train.engine import EpochBatchSampler, StepResult, seed_everything
 from mem_core.train.plots import plot_curves
 from mem_core.train.rundir import RunDir, load_checkpoint
 from mem_core.train.runtime import Runtime
+
+PLOT_EVERY_S = 30.0  # the longest curves.png lags behind metrics.jsonl between validation epochs
 
 
 def build_loader(
@@ -158,6 +161,7 @@ def fit(
             scheduler.step(start_epoch)
         else:
             scheduler.step_update(start_epoch * steps_per_epoch)
+    last_plot = -math.inf
     for epoch in range(start_epoch, cfg.epochs):
         seed_everything(cfg.seed, epoch)
         sampler.set_epoch(epoch)
@@ -180,7 +184,8 @@ def fit(
         record: dict[str, Any] = {"epoch": epoch, **{f"train_{k}": v for k, v in stats.items()}}
         record["epoch_seconds"] = time.perf_counter() - t0
         last = epoch == cfg.epochs - 1
-        if evaluate is not None and ((epoch + 1) % cfg.eval_every == 0 or last):
+        evaluated = evaluate is not None and ((epoch + 1) % cfg.eval_every == 0 or last)
+        if evaluated:
             record.update({f"val_{k}": v for k, v in evaluate(epoch).items()})
         if on_epoch_end is not None:
             on_epoch_end(epoch, record)
@@ -207,7 +212,10 @@ def fit(
                 weights = ema.module.state_dict() if ema is not None else model.state_dict()
                 run.save_checkpoint({"model": weights, "epoch": epoch, "best": best}, best=True)
             run.save_checkpoint(state)
-            plot_curves(run)
+            # a plot costs ~0.15 s: short epochs redraw only with new validation numbers or every PLOT_EVERY_S
+            if evaluated or last or time.monotonic() - last_plot >= PLOT_EVERY_S:
+                plot_curves(run)
+                last_plot = time.monotonic()
         result.history.append(record)
     result.best = best
     return result

@@ -1,0 +1,70 @@
+"""``mem demo`` end to end at toy size: record, tokenizer, pretrain, both finetunes, evaluation, export, live
+server + headless viewer, report; and a second run that reuses the first one's work."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from app import demo
+from mem_core import dataset_sources
+
+TINY_STAGES = {
+    "tokenizer": ["epochs=1", "batch_size=16", "model.temperature_anneal_steps=10"],
+    "pretrain": ["epochs=1", "batch_size=16", "warmup_steps=1"],
+    "finetune": ["epochs=2", "batch_size=5", "warmup_epochs=0", "eval_every=1", "input.randaug_ops=0"],
+}
+
+
+@pytest.fixture
+def tiny_demo(monkeypatch):
+    monkeypatch.setattr(demo, "STAGE_SETTINGS", TINY_STAGES)
+    monkeypatch.setattr(demo, "CORPUS_SIM_SECONDS", 3)
+    monkeypatch.setattr(demo, "LIVE_SECONDS", 4)
+    monkeypatch.setattr(dataset_sources, "SIM_SPLITS", {"train": (10, 1), "val": (4, 2), "test": (6, 3)})
+
+
+def stage_files(out):
+    return {p: p.stat().st_mtime_ns for p in sorted(out.rglob("checkpoint.pt"))}
+
+
+def test_demo_headless_reports_mem_and_scratch_and_reuses_its_work(tmp_path, tiny_demo, capsys):
+    out = tmp_path / "demo"
+    report = demo.run(demo.DemoConfig(out=out, headless=True, fresh=False, labels_per_class=2))
+
+    results = json.loads((out / "results.json").read_text())
+    assert set(results) == {"mem", "scratch"}
+    for arm in ("mem", "scratch"):
+        assert results[arm]["n"] == 30 and 0 <= results[arm]["top1"] <= 1  # the held-out test split
+    text = report.read_text()
+    assert "| mem |" in text and "| scratch |" in text
+    table = capsys.readouterr().out
+    assert "MEM (pretrained, finetuned)" in table and "ViT from scratch" in table
+    assert (out / "export" / "model.safetensors").is_file()
+
+    state = json.loads((out / "live.json").read_text())  # the headless viewer saw the live server's frames
+    assert state["link"] == "connected" and state["frames_shown"] > 0
+    assert state["prediction"]["task"] == "classification"
+    assert (out / "live.png").is_file() and (out / "report" / "live-demo.png").is_file()
+    assert "report/live-demo.png" in text
+
+    trained = stage_files(out)
+    assert len(trained) == 4  # tokenizer, pretrain, two finetunes
+    demo.run(demo.DemoConfig(out=out, headless=True, fresh=False, labels_per_class=2))
+    assert stage_files(out) == trained  # nothing retrained
+    assert "exists: reusing it" in capsys.readouterr().err
+
+
+def test_demo_rejects_impossible_label_counts_before_any_work(tmp_path):
+    out = tmp_path / "demo"
+    r = subprocess.run(
+        [sys.executable, "-m", "app.cli", "demo", "--labels-per-class", "201", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2 and "--labels-per-class" in r.stderr and "1..200" in r.stderr
+    assert not out.exists()
