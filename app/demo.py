@@ -120,7 +120,9 @@ def train_all(cfg: DemoConfig) -> dict[str, Path]:
     out = cfg.out
     corpus = out / "corpus"
     record_corpus(corpus)
-    runs = {name: out / name for name in ("tokenizer", "pretrain", "finetune-mem", "finetune-scratch")}
+    runs = {name: out / name for name in ("tokenizer", "pretrain")}
+    for arm in ("mem", "scratch"):  # one pair per label count: another --labels-per-class trains its own pair
+        runs[f"finetune-{arm}"] = out / f"finetune-{arm}-{cfg.labels_per_class}-labels"
     if not _finished(runs["tokenizer"]):
         _say("stage 1: training the event tokenizer on the unlabeled corpus")
         cfg_tok = _stage("tokenizer", "corpus", f"data.path={corpus}")

@@ -57,6 +57,14 @@ def test_demo_headless_reports_mem_and_scratch_and_reuses_its_work(tmp_path, tin
     assert stage_files(out) == trained  # nothing retrained
     assert "exists: reusing it" in capsys.readouterr().err
 
+    demo.run(demo.DemoConfig(out=out, headless=True, fresh=False, labels_per_class=3))
+    retrained = stage_files(out)
+    assert {p: t for p, t in retrained.items() if p in trained} == trained  # the corpus stages are reused
+    assert sorted(p.parent.name for p in set(retrained) - set(trained)) == [
+        "finetune-mem-3-labels",
+        "finetune-scratch-3-labels",
+    ]
+
 
 def test_demo_rejects_impossible_label_counts_before_any_work(tmp_path):
     out = tmp_path / "demo"
