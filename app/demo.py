@@ -109,7 +109,9 @@ def label_fraction(labels_per_class: int) -> float:
 
     per_class = SIM_SPLITS["train"][0]
     if not 0 < labels_per_class <= per_class:
-        raise ValueError(f"labels per class must be in 1..{per_class} (the simulated train split), got {labels_per_class}")
+        raise ValueError(
+            f"labels per class must be in 1..{per_class} (the simulated train split), got {labels_per_class}"
+        )
     return labels_per_class / per_class
 
 
@@ -149,18 +151,22 @@ def evaluate_both(runs: dict[str, Path]) -> dict[str, dict]:
     return results
 
 
+ARMS = (("mem", "MEM (pretrained, finetuned)"), ("scratch", "ViT from scratch"))
+
+
 def print_table(results: dict[str, dict], labels_per_class: int) -> str:
+    """Print MEM and scratch side by side; returns the same table as Markdown."""
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"Simulated camera, {labels_per_class} labels per class, held-out test split")
     for column in ("model", "top-1", "test samples"):
         table.add_column(column)
-    for arm, name in (("mem", "MEM (pretrained, finetuned)"), ("scratch", "ViT from scratch")):
+    for arm, name in ARMS:
         table.add_row(name, f"{100 * results[arm]['top1']:.1f} %", str(results[arm]["n"]))
     Console().print(table)
     lines = ["| model | top-1 | test samples |", "|---|---|---|"]
-    lines += [f"| {arm} | {100 * results[arm]['top1']:.1f} % | {results[arm]['n']} |" for arm in ("mem", "scratch")]
+    lines += [f"| {name} | {100 * results[arm]['top1']:.1f} % | {results[arm]['n']} |" for arm, name in ARMS]
     return "\n".join(lines)
 
 
@@ -228,6 +234,8 @@ def _wait_for_server(pub: str, server: subprocess.Popen) -> None:
 
 
 def write_report(cfg: DemoConfig, runs: dict[str, Path], table_md: str, live_state: dict | None) -> Path:
+    from mem_core.simulator import task_config
+
     out = cfg.out
     pictures = {
         "tokenizer reconstructions (top: input histograms, bottom: decoded tokens)": runs["tokenizer"]
@@ -239,18 +247,25 @@ def write_report(cfg: DemoConfig, runs: dict[str, Path], table_md: str, live_sta
         / "predictions.png",
         "finetuning curves (MEM)": runs["finetune-mem"] / "curves.png",
         "finetuning curves (scratch)": runs["finetune-scratch"] / "curves.png",
-        "live viewer (histogram, token overlay, predictions)": out / "live.png",
     }
-    lines = ["# MEM demo report", "", "MEM vs a ViT trained from scratch, same recipe and labels:", "", table_md, ""]
+    n_classes = len(task_config().classes)
+    lines = [
+        "# MEM demo report",
+        "",
+        f"The simulated camera's {n_classes} shapes (chance {100 / n_classes:.0f} %), {cfg.labels_per_class} labels per"
+        f" class. MEM was pretrained on a {CORPUS_SIM_SECONDS} s recording without labels; the from-scratch ViT has"
+        " the same architecture, finetuning recipe and labels.",
+        "",
+        table_md,
+        "",
+    ]
     if live_state:
-        lines += [
-            "Live viewer state at the snapshot:",
-            "",
-            "```json",
-            json.dumps(live_state, indent=2)[:3000],
-            "```",
-            "",
-        ]
+        lines += ["## Live: the exported model on the simulated camera", "", *_live_summary(live_state), ""]
+        lines += ["The viewer's whole state is in `live.json`.", ""]
+    if (out / "live.png").exists():
+        (out / "report").mkdir(exist_ok=True)
+        shutil.copy2(out / "live.png", out / "report" / "live.png")
+        lines += ["![the live viewer: histogram, token grid, top-k, timeline](report/live.png)", ""]
     for title, path in pictures.items():
         if path.exists():
             target = out / "report" / path.name.replace(".png", f"-{path.parent.name}.png")
@@ -260,6 +275,22 @@ def write_report(cfg: DemoConfig, runs: dict[str, Path], table_md: str, live_sta
     report = out / "report.md"
     report.write_text("\n".join(lines))
     return report
+
+
+def _live_summary(state: dict) -> list[str]:
+    """The headless viewer's state at the snapshot, as Markdown bullets."""
+    stats, messages = state.get("stats") or {}, state.get("messages") or {}
+    lines = [f"- link: {state.get('link')}, {state.get('frames_shown', 0)} frames in {state.get('elapsed_s', 0):.0f} s"]
+    top = ((state.get("prediction") or {}).get("top_k") or [None])[0]
+    if top:
+        lines.append(f"- prediction at the snapshot: {top['name']} ({100 * top['prob']:.0f} %)")
+    if stats.get("window_events") is not None:
+        lines.append(f"- window: {stats['window_events']:,} events over {stats.get('window_ms', 0):.0f} ms")
+    latency = stats.get("latency_ms") or {}
+    if latency:
+        lines.append(f"- server latency: p50 {latency.get('p50', 0):.1f} ms, p95 {latency.get('p95', 0):.1f} ms")
+    lines.append(f"- messages: {messages.get('received', 0)} received, {messages.get('missed', 0)} missed")
+    return lines
 
 
 def has_display() -> bool:

@@ -40,7 +40,8 @@ def test_demo_headless_reports_mem_and_scratch_and_reuses_its_work(tmp_path, tin
     for arm in ("mem", "scratch"):
         assert results[arm]["n"] == 30 and 0 <= results[arm]["top1"] <= 1  # the held-out test split
     text = report.read_text()
-    assert "| mem |" in text and "| scratch |" in text
+    assert "| MEM (pretrained, finetuned) |" in text and "| ViT from scratch |" in text
+    assert "- link: connected" in text
     table = capsys.readouterr().out
     assert "MEM (pretrained, finetuned)" in table and "ViT from scratch" in table
     assert (out / "export" / "model.safetensors").is_file()
@@ -48,8 +49,7 @@ def test_demo_headless_reports_mem_and_scratch_and_reuses_its_work(tmp_path, tin
     state = json.loads((out / "live.json").read_text())  # the headless viewer saw the live server's frames
     assert state["link"] == "connected" and state["frames_shown"] > 0
     assert state["prediction"]["task"] == "classification"
-    assert (out / "live.png").is_file() and (out / "report" / "live-demo.png").is_file()
-    assert "report/live-demo.png" in text
+    assert (out / "report" / "live.png").is_file() and "(report/live.png)" in text
 
     trained = stage_files(out)
     assert len(trained) == 4  # tokenizer, pretrain, two finetunes
