@@ -178,11 +178,11 @@ def _free_port() -> int:
 
 def live(export_dir: Path, out: Path, headless: bool) -> dict | None:
     """Start ``mem serve`` on the simulated camera and ``mem view`` as users would; headless: one snapshot."""
+    from mem_core.dataset_sources import SIM_DURATION_US
+
     port = _free_port()
     pub = f"tcp://127.0.0.1:{port}"
     base = [sys.executable, "-m", "app.cli"]
-    from mem_core.dataset_sources import SIM_DURATION_US
-
     # windows as long as the labelled samples the model learned from (50 ms), not 5 000 events of any length
     window_ms = str(SIM_DURATION_US // 1000)
     serve_cmd = [*base, "serve", "--model", str(export_dir), "--source", "sim", "--pub", pub, "--window-ms", window_ms]
