@@ -158,3 +158,22 @@ def test_existing_run_needs_resume(tmp_path):
 def test_non_finite_loss_stops_with_a_clear_error(tmp_path):
     with pytest.raises(NonFiniteLossError, match=r"loss is (nan|inf) at epoch 0"):
         finetune.run(config("finetune", "lr=1e30", "warmup_epochs=0", "grad_clip=0"), tmp_path / "nan")
+
+
+def test_evaluating_a_corpus_sees_the_samples_training_validated_on(tmp_path):
+    """``mem evaluate`` on a labelled corpus reads it in model windows, as the run's own validation did."""
+    from conftest import synthetic_events
+
+    from mem_core.corpus import CorpusWriter
+    from mem_core.events import SensorSize
+
+    sensor = SensorSize(32, 32)
+    corpus = tmp_path / "corpus"
+    with CorpusWriter(corpus) as writer:
+        for k, label in enumerate(["cars", "background"] * 2):
+            writer.add_recording(f"r{k}", synthetic_events(60_000, sensor, seed=k), sensor, label=label)
+    run = finetune.run(config("finetune", f"data.path={corpus}", dataset="corpus", max_samples=16), tmp_path / "ft")
+    validated = RunDir(run.path).metrics()[-1]
+    result = evaluate_run(run.path, "corpus", corpus, "val")
+    assert result["n"] == 30_000 // 3000  # the one validation slot (of eight) in ten 3000-event windows, not one
+    assert result["top1"] == pytest.approx(validated["val_top1"])

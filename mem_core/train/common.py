@@ -37,12 +37,17 @@ def fit_input(cfg):
 
 
 def open_split(cfg, split: str) -> EventSource:
+    return open_for_input(cfg.data.dataset, cfg.data.path or None, split, cfg.input, split_file=cfg.data.split_file)
+
+
+def open_for_input(dataset: str, path, split: str, spec, *, split_file: str = "") -> EventSource:
+    """A dataset's samples as a model with input ``spec`` sees them, for training and evaluation alike."""
     options = {}
-    if cfg.data.dataset == "ncaltech101" and cfg.data.split_file:
-        options["split_file"] = cfg.data.split_file
-    if cfg.data.dataset == "corpus":  # one sample per model window, so an epoch reads the corpus once
-        options["window"] = cfg.input.n_max
-    return open_source(cfg.data.dataset, cfg.data.path or None, split, **options)
+    if dataset == "ncaltech101" and split_file:
+        options["split_file"] = split_file
+    if dataset == "corpus":  # one sample per model window, so an epoch reads the corpus once
+        options["window"] = spec.n_max
+    return open_source(dataset, path, split, **options)
 
 
 def train_indices(cfg, source: EventSource) -> np.ndarray:

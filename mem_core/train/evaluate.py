@@ -10,9 +10,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from mem_core.configuration import from_dict, to_dict
-from mem_core.datasets import open_source
 from mem_core.models import DiscreteVAE, MEMClassifier, MEMViT, SegmentationModel, TokenizerConfig, ViTConfig
 from mem_core.representation import InputSpec
+from mem_core.train.common import open_for_input
 from mem_core.train.fit import build_loader
 from mem_core.train.rundir import RunDir, RunError, atomic_write_bytes, json_safe
 from mem_core.train.runtime import setup_runtime
@@ -53,7 +53,7 @@ def evaluate_run(
     """Metrics of a run's best model on ``split``: classification top1 / n / confusion, or mIoU / mAcc / aAcc / n."""
     runtime = setup_runtime(device, amp=True)
     model, info = load_task_model(run_path, runtime.device)
-    source = open_source(dataset, data, split)
+    source = open_for_input(dataset, data, split, info["input"])
     classes = source.classes if info["stage"] == "finetune" else source.mask_classes
     if classes != info["classes"]:
         raise RunError(
