@@ -65,7 +65,9 @@ class DemoConfig:
 def _say(message: str) -> None:
     from rich.console import Console
 
-    Console(stderr=True).print(f"[bold cyan]mem demo[/] {message}")
+    # soft wrap: a line's words are never broken onto the next line, so what scripts and tests read does not depend
+    # on the terminal's width or the length of a path
+    Console(stderr=True, soft_wrap=True).print(f"[bold cyan]mem demo[/] {message}")
 
 
 def _stage(stage: str, dataset: str, *extra: str):

@@ -66,6 +66,14 @@ def test_demo_headless_reports_mem_and_scratch_and_reuses_its_work(tmp_path, tin
     ]
 
 
+def test_demo_messages_are_never_wrapped(monkeypatch, capsys):
+    # scripts and tests read these lines: a narrow terminal or a long path must not break them
+    monkeypatch.setenv("COLUMNS", "30")
+    message = "corpus /tmp/" + "a-long-folder-name/" * 8 + "corpus exists: reusing it"
+    demo._say(message)
+    assert message in capsys.readouterr().err
+
+
 def test_demo_rejects_impossible_label_counts_before_any_work(tmp_path):
     out = tmp_path / "demo"
     r = subprocess.run(

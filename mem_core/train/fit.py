@@ -99,7 +99,7 @@ def _print_epoch(description: str, epoch: int, epochs: int, record: dict[str, An
 
     shown = {k: v for k, v in record.items() if isinstance(v, float) and k not in ("epoch_seconds", "train_grad_norm")}
     values = "  ".join(f"{k} {v:.4g}" for k, v in shown.items())
-    Console(stderr=True, highlight=False).print(
+    Console(stderr=True, highlight=False, soft_wrap=True).print(
         f"[bold]{description}[/] epoch {epoch + 1}/{epochs}  {values}  ({record['epoch_seconds']:.1f} s)"
     )
 
