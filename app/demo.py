@@ -107,7 +107,7 @@ def record_corpus(corpus: Path) -> None:
 
 def label_fraction(labels_per_class: int) -> float:
     """The share of the simulated train split that ``labels_per_class`` labelled samples per class make."""
-    from mem_core.dataset_sources import SIM_SPLITS
+    from mem_core.datasets.sim import SIM_SPLITS
 
     per_class = SIM_SPLITS["train"][0]
     if not 0 < labels_per_class <= per_class:
@@ -180,7 +180,7 @@ def _free_port() -> int:
 
 def live(export_dir: Path, out: Path, headless: bool) -> dict | None:
     """Start ``mem serve`` on the simulated camera and ``mem view`` as users would; headless: one snapshot."""
-    from mem_core.dataset_sources import SIM_DURATION_US
+    from mem_core.datasets.sim import SIM_DURATION_US
 
     port = _free_port()
     pub = f"tcp://127.0.0.1:{port}"

@@ -214,8 +214,8 @@ def loader_rows(stream: np.ndarray, sensor: SensorSize) -> list[dict]:
     from torch.utils.data import DataLoader
 
     from mem_core.corpus import CorpusWriter
-    from mem_core.dataset_sources import CorpusSource
     from mem_core.datasets import WindowDataset, collate_windows
+    from mem_core.datasets.corpus import CorpusSource
     from mem_core.train.engine import EpochBatchSampler
 
     spec = InputSpec()

@@ -18,8 +18,9 @@ import h5py
 import numpy as np
 import pytest
 
-from mem_core import corpus as corpus_module
 from mem_core.corpus import Corpus, CorpusError, CorpusFullError, CorpusWriter
+from mem_core.corpus import reader as corpus_reader
+from mem_core.corpus import writer as corpus_writer
 from mem_core.events import EVENT_DTYPE, SensorSize, make_events
 
 SENSOR = SensorSize(32, 48)
@@ -29,7 +30,7 @@ CHILD = Path(__file__).with_name("corpus_writer_child.py")
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Chunks (and time-index stride) of 64 events, so tiny recordings span many chunks."""
-    monkeypatch.setattr(corpus_module, "CHUNK_EVENTS", 64)
+    monkeypatch.setattr(corpus_writer, "CHUNK_EVENTS", 64)
 
 
 def batches(events: np.ndarray, size: int) -> list[np.ndarray]:
@@ -379,11 +380,11 @@ def test_windows_read_from_several_threads_are_exact(tmp_path, events_factory, s
 
 
 def test_reading_a_long_recording_keeps_no_recording_sized_buffer(tmp_path, events_factory, monkeypatch):
-    monkeypatch.setattr(corpus_module, "_READ_BUFFER_EVENTS", 1000)
+    monkeypatch.setattr(corpus_reader, "_READ_BUFFER_EVENTS", 1000)
     events = events_factory(30_000, seed=4)
     with CorpusWriter(tmp_path) as w:
         w.add_recording("long", events, SENSOR)
     c = Corpus(tmp_path)
     np.testing.assert_array_equal(c.window(0, 10, 500), events[10:510])
     np.testing.assert_array_equal(c.events(0), events)
-    assert max(b.size for b in c._buffers.values()) <= max(1000, corpus_module.CHUNK_EVENTS)
+    assert max(b.size for b in c._buffers.values()) <= max(1000, corpus_reader.CHUNK_EVENTS)

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from app import demo
-from mem_core import dataset_sources
+from mem_core.datasets import sim as sim_dataset
 
 TINY_STAGES = {
     "tokenizer": ["epochs=1", "batch_size=16", "model.temperature_anneal_steps=10"],
@@ -24,7 +24,7 @@ def tiny_demo(monkeypatch):
     monkeypatch.setattr(demo, "STAGE_SETTINGS", TINY_STAGES)
     monkeypatch.setattr(demo, "CORPUS_SIM_SECONDS", 3)
     monkeypatch.setattr(demo, "LIVE_SECONDS", 4)
-    monkeypatch.setattr(dataset_sources, "SIM_SPLITS", {"train": (10, 1), "val": (4, 2), "test": (6, 3)})
+    monkeypatch.setattr(sim_dataset, "SIM_SPLITS", {"train": (10, 1), "val": (4, 2), "test": (6, 3)})
 
 
 def stage_files(out):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mem_core import corpus as corpus_module
 from mem_core.corpus import Corpus
 from mem_core.events import SensorSize
 from mem_core.io import read_events, write_events
@@ -140,13 +140,13 @@ def test_full_disk_stops_the_ingest_and_keeps_what_was_committed(tmp_path, event
     for k in range(12):
         write_events(folder / f"{k:02d}.npz", events_factory(400_000, sensor, seed=k), sensor)
     out = tmp_path / "corpus"
-    real_disk_usage = corpus_module.shutil.disk_usage
+    real_disk_usage = shutil.disk_usage
 
     def small_disk(path):
         used = sum(p.stat().st_size for p in out.iterdir()) if out.is_dir() else 0
         return real_disk_usage(path)._replace(free=60_000_000 - used)
 
-    monkeypatch.setattr(corpus_module.shutil, "disk_usage", small_disk)
+    monkeypatch.setattr(shutil, "disk_usage", small_disk)
     config = IngestConfig(paths=(folder,), out=out, progress=False, min_free_bytes=20_000_000, flush_interval_s=0)
     report = run(config)
     assert report.stopped is not None and "min_free_bytes" in report.stopped and not report.ok

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -19,7 +20,6 @@ import pytest
 import zmq
 from recorders_fakes import FakeRig, clock_batches
 
-from mem_core import corpus as corpus_module
 from mem_core.corpus import Corpus
 from mem_core.events import EVENT_DTYPE, SensorSize, validate_events
 from mem_core.protocol import decode, decode_events
@@ -213,13 +213,13 @@ def fast_random_source(events_factory, n_batches: int = 400) -> ArraySource:
 
 def test_recording_stops_before_the_disk_fills(tmp_path, events_factory, monkeypatch):
     out = tmp_path / "corpus"
-    real_disk_usage = corpus_module.shutil.disk_usage
+    real_disk_usage = shutil.disk_usage
 
     def small_disk(path):
         used = sum(p.stat().st_size for p in out.iterdir()) if out.is_dir() else 0
         return real_disk_usage(path)._replace(free=60_000_000 - used)
 
-    monkeypatch.setattr(corpus_module.shutil, "disk_usage", small_disk)
+    monkeypatch.setattr(shutil, "disk_usage", small_disk)
     source = fast_random_source(events_factory)
     config = RecordConfig(source="test", out=out, flush_interval_s=0.05, min_free_bytes=20_000_000)
     result = run(config, source=source)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-import mem_core.representation as rep
+import mem_core.representation.histogram as histogram_module
 from mem_core.events import EVENT_DTYPE, SensorSize, center_window, make_events
 from mem_core.representation import (
     CHANNELS,
@@ -13,6 +13,7 @@ from mem_core.representation import (
     batch_preprocess,
     collate_events,
     event_histogram,
+    histograms_to_input,
     input_histogram,
     log_scale,
     normalize_histogram,
@@ -63,7 +64,7 @@ def test_counts_do_not_wrap_above_uint16(events_factory):
 
 def test_streams_longer_than_float32_exact_range_are_counted_in_int64(events_factory, monkeypatch):
     # Exercise the path used above 2**24 events without allocating 2**24 events.
-    monkeypatch.setattr(rep, "_FLOAT32_EXACT", 10)
+    monkeypatch.setattr(histogram_module, "_FLOAT32_EXACT", 10)
     ev = events_factory(5000, SENSOR)
     np.testing.assert_array_equal(event_histogram(ev, SENSOR), reference_histogram(ev, SENSOR))
     ts = timestamp_histogram(ev, SENSOR)
@@ -308,42 +309,25 @@ def test_log_scale_is_taken_after_a_shrinking_resize(events_factory):
     spec = InputSpec(n_max=2000, size=(SENSOR.height // 2, SENSOR.width // 2), scale="log", hot_pixel_std=None)
     shrunk = resize_histogram(normalize_histogram(hist), spec.size)
     expected = np.log1p(spec.log_gain * shrunk.numpy()) / np.log1p(spec.log_gain)
-    for path in (rep.histograms_to_input(hist, spec, train=False), preprocess(events, SENSOR, spec, train=False)[None]):
+    for path in (histograms_to_input(hist, spec, train=False), preprocess(events, SENSOR, spec, train=False)[None]):
         np.testing.assert_allclose(path.numpy(), expected, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("scale", ["linear", "log"])
 @pytest.mark.parametrize("channels", CHANNELS)
-def test_compiled_cpu_path_equals_the_torch_ops_path(events_factory, monkeypatch, channels, scale):
-    # CPU batches run compiled kernels, GPU batches torch ops (forced here on CPU): the same model input.
+def test_hot_pixels_every_channel_kind_and_scale_batched_equals_per_sample(events_factory, channels, scale):
     spec = InputSpec(n_max=3000, size=(40, 56), channels=channels, scale=scale)
     hot = make_events(np.arange(3000), np.full(3000, 9), np.full(3000, 4), np.zeros(3000))
     streams = [np.sort(np.concatenate([events_factory(2000, SENSOR, seed=s), hot]), order="t") for s in range(3)]
-    hist = batch_histogram(collate_events([center_window(s, 3000) for s in streams], SENSOR), channels)
-    compiled = rep.histograms_to_input(hist, spec, train=False)
-    monkeypatch.setattr(rep, "_kernel_ok", lambda x: False)
-    by_torch = rep.histograms_to_input(hist, spec, train=False)
-    # float rounding of the linear input, magnified by the log's slope at 0 (gain / log1p(gain)) for "log"
-    atol = 1e-6 if scale == "linear" else 1e-6 * spec.log_gain / np.log1p(spec.log_gain)
-    np.testing.assert_allclose(compiled.numpy(), by_torch.numpy(), rtol=0, atol=atol)
-
-
-def test_batch_preprocess_in_chunks_equals_whole_batch_processing(events_factory):
-    # The CPU batch path works in chunks of a few samples; the result must not depend on it.
-    windows = [events_factory(1500, SENSOR, seed=s) for s in range(rep._CHUNK + 3)]
-    batch = collate_events(windows, SENSOR)
-    for train in (False, True):
-        chunked = batch_preprocess(batch, SMALL, train=train, generator=torch.Generator().manual_seed(4))
-        whole = rep.histograms_to_input(
-            batch_histogram(batch), SMALL, train=train, generator=torch.Generator().manual_seed(4)
-        )
-        assert torch.equal(chunked, whole)
+    batched = batch_preprocess(collate_events([center_window(s, 3000) for s in streams], SENSOR), spec, train=False)
+    per_sample = torch.stack([preprocess(s, SENSOR, spec, train=False) for s in streams])
+    np.testing.assert_allclose(batched.numpy(), per_sample.numpy(), rtol=0, atol=1e-6)
 
 
 def test_collate_in_a_dataloader_worker_builds_the_batch_in_shared_memory(events_factory, monkeypatch):
     windows = [events_factory(n, SENSOR, seed=n) for n in (40, 7, 0)]
     private = collate_events(windows, SENSOR)
-    monkeypatch.setattr(rep, "get_worker_info", lambda: object())  # as inside a worker process
+    monkeypatch.setattr(histogram_module, "get_worker_info", lambda: object())  # as inside a worker process
     shared = collate_events(windows, SENSOR)
     for name in ("t", "x", "y", "p"):
         assert getattr(shared, name).is_shared() and not getattr(private, name).is_shared()

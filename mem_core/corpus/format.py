@@ -1,0 +1,102 @@
+"""The corpus format: a directory of HDF5 event shards plus a JSON manifest; what writers and readers share.
+
+Layout of a corpus directory::
+
+    manifest.json        format_version, provenance, shards, recordings (written atomically: tmp + os.replace)
+    shard-00000.h5       columnar datasets t (<i8), x (<u2), y (<u2), p (u1), chunked, Blosc LZ4 + bitshuffle,
+    shard-00001.h5 ...   plus t_index: the t of every ``index_stride``-th event of the shard (a coarse time index)
+
+A recording is a slice ``(shard, offset, n_events)`` of one shard, so thousands of short labelled samples
+(N-Cars: 100 ms, a few thousand events each) share a shard, and one long live recording is cut into segments,
+one shard each: every segment is its own recording entry carrying the same ``session`` and a ``segment`` number
+(``rotate()`` cuts by hand; a full shard (``shard_max_events``) cuts automatically). Segment 0 is named after the
+session, segment k > 0 is named ``"<session>/<k>"``.
+
+Crash safety (measured on HDF5 2.0 / h5py 3.16, not assumed):
+
+- Shards are written in SWMR mode (``libver="latest"``, ``swmr_mode=True``): HDF5 then orders its writes so the
+  file on disk is consistent at every moment. After SIGKILL (27 kills at random moments) every shard opened with
+  ``swmr=True`` and held every event flushed before the kill. Without SWMR, HDF5 promises nothing about the
+  file on disk between flushes (metadata and rewritten chunks are written back in cache order).
+- A killed SWMR writer leaves the superblock marked "open for write": the file opens for reading with
+  ``swmr=True`` only, and never again for writing. So a shard is written by one writer session only; re-opening
+  a corpus starts a new shard, and readers always open shards with ``swmr=True``.
+- The manifest is the commit record. Events are buffered in memory, written to the shard when the buffer fills,
+  and committed at least every ``flush_interval_s`` (checked inside ``append``) and on close: shard flush + fsync,
+  then the manifest (tmp + fsync + ``os.replace``). Readers trust only the counts in the manifest, so whatever
+  reached a shard after the last commit is ignored; a recording in progress at the crash appears with
+  ``complete=False`` and its committed events.
+- Full disk: free space is checked against ``min_free_bytes`` (and the shard size against ``ulimit -f``) before
+  every shard write, raising ``CorpusFullError``. A write that fails anyway (ENOSPC, EDQUOT, EFBIG) raises
+  ``CorpusFullError`` too. HDF5 must never be left with a write that keeps failing: a dataset whose close failed
+  stays half-closed and HDF5 segfaults at exit (seen with a file-size limit). So the writer keeps a ballast file
+  (``.reserve``, 16 MiB) and deletes it on such a failure, giving the shard room to close cleanly.
+- One writer at a time: an ``flock`` on ``.writer.lock`` (released by the kernel if the writer dies).
+
+Readers open HDF5 files lazily, per process (a handle opened before a fork is never used after it), so a
+``Corpus`` can be handed to torch DataLoader workers.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from mem_core.errors import MemError
+from mem_core.events import SensorSize
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+COLUMNS = ("t", "x", "y", "p")
+CHUNK_EVENTS = 1 << 14  # events per HDF5 chunk; also the stride of the coarse time index
+
+
+class CorpusError(MemError):
+    """A corpus that cannot be read or written: the message names the file and what is wrong."""
+
+
+class CorpusFullError(CorpusError, OSError):
+    """The disk holding the corpus is (nearly) full; everything committed before stays readable."""
+
+
+@dataclass(frozen=True)
+class RecordingInfo:
+    """One recording (or one segment of a long session) and where its events live."""
+
+    name: str
+    sensor: SensorSize
+    n_events: int
+    t_min: int | None
+    t_max: int | None
+    label: int | str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    session: str = ""
+    segment: int = 0
+    complete: bool = True
+    shard: str = ""
+    offset: int = 0
+
+
+def load_manifest(root: Path) -> dict[str, Any]:
+    path = root / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CorpusError(f"{path}: no corpus manifest (not a corpus directory?)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CorpusError(f"{path}: corrupt corpus manifest ({e})") from e
+    if not isinstance(manifest, dict) or not {"format_version", "recordings", "shards"} <= manifest.keys():
+        raise CorpusError(f"{path}: not a corpus manifest (missing format_version/recordings/shards)")
+    if manifest["format_version"] != FORMAT_VERSION:
+        raise CorpusError(f"{path}: format_version {manifest['format_version']!r}, this code reads {FORMAT_VERSION}")
+    return manifest
+
+
+def recording_info(entry: dict[str, Any], where: str) -> RecordingInfo:
+    try:
+        values = {f.name: entry[f.name] for f in fields(RecordingInfo)}
+        return RecordingInfo(**{**values, "sensor": SensorSize(*(int(v) for v in entry["sensor"]))})
+    except (KeyError, TypeError, ValueError) as e:
+        raise CorpusError(f"{where}: malformed recording entry {entry!r} ({e!r})") from e

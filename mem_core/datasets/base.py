@@ -1,0 +1,72 @@
+"""What every dataset is: a list of event samples on one sensor, with class names and labels."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+import numpy as np
+
+from mem_core.errors import MemError
+from mem_core.events import SensorSize, window_start
+from mem_core.io import read_events
+
+
+class DatasetError(MemError, ValueError):
+    """A dataset root that does not have the expected layout, or an unknown split or name."""
+
+
+class EventSource(ABC):
+    """A labelled (or unlabeled, label -1) collection of event samples on one sensor."""
+
+    name: str
+    sensor: SensorSize
+    classes: list[str]
+    labels: np.ndarray  # (N,) int64, -1 = no label
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @abstractmethod
+    def load(self, index: int) -> np.ndarray:
+        """All events of sample ``index`` (EVENT_DTYPE, sorted)."""
+
+    def load_window(self, index: int, n: int, rng: np.random.Generator | None) -> np.ndarray:
+        """An ``n``-event window of sample ``index``: random with ``rng``, centred without."""
+        events = self.load(index)
+        start = window_start(len(events), n, rng)
+        return events[start : start + n]
+
+    def mask(self, index: int) -> np.ndarray | None:
+        """The per-pixel label image of sample ``index`` (segmentation sources), else None."""
+        return None
+
+    @property
+    def mask_classes(self) -> list[str]:
+        """Names of the label-image values (segmentation); the class names unless a source says otherwise."""
+        return self.classes
+
+
+class FileSource(EventSource):
+    """Samples stored one per file, read with ``mem_core.io.read_events``."""
+
+    def __init__(self, name: str, files: list[Path], labels: list[int], classes: list[str], sensor: SensorSize):
+        if not files:
+            raise DatasetError(f"{name}: no sample files found")
+        self.name, self.files, self.classes, self.sensor = name, files, classes, sensor
+        self.labels = np.asarray(labels, dtype=np.int64)
+
+    def load(self, index: int) -> np.ndarray:
+        events, _ = read_events(self.files[index])
+        inside = (events["x"] < self.sensor.width) & (events["y"] < self.sensor.height)
+        return events if inside.all() else events[inside]
+
+
+def sorted_files(folder: Path, suffixes: tuple[str, ...]) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.suffix.lower() in suffixes and p.is_file())
+
+
+def require_dir(path: Path, what: str) -> Path:
+    if not path.is_dir():
+        raise DatasetError(f"{path}: {what} not found")
+    return path

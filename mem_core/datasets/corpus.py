@@ -1,0 +1,90 @@
+"""A MEM corpus (recordings from ``mem record`` / ``mem ingest``) as samples: slots of long recordings, or whole
+short labelled recordings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from mem_core.corpus import Corpus
+from mem_core.datasets.base import DatasetError, EventSource, require_dir
+from mem_core.events import SensorSize, window_start
+
+CORPUS_SLOT = 30_000  # events per sample slot of a long recording
+CORPUS_VAL_EVERY = 20  # every 20th slot is validation
+
+
+class CorpusSource(EventSource):
+    """A MEM corpus as samples. Each recording is cut into slots of ``slot`` events (a short recording is one slot);
+    ``split`` ``train`` / ``val`` takes every slot but / only each ``CORPUS_VAL_EVERY``-th one, ``all`` everything.
+
+    With ``window`` (the model's events per input), a slot holds ``slot // window`` samples, so one epoch reads the
+    corpus about once; without it a slot is one sample. At train time a sample's window is drawn at random inside
+    its slot, so a long recording yields fresh windows every epoch and never reaches into another split's slot; at
+    evaluation sample ``k`` of a slot is its ``k``-th window. Recording labels (class names) become class ids;
+    unlabeled recordings get -1.
+    """
+
+    def __init__(self, root: Path, split: str, slot: int = CORPUS_SLOT, window: int | None = None):
+        if slot < 1 or (window is not None and window < 1):
+            raise DatasetError(f"corpus slot and window must be >= 1 events, got slot={slot}, window={window}")
+        self.name = "corpus"
+        self.corpus = Corpus(root)
+        recordings = self.corpus.recordings
+        if not recordings:
+            raise DatasetError(f"{root}: the corpus holds no recordings")
+        sensors = {r.sensor for r in recordings}
+        self.sensor = SensorSize(max(s.height for s in sensors), max(s.width for s in sensors))
+        names = sorted({str(r.label) for r in recordings if r.label is not None})
+        self.classes = names
+        slots = []  # (recording, first event, events in slot)
+        for i, r in enumerate(recordings):
+            n_slots = max(1, r.n_events // slot)
+            for k in range(n_slots):
+                lo = k * slot
+                hi = r.n_events if k == n_slots - 1 else lo + slot
+                slots.append((i, lo, hi - lo))
+        table = np.asarray(slots, dtype=np.int64).reshape(-1, 3)
+        if split == "train":
+            # a one-slot corpus cannot be split: train and val then share that slot
+            keep = np.arange(len(table)) % CORPUS_VAL_EVERY != 0 if len(table) > 1 else slice(None)
+        elif split == "val":
+            keep = np.arange(len(table)) % CORPUS_VAL_EVERY == 0
+        elif split == "all":
+            keep = slice(None)
+        else:
+            raise DatasetError(f"corpus splits are train, val and all, not {split!r}")
+        table = table[keep]
+        parts = np.maximum(1, table[:, 2] // window) if window else np.ones(len(table), dtype=np.int64)
+        # one row per sample: (recording, first event, events in slot, part, parts)
+        part = np.arange(parts.sum()) - np.repeat(np.cumsum(parts) - parts, parts)
+        self.samples = np.column_stack([np.repeat(table, parts, axis=0), part, np.repeat(parts, parts)])
+        index = {c: k for k, c in enumerate(names)}
+        self.labels = np.asarray(
+            [index[str(recordings[i].label)] if recordings[i].label is not None else -1 for i in self.samples[:, 0]],
+            dtype=np.int64,
+        )
+
+    def _part(self, index: int) -> tuple[int, int, int]:
+        """(recording, first event, events) of sample ``index``'s share of its slot."""
+        rec, lo, count, part, parts = (int(v) for v in self.samples[index])
+        size = count // parts
+        return rec, lo + part * size, count - part * size if part == parts - 1 else size
+
+    def load(self, index: int) -> np.ndarray:
+        rec, lo, count = self._part(index)
+        return self.corpus.window(rec, lo, count)
+
+    def load_window(self, index: int, n: int, rng: np.random.Generator | None) -> np.ndarray:
+        rec, lo, count = (int(v) for v in self.samples[index, :3]) if rng is not None else self._part(index)
+        total = self.corpus.recordings[rec].n_events
+        # a window longer than its slot (or part) reaches into the neighbours, centred on it
+        start = lo + window_start(count, n, rng) if count >= n else max(0, min(lo + count // 2 - n // 2, total - n))
+        return self.corpus.window(rec, start, n)
+
+
+def corpus(root, split: str, window: int | None = None) -> EventSource:
+    if root is None:
+        raise DatasetError("the corpus dataset needs --data CORPUS_DIR")
+    return CorpusSource(require_dir(Path(root), "corpus directory"), split, window=window)

@@ -1,0 +1,58 @@
+"""N-Caltech101 (Orchard et al., 2015): 101 object classes (incl. background), ``.bin`` files, fixed 80/20 split."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from mem_core.datasets.base import DatasetError, EventSource, FileSource, require_dir, sorted_files
+from mem_core.datasets.splits import SPLIT_SEED, VAL_FRACTION, stratified_split
+from mem_core.events import SensorSize
+
+NCALTECH_SENSOR = SensorSize(180, 240)
+NCALTECH_TEST_FRACTION = 0.2
+
+
+def ncaltech101_split(root: Path, split_file: Path | None = None) -> dict[str, list[list]]:
+    """The fixed split ``{"train"|"val"|"test": [[relative path, class name], ...]}``: read, or made once and written.
+
+    Classes are the exact folder names (no substring matching); 20 % of every class is test, 10 % of the rest val.
+    """
+    root = Path(root)
+    split_file = Path(split_file) if split_file else root / "mem-split.json"
+    if split_file.is_file():
+        return json.loads(split_file.read_text())
+    classes = sorted(d.name for d in root.iterdir() if d.is_dir())
+    if not classes:
+        raise DatasetError(f"{root}: no N-Caltech101 class folders")
+    files, labels = [], []
+    for label, cls in enumerate(classes):
+        found = sorted_files(root / cls, (".bin",))
+        files += found
+        labels += [label] * len(found)
+    labels_arr = np.asarray(labels)
+    trainval, test = stratified_split(labels_arr, NCALTECH_TEST_FRACTION, SPLIT_SEED)
+    train_rel, val_rel = stratified_split(labels_arr[trainval], VAL_FRACTION, SPLIT_SEED + 1)
+    split = {
+        name: [[str(files[i].relative_to(root)), classes[labels[i]]] for i in idx]
+        for name, idx in (("train", trainval[train_rel]), ("val", trainval[val_rel]), ("test", test))
+    }
+    if not os.access(split_file.parent, os.W_OK):
+        raise DatasetError(f"cannot write the split file {split_file}: pass data.split_file=<writable path>")
+    split_file.write_text(json.dumps(split, indent=1))
+    return split
+
+
+def ncaltech101(root: Path, split: str, split_file: Path | None = None) -> EventSource:
+    root = require_dir(Path(root), "N-Caltech101 root")
+    table = ncaltech101_split(root, split_file)
+    if split not in table:
+        raise DatasetError(f"N-Caltech101 has splits train, val, test, not {split!r}")
+    classes = sorted({cls for entries in table.values() for _, cls in entries})
+    index = {c: i for i, c in enumerate(classes)}
+    files = [root / rel for rel, _ in table[split]]
+    labels = [index[cls] for _, cls in table[split]]
+    return FileSource("ncaltech101", files, labels, classes, NCALTECH_SENSOR)

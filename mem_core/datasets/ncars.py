@@ -1,0 +1,35 @@
+"""N-Cars (Sironi et al., CVPR 2018): 100 ms Prophesee ``.dat`` samples of cars and background, 120 x 100 ATIS."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mem_core.datasets.base import DatasetError, EventSource, FileSource, require_dir, sorted_files
+from mem_core.datasets.splits import carve
+from mem_core.events import SensorSize
+
+NCARS_CLASSES = ["background", "cars"]
+NCARS_SENSOR = SensorSize(100, 120)
+
+
+def ncars(root: Path, split: str) -> EventSource:
+    root = require_dir(Path(root), "N-Cars root")
+    official = {"train": "n-cars_train", "test": "n-cars_test"}
+    carved = False
+    if (root / split).is_dir():
+        folder = root / split
+    elif split in official and (root / official[split]).is_dir():
+        folder = root / official[split]
+    elif split == "val" and ((root / "train").is_dir() or (root / "n-cars_train").is_dir()):
+        folder, carved = (root / "train" if (root / "train").is_dir() else root / "n-cars_train"), True
+    else:
+        raise DatasetError(f"{root}: no N-Cars split {split!r} (expected {split}/ or n-cars_{split}/ folders)")
+    files, labels = [], []
+    for label, cls in enumerate(NCARS_CLASSES):
+        sub = require_dir(folder / cls, f"N-Cars class folder {cls!r}")
+        found = sorted_files(sub, (".dat",))
+        files += found
+        labels += [label] * len(found)
+    if carved or (split == "train" and not (root / "val").is_dir()):
+        files, labels = carve(files, labels, "val" if carved else "train")
+    return FileSource("ncars", files, labels, NCARS_CLASSES, NCARS_SENSOR)

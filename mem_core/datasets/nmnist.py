@@ -1,0 +1,46 @@
+"""N-MNIST (Orchard et al., 2015): saccade recordings of MNIST digits, 34 x 34 ATIS, ``.bin`` / ``.bs2`` files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mem_core.datasets.base import DatasetError, EventSource, FileSource, require_dir, sorted_files
+from mem_core.datasets.splits import carve
+from mem_core.events import SensorSize
+
+NMNIST_SENSOR = SensorSize(34, 34)
+
+
+def nmnist(root: Path, split: str) -> EventSource:
+    root = require_dir(Path(root), "N-MNIST root")
+    classes = [str(d) for d in range(10)]
+    base = "test" if split == "test" else "train"
+    official = root / base.capitalize()
+    files: list[Path] = []
+    labels: list[int] = []
+    if official.is_dir():
+        for label, cls in enumerate(classes):
+            found = sorted_files(official / cls, (".bin", ".bs2")) if (official / cls).is_dir() else []
+            files += found
+            labels += [label] * len(found)
+    else:
+        lists = sorted(p for p in root.glob("*.txt") if p.name.lower().startswith(base))
+        if not lists:
+            raise DatasetError(f"{root}: no N-MNIST {base} list file ({base}*.txt with '<id> <class>' lines)")
+        for line in lists[0].read_text().splitlines():
+            parts = line.split()
+            if len(parts) < 2 or line.lstrip().startswith("#"):
+                continue
+            sample, label = parts[0], int(parts[1])
+            path = next(
+                (root / f"{sample}{ext}" for ext in (".bs2", ".bin") if (root / f"{sample}{ext}").exists()), None
+            )
+            if path is None:
+                raise DatasetError(f"{lists[0]}: sample {sample} has no {sample}.bs2 or {sample}.bin in {root}")
+            files.append(path)
+            labels.append(label)
+    if split in ("train", "val"):
+        files, labels = carve(files, labels, split)
+    elif split != "test":
+        raise DatasetError(f"N-MNIST has splits train, val, test, not {split!r}")
+    return FileSource("nmnist", files, labels, classes, NMNIST_SENSOR)

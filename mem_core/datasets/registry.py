@@ -1,0 +1,51 @@
+"""Datasets by name, never guessed from a path: ``open_source(name, root, split)``.
+
+=================  =====================================================================================
+``ncars``          ``root/{train,val,test}`` or the official ``root/n-cars_{train,test}``, each with ``cars/`` and
+                   ``background/`` Prophesee ``.dat`` files; without a ``val`` folder, val is a fixed 10 % of train
+``nmnist``         ``root`` with ``<id> <class>`` list files (``train*.txt`` / ``test*.txt``) naming ``<id>.bs2`` or
+                   ``<id>.bin``, or the official ``root/{Train,Test}/<digit>/*.bin``; val is a fixed 10 % of train
+``ncaltech101``    ``root/<class>/*.bin`` (101 classes incl. ``BACKGROUND_Google``); the fixed 80/20 train/test
+                   split (val = 10 % of train) is written once to a split file and read from it afterwards
+``nimagenet``      ``root/{train,val}/<wnid>/*.npz`` (or ``extracted_train`` / ``extracted_val``)
+``dsec-semantic``  ``root/<split>/<sequence>/events/left/events.h5`` + ``semantic/left/11classes/{timestamps.txt,
+                   data/*.png}``: 50 ms of events before each label image
+``corpus``         a MEM corpus directory (unlabeled unless its recordings carry labels)
+``sim``            the built-in simulated camera (labels and masks), generated deterministically per split
+=================  =====================================================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from mem_core.datasets import corpus, dsec_semantic, ncaltech101, ncars, nimagenet, nmnist, sim
+from mem_core.datasets.base import DatasetError, EventSource
+
+SourceFactory = Callable[..., EventSource]
+REGISTRY: dict[str, SourceFactory] = {
+    "ncars": ncars.ncars,
+    "nmnist": nmnist.nmnist,
+    "ncaltech101": ncaltech101.ncaltech101,
+    "nimagenet": nimagenet.nimagenet,
+    "dsec-semantic": dsec_semantic.dsec_semantic,
+    "corpus": corpus.corpus,
+    "sim": sim.sim,
+}
+
+
+def register(name: str, factory: SourceFactory) -> None:
+    """Add (or replace) a dataset: ``factory(root, split, **options)`` returns an ``EventSource``."""
+    REGISTRY[name] = factory
+
+
+def dataset_names() -> list[str]:
+    return sorted(REGISTRY)
+
+
+def open_source(name: str, root: Path | str | None, split: str, **options) -> EventSource:
+    """The samples of dataset ``name`` under ``root`` for ``split`` (train / val / test)."""
+    if name not in REGISTRY:
+        raise DatasetError(f"unknown dataset {name!r}; known: {', '.join(sorted(REGISTRY))}")
+    return REGISTRY[name](root, split, **options)

@@ -1,0 +1,285 @@
+"""Event histograms at sensor resolution, for one window or a padded batch of windows.
+
+Histograms are float32 with exact counts (no uint8/int16 wrap-around):
+
+- ``event_histogram``      (2, H, W): channel 0 = OFF, 1 = ON.
+- ``temporal_histogram``   (2 * bins, H, W): channel ``2 * b + p`` counts polarity ``p`` in time bin ``b``.
+- ``timestamp_histogram``  (3, H, W): OFF and ON counts, then the normalized time of each pixel's newest event.
+
+A batch of windows travels as an ``EventBatch`` (padded columns, made by ``collate_events`` in the DataLoader
+worker); ``batch_histogram`` counts it with the numba kernels on CPU and one ``torch.bincount`` elsewhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+from numba import njit
+from torch.utils.data import get_worker_info
+
+from mem_core.events import EVENT_DTYPE, SensorSize
+from mem_core.representation.spec import Channels, n_channels
+
+# float32 holds every integer up to 2**24 exactly, so a window of at most that many events is counted straight
+# into float32; longer streams are counted in int64 and converted (counts above 2**24 then round to float32).
+_FLOAT32_EXACT = 2**24
+
+@njit(cache=True, nogil=True)
+def _count_kernel(x, y, p, counts):
+    """``counts[p, y, x] += 1`` per event; returns how many events were skipped as out of range."""
+    height, width = counts.shape[1], counts.shape[2]
+    skipped = 0
+    for i in range(x.shape[0]):
+        xi, yi, pi = x[i], y[i], p[i]
+        if 0 <= xi < width and 0 <= yi < height and 0 <= pi < 2:
+            counts[pi, yi, xi] += 1
+        else:
+            skipped += 1
+    return skipped
+
+
+@njit(cache=True, nogil=True)
+def _temporal_kernel(t, x, y, p, t0, ticks, counts):
+    """``counts[b, p, y, x] += 1`` with time bin ``b = (t - t0) * bins // ticks``; returns the skipped count."""
+    bins, height, width = counts.shape[0], counts.shape[2], counts.shape[3]
+    skipped = 0
+    for i in range(x.shape[0]):
+        b = (t[i] - t0) * bins // ticks
+        xi, yi, pi = x[i], y[i], p[i]
+        if 0 <= b < bins and 0 <= xi < width and 0 <= yi < height and 0 <= pi < 2:
+            counts[b, pi, yi, xi] += 1
+        else:
+            skipped += 1
+    return skipped
+
+
+@njit(cache=True, nogil=True)
+def _timestamp_kernel(t, x, y, p, t0, span, counts, newest):
+    """Counts as ``_count_kernel`` plus ``newest[y, x] = (t - t0) / span`` of the pixel's last event."""
+    height, width = counts.shape[1], counts.shape[2]
+    skipped = 0
+    for i in range(x.shape[0]):
+        dt = t[i] - t0
+        xi, yi, pi = x[i], y[i], p[i]
+        if 0 <= dt <= span and 0 <= xi < width and 0 <= yi < height and 0 <= pi < 2:
+            counts[pi, yi, xi] += 1
+            # Events are sorted by time, so the last write is the newest event; a zero span means "all newest".
+            newest[yi, xi] = dt / span if span > 0 else 1.0
+        else:
+            skipped += 1
+    return skipped
+
+
+def _fill_histogram(out: np.ndarray, channels: str, t, x, y, p) -> int:
+    """Fill the zeroed float32 ``out`` (C, H, W) from event columns; returns the number of skipped events."""
+    n = len(x)
+    if n == 0:
+        return 0
+    n_counts = 2 if channels == "timestamp" else out.shape[0]
+    exact = n <= _FLOAT32_EXACT
+    counts = out[:n_counts] if exact else np.zeros((n_counts, *out.shape[1:]), np.int64)
+    if channels == "hist":
+        skipped = _count_kernel(x, y, p, counts)
+    elif channels == "temporal":
+        height, width = out.shape[1:]
+        t0 = int(t[0])
+        ticks = int(t[-1]) - t0 + 1  # the window covers ticks microseconds [t0, t_last], split evenly into bins
+        skipped = _temporal_kernel(t, x, y, p, t0, ticks, counts.reshape(-1, 2, height, width))  # (bins, 2, H, W)
+    else:
+        skipped = _timestamp_kernel(t, x, y, p, int(t[0]), int(t[-1]) - int(t[0]), counts, out[2])
+    if not exact:
+        out[:n_counts] = counts
+    return skipped
+
+
+def _skipped_error(skipped: int, n: int, sensor: SensorSize) -> ValueError:
+    return ValueError(
+        f"{skipped} of {n} events fall outside the sensor {sensor.width}x{sensor.height} (width x height), "
+        f"have polarity > 1, or are not sorted by time"
+    )
+
+
+def input_histogram(events: np.ndarray, sensor: SensorSize, channels: Channels = "hist", bins: int = 4) -> np.ndarray:
+    """Histogram of ``events`` at sensor resolution: float32 (C, H, W) for ``channels`` (see module docstring)."""
+    if not isinstance(events, np.ndarray) or events.dtype != EVENT_DTYPE:
+        raise ValueError(f"events must be a numpy array of EVENT_DTYPE, got {getattr(events, 'dtype', type(events))}")
+    if sensor.height <= 0 or sensor.width <= 0:
+        raise ValueError(f"sensor must have a positive size, got {sensor}")
+    out = np.zeros((n_channels(channels, bins), sensor.height, sensor.width), np.float32)
+    skipped = _fill_histogram(out, channels, events["t"], events["x"], events["y"], events["p"])
+    if skipped:
+        raise _skipped_error(skipped, len(events), sensor)
+    return out
+
+
+def event_histogram(events: np.ndarray, sensor: SensorSize) -> np.ndarray:
+    """Exact per-pixel event counts, float32 (2, H, W): channel 0 = OFF, channel 1 = ON."""
+    return input_histogram(events, sensor, "hist")
+
+
+def temporal_histogram(events: np.ndarray, sensor: SensorSize, bins: int = 4) -> np.ndarray:
+    """Counts per time bin and polarity, float32 (2 * bins, H, W); channel ``2 * b + p`` is bin ``b``, polarity ``p``.
+
+    The bins split the window's time span ``[t_first, t_last]`` into ``bins`` equal parts; summing over the
+    bins (``reshape(bins, 2, H, W).sum(0)``) gives ``event_histogram``.
+    """
+    return input_histogram(events, sensor, "temporal", bins)
+
+
+def timestamp_histogram(events: np.ndarray, sensor: SensorSize) -> np.ndarray:
+    """OFF and ON counts plus the newest event time per pixel, float32 (3, H, W).
+
+    Channel 2 is ``(t_newest - t_first) / (t_last - t_first)`` in [0, 1] for pixels with events (1 when the
+    window has zero duration) and 0 where there is no event.
+    """
+    return input_histogram(events, sensor, "timestamp")
+
+# ----------------------------------------------------------------------------------------------- batched
+
+
+@dataclass
+class EventBatch:
+    """Padded event windows of one sensor: row ``b`` holds ``lengths[b]`` valid events, then zero padding."""
+
+    t: torch.Tensor  # (B, N) int64, microseconds
+    x: torch.Tensor  # (B, N) int32
+    y: torch.Tensor  # (B, N) int32
+    p: torch.Tensor  # (B, N) uint8, 0 = OFF, 1 = ON
+    lengths: torch.Tensor  # (B,) int64
+    sensor: SensorSize
+
+    def __len__(self) -> int:
+        return self.t.shape[0]
+
+    def _map(self, fn) -> EventBatch:
+        return EventBatch(fn(self.t), fn(self.x), fn(self.y), fn(self.p), fn(self.lengths), self.sensor)
+
+    def to(self, device: str | torch.device, non_blocking: bool = False) -> EventBatch:
+        """The batch on ``device``."""
+        return self._map(lambda v: v.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> EventBatch:
+        """Page-locked copy (called by ``DataLoader(pin_memory=True)``)."""
+        return self._map(lambda v: v.pin_memory())
+
+
+def collate_events(windows: Sequence[np.ndarray], sensor: SensorSize) -> EventBatch:
+    """Pad a list of ``EVENT_DTYPE`` windows into an ``EventBatch`` (usable inside a DataLoader ``collate_fn``).
+
+    Inside a DataLoader worker the padded tensors are allocated in shared memory, as torch's default collate
+    does: sending them to the main process then moves no data (otherwise pickling copies them there).
+    """
+    for i, w in enumerate(windows):
+        if not isinstance(w, np.ndarray) or w.dtype != EVENT_DTYPE or w.ndim != 1:
+            raise ValueError(f"window {i} must be a 1-D numpy array of EVENT_DTYPE, got {getattr(w, 'dtype', w)}")
+    lengths = np.array([len(w) for w in windows], np.int64)
+    shape = (len(windows), int(lengths.max(initial=0)))
+    shared = get_worker_info() is not None
+    columns = tuple(_empty(shape, dtype, shared) for dtype in (np.int64, np.int32, np.int32, np.uint8))
+    t, x, y, p = (c.numpy() for c in columns)
+    for i, w in enumerate(windows):
+        _unpack_kernel(w, t[i], x[i], y[i], p[i])
+    return EventBatch(*columns, torch.from_numpy(lengths), sensor=SensorSize(*sensor))
+
+
+def _empty(shape: tuple[int, int], dtype: type, shared: bool) -> torch.Tensor:
+    """An uninitialized tensor, with its storage created in shared memory if ``shared``.
+
+    Otherwise the memory comes from numpy, which backs arrays of >= 4 MB with transparent huge pages and so
+    saves the page fault per 4 KB that a fresh torch tensor of the same size costs on first touch.
+    """
+    if not shared or shape[0] * shape[1] == 0:
+        return torch.from_numpy(np.empty(shape, dtype))
+    storage = torch.UntypedStorage._new_shared(shape[0] * shape[1] * np.dtype(dtype).itemsize)
+    return torch.empty(0, dtype=torch.from_numpy(np.empty(0, dtype)).dtype).set_(storage, 0, shape)
+
+
+@njit(cache=True, nogil=True)
+def _unpack_kernel(events, t, x, y, p):
+    """The fields of one window into the rows ``t, x, y, p``, zero-padded past its length."""
+    n = events.shape[0]
+    for i in range(n):
+        e = events[i]
+        t[i], x[i], y[i], p[i] = e.t, e.x, e.y, e.p
+    t[n:] = 0
+    x[n:] = 0
+    y[n:] = 0
+    p[n:] = 0
+
+
+def _batch_histogram_numba(batch: EventBatch, channels: str, num_channels: int) -> torch.Tensor:
+    """The histograms of a CPU batch, one row at a time through the numba kernels."""
+    height, width = batch.sensor
+    out = np.zeros((len(batch), num_channels, height, width), np.float32)
+    t, x, y, p = (v.numpy() for v in (batch.t, batch.x, batch.y, batch.p))
+    for b, n in enumerate(batch.lengths.tolist()):
+        skipped = _fill_histogram(out[b], channels, t[b, :n], x[b, :n], y[b, :n], p[b, :n])
+        if skipped:
+            raise ValueError(f"batch sample {b}: {_skipped_error(skipped, n, batch.sensor)}")
+    return torch.from_numpy(out)
+
+
+def _batch_histogram_torch(batch: EventBatch, channels: str, bins: int, num_channels: int) -> torch.Tensor:
+    height, width = batch.sensor
+    n_batch, n_events = batch.t.shape
+    device = batch.t.device
+    if n_events == 0:
+        return torch.zeros(n_batch, num_channels, height, width, device=device)
+    t, x, y, p = batch.t, batch.x.long(), batch.y.long(), batch.p.long()
+    valid = torch.arange(n_events, device=device)[None] < batch.lengths[:, None]  # (B, N)
+    t0 = t[:, :1]  # (B, 1)
+    t_last = t.gather(1, (batch.lengths - 1).clamp_min(0)[:, None])  # (B, 1)
+    channel = p
+    if channels == "temporal":
+        time_bin = (t - t0) * bins // (t_last - t0 + 1)  # same even split as _temporal_kernel
+        channel = 2 * time_bin + p
+    bad = valid & ((x >= width) | (y >= height) | (p > 1))
+    if channels != "hist":  # time bins and the newest-time plane need sorted windows, like the numba kernels
+        bad |= valid & ((t < t0) | (t > t_last))
+    if bool(bad.any()):
+        b = int(bad.any(1).nonzero()[0])
+        n = int(batch.lengths[b])
+        raise ValueError(f"batch sample {b}: {_skipped_error(int(bad[b].sum()), n, batch.sensor)}")
+    sample = torch.arange(n_batch, device=device)[:, None]  # (B, 1)
+    flat = (((sample * num_channels + channel) * height + y) * width + x)[valid]  # index into (B, C, H, W)
+    out = torch.bincount(flat, minlength=n_batch * num_channels * height * width).to(torch.float32)
+    out = out.view(n_batch, num_channels, height, width)
+    if channels == "timestamp":
+        span = (t_last - t0).to(torch.float64)
+        newest = torch.where(span > 0, (t - t0) / span.clamp_min(1), 1.0).to(torch.float32)  # (B, N)
+        plane = torch.zeros(n_batch * height * width, device=device)
+        pixel = ((sample * height + y) * width + x)[valid]
+        plane.scatter_reduce_(0, pixel, newest[valid], reduce="amax")  # sorted times: amax = newest event
+        out[:, 2] = plane.view(n_batch, height, width)
+    return out
+
+
+def batch_histogram(
+    batch: EventBatch,
+    channels: Channels = "hist",
+    bins: int = 4,
+    *,
+    device: str | torch.device = "cpu",
+    backend: Literal["auto", "numba", "torch"] = "auto",
+) -> torch.Tensor:
+    """Histograms of a padded batch, float32 (B, C, H, W) on ``device``, equal to ``input_histogram`` per row.
+
+    ``backend="auto"`` runs the numba kernels per sample on CPU (faster than a CPU scatter) and one torch
+    ``bincount`` over the flat (B * C * H * W) index elsewhere.
+    """
+    num_channels = n_channels(channels, bins)
+    device = torch.device(device)
+    if backend == "auto":
+        backend = "numba" if device.type == "cpu" else "torch"
+    if backend == "numba":
+        if device.type != "cpu":
+            raise ValueError(f"the numba backend runs on CPU only, got device {device}")
+        return _batch_histogram_numba(batch.to("cpu"), channels, num_channels)
+    if backend != "torch":
+        raise ValueError(f"unknown histogram backend {backend!r}; expected 'auto', 'numba' or 'torch'")
+    return _batch_histogram_torch(batch.to(device), channels, bins, num_channels)
+

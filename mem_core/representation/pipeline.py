@@ -1,0 +1,190 @@
+"""The model input pipeline (DESIGN.md §3 "Representation"): event windows -> normalized, resized tensors.
+
+For one sample (``preprocess``) or a padded batch (``collate_events`` + ``batch_preprocess``): window of up to
+``n_max`` events (random at train, centred at evaluation) -> event augmentations (train) -> histogram -> hot pixels
+zeroed -> normalize to [0, 1] -> resize (+ crop) -> log scale (``scale="log"``) -> RandAugment (train). After the
+histogram every step is a torch op on ``(B, C, H, W)``, so the same code runs on the CPU and on the model's GPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from mem_core.augment import augment_events, rand_augment
+from mem_core.events import SensorSize, center_window, random_window
+from mem_core.representation.histogram import EventBatch, batch_histogram, input_histogram
+from mem_core.representation.spec import LOG_GAIN, InputSpec
+
+
+def remove_hot_pixels(hist: torch.Tensor, num_std: float, count_channels: int | None = None) -> torch.Tensor:
+    """Zero hot pixels: any count above ``mean + num_std * std`` of the sample's counts. hist: (B, C, H, W).
+
+    Mean and (population) std are over all pixels of the first ``count_channels`` channels of each sample. A
+    pixel that is hot in any count channel is zeroed in every channel (a hot pixel is a sensor defect, so its
+    other polarity and its timestamp are not trusted either). Returns a new tensor.
+    """
+    n = hist.shape[1] if count_channels is None else count_channels
+    counts = hist[:, :n]
+    flat = counts.flatten(1)  # (B, n * H * W)
+    mean = flat.mean(1, keepdim=True)  # (B, 1)
+    std = (flat - mean).square_().mean(1, keepdim=True).sqrt_()  # two passes: torch.std_mean is ~5x slower on CPU
+    threshold = (mean + num_std * std)[:, :, None, None]  # (B, 1, 1, 1)
+    hot = counts.amax(1, keepdim=True) > threshold  # (B, 1, H, W)
+    return hist.masked_fill(hot, 0.0)
+
+
+def resize_histogram(hist: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """Bilinear resize of (B, C, H, W) to ``size`` (height, width), antialiased when a side shrinks."""
+    height, width = hist.shape[-2:]
+    if (height, width) == tuple(size):
+        return hist
+    antialias = size[0] < height or size[1] < width
+    return F.interpolate(hist, size=tuple(size), mode="bilinear", align_corners=False, antialias=antialias)
+
+
+def crop_histogram(hist: torch.Tensor, size: tuple[int, int], generator: torch.Generator | None = None) -> torch.Tensor:
+    """Crop (B, C, H, W) to ``size``: the centre without ``generator``, a random window per sample with it."""
+    height, width = hist.shape[-2:]
+    h, w = size
+    if h > height or w > width:
+        raise ValueError(f"cannot crop {size} from a histogram of {(height, width)}")
+    if generator is None:
+        top, left = (height - h) // 2, (width - w) // 2
+        return hist[..., top : top + h, left : left + w]
+    tops = torch.randint(height - h + 1, (len(hist),), generator=generator).tolist()
+    lefts = torch.randint(width - w + 1, (len(hist),), generator=generator).tolist()
+    return torch.stack([s[:, i : i + h, j : j + w] for s, i, j in zip(hist, tops, lefts, strict=True)])
+
+
+def normalize_histogram(hist: torch.Tensor, count_channels: int | None = None) -> torch.Tensor:
+    """Divide the count channels of each sample by their maximum: values in [0, 1], the peak exactly 1.
+
+    Why the maximum: a linear map keeps what the counts mean (an edge with twice the events stays twice as
+    bright, the OFF/ON balance is kept), it removes the dependence on window length and resolution, and it
+    lands exactly in the [0, 1] range that RandAugment's ops assume (the reference implementation does the
+    same). Hot pixels must be removed first or one of them sets the scale. An empty sample stays all zeros
+    (no NaN). Channels after ``count_channels`` (the timestamp) are already in [0, 1] and are left alone.
+    """
+    n = hist.shape[1] if count_channels is None else count_channels
+    counts = hist[:, :n]
+    peak = counts.flatten(1).amax(1).clamp_min(torch.finfo(hist.dtype).tiny)  # (B,); 0 / tiny = 0 for empty
+    scaled = counts / peak[:, None, None, None]
+    return scaled if n == hist.shape[1] else torch.cat([scaled, hist[:, n:]], 1)
+
+
+def log_scale(
+    hist: torch.Tensor, count_channels: int | None = None, gain: float = LOG_GAIN, *, inplace: bool = False
+) -> torch.Tensor:
+    """``log1p(gain * x) / log1p(gain)`` of the count channels of normalized, resized inputs: [0, 1] -> [0, 1].
+
+    Empty pixels stay 0 and the peak stays 1, but a pixel at ``1 / gain`` of the peak is lifted from near-black to
+    ``log 2 / log(1 + gain)`` (0.18 at the default 50). Sparse short windows (N-Cars: 100 ms, 18 % of pixels lit)
+    are mostly single events, and a small model learns from them much faster in this scale (docs/RESULTS.md).
+    It runs after the resize: a shrinking resize averages a lone event with its empty neighbours, and a log taken
+    before it would leave that faint structure at a fraction of the brightness (-6 points top-1 on N-Cars).
+    """
+    n = hist.shape[1] if count_channels is None else count_channels
+    counts = hist[:, :n] if inplace else hist[:, :n].clone()
+    counts.mul_(gain).log1p_().div_(math.log1p(gain))
+    if inplace or n == hist.shape[1]:
+        return hist if inplace else counts
+    return torch.cat([counts, hist[:, n:]], 1)
+
+
+def histograms_to_input(
+    hist: torch.Tensor, spec: InputSpec, *, train: bool, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """Sensor-resolution histograms (B, C, h, w) -> model input (B, C, *spec.size) in [0, 1] (a new tensor).
+
+    Order: hot pixels -> normalize -> resize (+ crop) -> log scale -> RandAugment (train). Hot pixels are
+    removed at sensor resolution: there a hot pixel is one outlier that the mean + k * std rule removes exactly,
+    while after an upsampling resize its interpolated halo survives the threshold and would set the
+    normalization scale. Normalizing before the resize gives the same image up to one scalar (the resize is
+    linear), keeps the peak count of the sensor as the unit, and costs a pass over the small histogram instead of
+    the large one; the bilinear resize is a convex combination, so values stay in [0, 1]. At train time the random
+    crop and RandAugment draw from ``generator`` (a CPU ``torch.Generator``).
+    """
+    if train and generator is None:
+        raise ValueError("training mode needs an explicit torch.Generator for the random crop and RandAugment")
+    if spec.hot_pixel_std is not None:
+        hist = remove_hot_pixels(hist, spec.hot_pixel_std, spec.count_channels)
+    hist = normalize_histogram(hist, spec.count_channels)  # a new tensor: the steps below may work in place
+    if spec.resize_to is None:
+        hist = resize_histogram(hist, spec.size)
+    else:
+        hist = crop_histogram(resize_histogram(hist, spec.resize_to), spec.size, generator if train else None)
+    if spec.scale == "log":
+        hist = log_scale(hist, spec.count_channels, spec.log_gain, inplace=True)
+    hist = hist.contiguous()
+    if train and spec.randaug_ops > 0:
+        hist = rand_augment(hist, spec.randaug_ops, spec.randaug_magnitude, generator, inplace=True)
+    return hist
+
+
+# -------------------------------------------------------------------------------------------- per sample
+
+
+def prepare_events(
+    events: np.ndarray, sensor: SensorSize, spec: InputSpec, *, train: bool, rng: np.random.Generator | None = None
+) -> np.ndarray:
+    """The event-level half of the pipeline: the window, then the event augmentations at train time.
+
+    Training draws a random contiguous window of ``spec.n_max`` events and augments it with ``rng``; evaluation
+    takes the centred window (a view, no randomness). Run it in the dataset/worker before ``collate_events``.
+    """
+    if not train:
+        return center_window(events, spec.n_max)
+    if rng is None:
+        raise ValueError("training mode needs an explicit np.random.Generator (rng)")
+    return augment_events(random_window(events, spec.n_max, rng), sensor, spec, rng)
+
+
+def preprocess(
+    events: np.ndarray,
+    sensor: SensorSize,
+    spec: InputSpec,
+    *,
+    train: bool,
+    rng: np.random.Generator | None = None,
+) -> torch.Tensor:
+    """One event stream -> model input, float32 (C, *spec.size) in [0, 1].
+
+    Deterministic at evaluation (``train=False``, no ``rng``). At train time every random choice (window,
+    event augmentations, crop, RandAugment) comes from ``rng``, so the same seed gives the same tensor.
+    """
+    window = prepare_events(events, sensor, spec, train=train, rng=rng)
+    hist = torch.from_numpy(input_histogram(window, sensor, spec.channels, spec.temporal_bins))
+    generator = torch.Generator().manual_seed(int(rng.integers(2**63 - 1))) if train else None
+    return histograms_to_input(hist[None], spec, train=train, generator=generator)[0]
+
+
+# ----------------------------------------------------------------------------------------------- batched
+
+
+def batch_preprocess(
+    batch: EventBatch,
+    spec: InputSpec,
+    *,
+    train: bool,
+    generator: torch.Generator | None = None,
+    device: str | torch.device = "cpu",
+) -> torch.Tensor:
+    """A padded batch of windows -> model inputs, float32 (B, C, *spec.size) in [0, 1] on ``device``.
+
+    The windows must already be cut and, for training, event-augmented by ``prepare_events`` (in the dataset or
+    DataLoader worker, before ``collate_events``); this function does the histogram and ``histograms_to_input``.
+    At evaluation it equals ``preprocess`` applied to each window.
+    """
+    if len(batch) and int(batch.lengths.max()) > spec.n_max:
+        raise ValueError(
+            f"a window has {int(batch.lengths.max())} events, more than spec.n_max={spec.n_max}: "
+            "cut windows with prepare_events before collate_events"
+        )
+    if train and generator is None:
+        raise ValueError("training mode needs an explicit torch.Generator for the random crop and RandAugment")
+    hist = batch_histogram(batch, spec.channels, spec.temporal_bins, device=device)
+    return histograms_to_input(hist, spec, train=train, generator=generator)
