@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Annotated
 
@@ -16,9 +17,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_show_locals=False,
 )
-bench_app = typer.Typer(help="Benchmarks: print a table and write JSON.", no_args_is_help=True)
 experiment_app = typer.Typer(help="Experiments that reproduce the paper's claims on real data.", no_args_is_help=True)
-app.add_typer(bench_app, name="bench")
 app.add_typer(experiment_app, name="experiment")
 
 DatasetOpt = Annotated[
@@ -189,20 +188,10 @@ def export(
     out: Annotated[Path, typer.Option("--out", help="Export directory (safetensors + JSON).")],
 ) -> None:
     """Export a trained model for the live server: safetensors weights + JSON (architecture, classes, input)."""
-    from mem_core.train.evaluate import export_run
+    from mem_core.export import export_run
 
     path = export_run(model, out)
     typer.echo(f"exported to {path}")
-
-
-@bench_app.command("data")
-def bench_data(
-    json_path: Annotated[Path | None, typer.Option("--json", help="Write the results as JSON here.")] = None,
-) -> None:
-    """Histogram throughput, window pipeline latency and DataLoader throughput."""
-    from bench import bench_data as bench
-
-    bench.main(json_path)
 
 
 @experiment_app.command("label-efficiency")
@@ -249,17 +238,17 @@ def label_efficiency(
 
 
 def _register_commands() -> None:
-    """Commands whose code lives in its own module: recording and ingest, the live app, the demo, benchmarks."""
+    """Commands whose code lives in its own module (recording and ingest, the live app, the demo), and command
+    groups other packages add through the ``mem.commands`` entry point (``mem bench``, from ``bench/``)."""
     from app import demo, live_cli, record_cli
-    from bench import bench_live, bench_record
 
     app.command("record")(record_cli.record)
     app.command("ingest")(record_cli.ingest)
     app.command("serve")(live_cli.serve)
     app.command("view")(live_cli.view)
     app.command("demo")(demo.demo)
-    bench_app.command("record")(bench_record.cli)
-    bench_app.command("live")(bench_live.cli)
+    for plugin in entry_points(group="mem.commands"):
+        app.add_typer(plugin.load(), name=plugin.name)
 
 
 _register_commands()

@@ -19,11 +19,12 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
 import typer
+
+from app.config import DemoConfig
 
 # The demo's recipe: cpu-tiny with windows the size of a simulated sample (50 ms, ~5 000 events).
 DEMO_INPUT = ["input.n_max=5000", "data.num_workers=1"]
@@ -52,14 +53,6 @@ STAGE_SETTINGS = {
 CORPUS_SIM_SECONDS = 60
 LIVE_SECONDS = 12
 SERVER_START_S = 120  # the longest the live server may take to publish its first message
-
-
-@dataclass
-class DemoConfig:
-    out: Path
-    headless: bool
-    fresh: bool
-    labels_per_class: int = 40
 
 
 def _say(message: str) -> None:
@@ -91,8 +84,9 @@ def _finished(run: Path) -> bool:
 
 def record_corpus(corpus: Path) -> None:
     from mem_core.simulator import task_config
-    from recorders.record import RecordConfig, run
-    from recorders.sources import SimulatorSource
+    from recorders.config import RecordConfig
+    from recorders.record import run
+    from recorders.simulated import SimulatorSource
 
     if (corpus / "manifest.json").exists():
         _say(f"corpus {corpus} exists: reusing it")
@@ -310,11 +304,12 @@ def run(cfg: DemoConfig) -> Path:
     results = evaluate_both(runs)
     table_md = print_table(results, cfg.labels_per_class)
     (cfg.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    from mem_core.train.evaluate import export_run
+    from mem_core.export import export_run
 
     export_dir = export_run(runs["finetune-mem"], cfg.out / "export")
     _say(f"exported the MEM model to {export_dir}")
-    live_state = live(export_dir, cfg.out, cfg.headless)
+    headless = (not has_display()) if cfg.headless is None else cfg.headless
+    live_state = live(export_dir, cfg.out, headless)
     report = write_report(cfg, runs, table_md, live_state)
     _say(f"done in {time.perf_counter() - t0:.0f} s; report: {report}")
     return report
@@ -333,11 +328,4 @@ def demo(
         label_fraction(labels_per_class)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--labels-per-class") from None
-    run(
-        DemoConfig(
-            out=out,
-            headless=(not has_display()) if headless is None else headless,
-            fresh=fresh,
-            labels_per_class=labels_per_class,
-        )
-    )
+    run(DemoConfig(out=out, headless=headless, fresh=fresh, labels_per_class=labels_per_class))

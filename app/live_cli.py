@@ -52,8 +52,9 @@ def serve(
     """Live inference: run a model on the newest events of a source and publish over ZMQ (docs/protocol.md)."""
     import zmq
 
-    from app.live.server import ServeConfig, run
-    from recorders.sources import RecorderError
+    from app.config import ServeConfig
+    from app.live.server import run
+    from recorders.base import RecorderError
 
     config = ServeConfig(
         model=model,
@@ -86,6 +87,7 @@ def view(
     quit_after: Annotated[float | None, typer.Option("--quit-after", help="Quit after S seconds.")] = None,
 ) -> None:
     """The live viewer: histogram, token grid, predictions, controls. Starts before or after the server."""
-    from app.viewer.window import ViewConfig, run
+    from app.config import ViewConfig
+    from app.viewer.window import run
 
     raise typer.Exit(run(ViewConfig(connect=connect, snapshot=snapshot, quit_after_s=quit_after)))

@@ -35,8 +35,9 @@ def record(
     ] = 256.0,
 ) -> None:
     """Record events from a camera, the simulator or a replayed file into a corpus, until Ctrl-C or --duration."""
-    from recorders.record import RecordConfig, run
-    from recorders.sources import RecorderError
+    from recorders.base import RecorderError
+    from recorders.config import RecordConfig
+    from recorders.record import run
 
     config = RecordConfig(
         source=source,
@@ -82,8 +83,9 @@ def ingest(
     from rich.console import Console
     from rich.table import Table
 
-    from recorders.ingest import IngestConfig, run
-    from recorders.sources import RecorderError
+    from recorders.base import RecorderError
+    from recorders.config import IngestConfig
+    from recorders.ingest import run
 
     if workers < 1:
         raise _fail(f"--workers must be >= 1, got {workers}")

@@ -5,14 +5,14 @@ histogram Mev/s for the numba kernel vs ``np.bincount`` on a flat index vs ``np.
 real N-Cars stream, then milliseconds per window -> normalized 224 x 224 input, per sample (``preprocess``)
 and batched (``prepare_events`` + ``collate_events`` + ``batch_preprocess`` at B = 64, amortized per sample).
 
-Run: ``uv run python bench/bench_data.py --json out.json``
+Run: ``uv run mem bench data --json out.json``
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,9 +22,14 @@ import numpy as np
 import torch
 from rich.console import Console
 from rich.table import Table
+from torch.utils.data import DataLoader
 
 from mem_core import shared_data_dir
+from mem_core.corpus import CorpusWriter
+from mem_core.datasets import WindowDataset, collate_windows
+from mem_core.datasets.corpus import CorpusSource
 from mem_core.events import SensorSize, make_events
+from mem_core.io import read_events
 from mem_core.representation import (
     InputSpec,
     batch_preprocess,
@@ -33,22 +38,11 @@ from mem_core.representation import (
     prepare_events,
     preprocess,
 )
+from mem_core.train.engine import EpochBatchSampler
 
 NCARS_SENSOR = SensorSize(100, 120)
 STREAM_EVENTS = 1_000_000
 BATCH = 64
-
-
-def read_dat(path: Path) -> np.ndarray:
-    """Minimal Prophesee .dat reader (until ``mem_core.io`` lands): ``%`` header, 2 bytes type/size, u32 t, u32 w."""
-    data = path.read_bytes()
-    pos = 0
-    while data[pos : pos + 1] == b"%":
-        pos = data.index(b"\n", pos) + 1
-    records = np.frombuffer(data, dtype=[("t", "<u4"), ("w", "<u4")], offset=pos + 2, count=(len(data) - pos - 2) // 8)
-    w = records["w"]
-    events = make_events(records["t"], w & 0x3FFF, (w >> 14) & 0x3FFF, (w >> 28) & 1)
-    return events[np.argsort(events["t"], kind="stable")]
 
 
 def load_stream(n_events: int) -> tuple[np.ndarray, SensorSize, str]:
@@ -64,16 +58,9 @@ def load_stream(n_events: int) -> tuple[np.ndarray, SensorSize, str]:
             NCARS_SENSOR,
             "synthetic",
         )
-    try:
-        from mem_core.io import read_events
-
-        def read(path: Path) -> np.ndarray:
-            return read_events(path).events
-    except ImportError:
-        read = read_dat
     parts, total, offset = [], 0, 0
     for path in paths[:: max(1, len(paths) // 400)]:
-        ev = read(path).copy()
+        ev = read_events(path).events.copy()
         if not len(ev):
             continue
         ev["t"] += offset - ev["t"][0]
@@ -209,15 +196,6 @@ def loader_rows(stream: np.ndarray, sensor: SensorSize) -> list[dict]:
     samples per wall-clock second (the worker competes for a core with everything else on a shared machine)
     and samples per CPU second of the worker process, i.e. per worker core (the target).
     """
-    import tempfile
-
-    from torch.utils.data import DataLoader
-
-    from mem_core.corpus import CorpusWriter
-    from mem_core.datasets import WindowDataset, collate_windows
-    from mem_core.datasets.corpus import CorpusSource
-    from mem_core.train.engine import EpochBatchSampler
-
     spec = InputSpec()
     rows = []
     with tempfile.TemporaryDirectory(prefix="mem-bench-corpus-") as tmp:
@@ -293,9 +271,3 @@ def main(json_path: str | Path | None = None) -> list[dict]:
     if json_path is not None:
         Path(json_path).write_text(json.dumps(rows, indent=2) + "\n")
     return rows
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", help="write the results to this JSON file")
-    main(parser.parse_args().json)

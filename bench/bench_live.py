@@ -22,142 +22,43 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
 
 import numpy as np
-import typer
+import torch
 import zmq
 
-from mem_core.events import SensorSize, make_events
+from app.config import ServeConfig
+from app.live.server import LiveServer
+from mem_core.export import export_random
+from mem_core.models import TokenizerConfig, ViTConfig
 from mem_core.protocol import decode, encode
-
-# torch, numba (via recorders) and the models are imported inside the functions: `mem` imports this module to
-# register `mem bench live`, and every command (`mem view` above all, a GUI process) would pay for them.
+from mem_core.representation import InputSpec
+from recorders.synthetic import SyntheticSource
 
 MODELS = {  # random-init architectures to measure: the CPU preset and the paper's ViT-B/16 (+ tokenizers)
-    "cpu-tiny": {
-        "img_size": 96,
-        "patch_size": 8,
-        "embed_dim": 128,
-        "depth": 4,
-        "num_heads": 4,
-        "tokenizer": {"image_size": 96, "num_tokens": 512, "codebook_dim": 32, "num_layers": 3, "hidden_dim": 48},
-    },
-    "vit-b": {
-        "img_size": 224,
-        "patch_size": 16,
-        "embed_dim": 768,
-        "depth": 12,
-        "num_heads": 12,
-        "tokenizer": {"image_size": 224, "num_tokens": 8192, "codebook_dim": 32, "num_layers": 4, "hidden_dim": 64},
-    },
+    "cpu-tiny": (
+        ViTConfig(img_size=96, patch_size=8, embed_dim=128, depth=4, num_heads=4, drop_path=0.0),
+        TokenizerConfig(image_size=96, num_tokens=512, codebook_dim=32, num_layers=3, hidden_dim=48),
+    ),
+    "vit-b": (
+        ViTConfig(drop_path=0.0),
+        TokenizerConfig(image_size=224, num_tokens=8192, codebook_dim=32, num_layers=4, hidden_dim=64),
+    ),
 }
 SOURCE_RATE = 30e6  # events/s
-SOURCE_BATCH_US = 2000
-SENSOR = SensorSize(240, 320)
 SERVER_S = 24.0
 WARMUP_S = 2.0  # measured from here on (model warm-up, the viewer connecting)
 VIEWER_FEED_HZ = 100.0
 VIEWER_S = 8.0
 
 
-def make_random_export(
-    out: Path | str,
-    *,
-    task: str = "classification",
-    classes: tuple[str, ...] = ("background", "car"),
-    img_size: int = 96,
-    patch_size: int = 8,
-    embed_dim: int = 128,
-    depth: int = 4,
-    num_heads: int = 4,
-    n_max: int = 30_000,
-    tokenizer: dict[str, Any] | None = None,
-    head_channels: int = 32,
-    seed: int = 0,
-) -> Path:
-    """Export a random-init model (and a tokenizer built from the ``TokenizerConfig`` fields ``tokenizer``) in the
-    live server's format: for benchmarks, tests and demos."""
-    import torch
-
-    from mem_core.configuration import to_dict
-    from mem_core.models import DiscreteVAE, MEMClassifier, MEMViT, SegmentationModel, TokenizerConfig, ViTConfig
-    from mem_core.representation import InputSpec
-    from mem_core.train.evaluate import export_model
-
-    arch = ViTConfig(
-        img_size=img_size, patch_size=patch_size, embed_dim=embed_dim, depth=depth, num_heads=num_heads, drop_path=0.0
-    )
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        if task == "classification":
-            model: torch.nn.Module = MEMClassifier(MEMViT(arch), len(classes))
-        else:
-            model = SegmentationModel(MEMViT(arch), len(classes), channels=head_channels)
-        tok = DiscreteVAE(TokenizerConfig(**tokenizer)) if tokenizer is not None else None
-    return export_model(
-        model,
-        out,
-        task=task,
-        architecture=to_dict(arch),
-        classes=list(classes),
-        input_spec=InputSpec(n_max=n_max, size=(img_size, img_size)),
-        head_channels=head_channels if task == "segmentation" else None,
-        tokenizer=tok,
-    )
-
-
-class SyntheticSource:
-    """Uniform random events at ``rate`` events/s in real time (batches of ``batch_us``), for load tests.
-
-    Duck-types ``recorders.sources.LiveSource`` (``sensor``, ``metadata``, iteration, ``close``).
-    """
-
-    def __init__(self, rate: float, sensor: SensorSize = SENSOR, batch_us: int = SOURCE_BATCH_US, seed: int = 0):
-        self.sensor, self.rate, self.batch_us = sensor, rate, batch_us
-        self.metadata = {
-            "kind": "synthetic",
-            "model": "bench",
-            "serial": f"{rate / 1e6:g}Mev/s",
-            "height": sensor.height,
-            "width": sensor.width,
-        }
-        n = round(rate * batch_us / 1e6)
-        rng = np.random.default_rng(seed)
-        t = np.sort(rng.integers(0, batch_us, n))
-        self._template = make_events(
-            t, rng.integers(0, sensor.width, n), rng.integers(0, sensor.height, n), rng.integers(0, 2, n)
-        )
-        self._closed = False
-        self.delivered = 0
-        from recorders.sources import Pacer  # here, not in the iterating thread: it imports numba (~1 s)
-
-        self._pacer_type = Pacer
-
-    def __iter__(self) -> Iterator[np.ndarray]:
-        pacer = self._pacer_type(1.0)
-        t0 = 0
-        while not self._closed:
-            pacer.wait(t0 + self.batch_us)
-            batch = self._template.view(np.uint8).copy().view(self._template.dtype)  # raw bytes: a plain memcpy
-            batch["t"] += t0
-            t0 += self.batch_us
-            self.delivered += len(batch)
-            yield batch
-
-    def close(self) -> None:
-        self._closed = True
-
-
 def _viewer(endpoint: str, snapshot: Path, quit_after: float) -> subprocess.Popen:
-    code = (
-        "from pathlib import Path; from app.viewer.window import ViewConfig, run; "
-        f"run(ViewConfig(connect={endpoint!r}, snapshot=Path({str(snapshot)!r}), quit_after_s={quit_after}))"
-    )
+    """``mem view`` as users start it, headless, saving a snapshot (+ what it showed as JSON) when it quits."""
+    command = [sys.executable, "-m", "app.cli", "view", "--connect", endpoint]
+    command += ["--snapshot", str(snapshot), "--quit-after", str(quit_after)]
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
-    return subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def _free_endpoint(context: zmq.Context) -> str:
@@ -170,12 +71,10 @@ def _free_endpoint(context: zmq.Context) -> str:
 def bench_server(tmp: Path, model: str, device: str) -> tuple[dict, list[list[bytes]]]:
     """Run the server for ``SERVER_S`` under the 30 Mev/s source with a viewer attached; returns the numbers
     and a sample of published messages (for the viewer feed)."""
-    import torch
-
-    from app.live.server import LiveServer, ServeConfig
-
     torch.set_num_threads(1)
-    export = make_random_export(tmp / "export", **MODELS[model])
+    arch, tokenizer = MODELS[model]
+    spec = InputSpec(size=(arch.img_size, arch.img_size))
+    export = export_random(tmp / "export", architecture=arch, input_spec=spec, tokenizer=tokenizer)
     source = SyntheticSource(SOURCE_RATE)
     context = zmq.Context.instance()
     config = ServeConfig(model=export, pub=_free_endpoint(context), stats_interval_s=0.5, device=device)
@@ -283,16 +182,3 @@ def main(json_path: Path | None = None, model: str = "cpu-tiny", device: str = "
     if json_path is not None:
         json_path.write_text(json.dumps(results, indent=2) + "\n")
     return results
-
-
-def cli(
-    json_path: Annotated[Path | None, typer.Option("--json", help="Write the results as JSON here.")] = None,
-    model: Annotated[str, typer.Option("--model", help="cpu-tiny or vit-b (random init).")] = "cpu-tiny",
-    device: Annotated[str, typer.Option("--device", help="cpu or cuda[:N].")] = "cpu",
-) -> None:
-    """Live server throughput and latency under a 30 Mev/s source, and the viewer's frame rate."""
-    main(json_path, model, device)
-
-
-if __name__ == "__main__":
-    typer.run(cli)

@@ -8,7 +8,7 @@ Recording streams into a corpus as fast as the source delivers, for a few second
 config; the simulator itself is the limit), a looped file replay, and the replay again with ``--publish``; loss =
 events the source delivered minus events in the corpus. The 1-minute load average is recorded with the rows.
 
-Run: ``uv run mem bench record --json out.json`` (or ``uv run python -m bench.bench_record``), about a minute.
+Run: ``uv run mem bench record --json out.json``, about a minute.
 """
 
 from __future__ import annotations
@@ -19,13 +19,21 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import numpy as np
-import typer
+from rich.console import Console
+from rich.table import Table
 
-# The heavy modules (h5py, numba kernels, the simulator) are imported inside the functions: `mem` imports this
-# module to register `mem bench record`, and every `mem` command would pay for them otherwise.
+from mem_core import shared_data_dir
+from mem_core.events import SensorSize, make_events
+from mem_core.io import read_events, write_events
+from mem_core.simulator import EventSimulator, fast_config
+from recorders.config import IngestConfig, RecordConfig
+from recorders.ingest import run as ingest
+from recorders.record import run as record
+from recorders.replay import ReplaySource
+from recorders.simulated import SimulatorSource
 
 INGEST_TARGET = 20.0  # Mev/s per core
 RECORD_TARGET = 30.0  # Mev/s
@@ -47,18 +55,12 @@ def _timed(fn: Callable[[], Any]) -> tuple[Any, float, float]:
 
 
 def _synthetic(n: int, sensor, span_us: int, seed: int = 0) -> np.ndarray:
-    from mem_core.events import make_events
-
     rng = np.random.default_rng(seed)
     t = np.sort(rng.integers(0, span_us, n))
     return make_events(t, rng.integers(0, sensor.width, n), rng.integers(0, sensor.height, n), rng.integers(0, 2, n))
 
 
 def _ingest_rows(label: str, paths: list[Path], out: Path) -> list[dict]:
-    from mem_core.io import read_events
-    from recorders.ingest import IngestConfig
-    from recorders.ingest import run as ingest
-
     decoded, _, decode_cpu = _timed(lambda: sum(read_events(p).events.size for p in paths))
     config = IngestConfig(paths=tuple(paths), out=out, workers=1, progress=False, min_free_bytes=0)
     report, wall, cpu = _timed(lambda: ingest(config))
@@ -73,9 +75,6 @@ def _ingest_rows(label: str, paths: list[Path], out: Path) -> list[dict]:
 
 
 def _record_rows(label: str, source, out: Path, publish: str | None = None) -> list[dict]:
-    from recorders.record import RecordConfig
-    from recorders.record import run as record
-
     config = RecordConfig(
         source=label, out=out, duration_s=RECORD_SECONDS, publish=publish, speed=0, min_free_bytes=0, status=False
     )
@@ -93,15 +92,6 @@ def _record_rows(label: str, source, out: Path, publish: str | None = None) -> l
 
 def main(json_path: Path | None = None) -> list[dict]:
     """Run the benchmark, print a table, write the rows as JSON to ``json_path`` (if given) and return them."""
-    from rich.console import Console
-    from rich.table import Table
-
-    from mem_core import shared_data_dir
-    from mem_core.events import SensorSize
-    from mem_core.io import write_events
-    from mem_core.simulator import EventSimulator, fast_config
-    from recorders.sources import ReplaySource, SimulatorSource
-
     data = shared_data_dir()
     rows = [_row("load average (1 min) at start", os.getloadavg()[0], f"on {os.cpu_count()} CPUs")]
     with tempfile.TemporaryDirectory(prefix="mem-bench-record-") as tmp:
@@ -136,14 +126,3 @@ def main(json_path: Path | None = None) -> list[dict]:
     if json_path is not None:
         Path(json_path).write_text(json.dumps(rows, indent=2) + "\n")
     return rows
-
-
-def cli(
-    json_path: Annotated[Path | None, typer.Option("--json", help="Write the results as JSON here.")] = None,
-) -> None:
-    """Ingest Mev/s per core (real N-Cars/N-MNIST, synthetic .dat/.bin) and recording Mev/s with loss."""
-    main(json_path)
-
-
-if __name__ == "__main__":
-    typer.run(cli)

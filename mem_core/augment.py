@@ -191,7 +191,6 @@ def rand_augment(
     return apply_rand_augment(x if inplace else x.clone(), plan)
 
 
-
 def _warp_theta(ops: list[str], level: list[float], height: int, width: int) -> torch.Tensor:
     """affine_grid matrices (k, 2, 3) for a rotation or shear per sample (see ``_op_matrix``)."""
     theta = np.stack([_op_matrix(op, s, height, width)[:2] for op, s in zip(ops, level, strict=True)])
@@ -305,4 +304,3 @@ def apply_rand_augment(out: torch.Tensor, plan: Plan) -> torch.Tensor:
                 idx = torch.tensor(members, device=out.device)
                 out[idx] = op(out[idx], torch.tensor([level[i] for i in members], device=out.device, dtype=out.dtype))
     return out
-

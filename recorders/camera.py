@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from mem_core.events import SensorSize, make_events
-from recorders.sources import HEARTBEAT_S, LiveSource, RecorderError, empty_batch
+from recorders.base import HEARTBEAT_S, LiveSource, RecorderError, empty_batch
 
 log = logging.getLogger(__name__)
 

@@ -27,24 +27,12 @@ import numpy as np
 from mem_core.corpus import MANIFEST, Corpus, CorpusFullError, CorpusWriter
 from mem_core.events import SensorSize
 from mem_core.io import EventFileError, read_events
-from recorders.sources import RecorderError
+from recorders.base import RecorderError
+from recorders.config import IngestConfig
 
 EVENT_SUFFIXES = (".dat", ".bin", ".bs2", ".raw", ".aedat4", ".npz", ".h5", ".hdf5")
 SPLITS = ("train", "val", "test")
 _IN_FLIGHT_PER_WORKER = 4  # decoded files waiting for the writer, per worker (bounds memory)
-
-
-@dataclass(frozen=True)
-class IngestConfig:
-    """What ``mem ingest`` does: ``paths`` (files or folders, recursive) into the corpus ``out``."""
-
-    paths: tuple[Path, ...]
-    out: Path
-    dataset: str | None = None  # walk this dataset's layout under each path and keep its labels
-    workers: int = 1  # reader processes; 1 reads in this process
-    progress: bool = True  # progress bar on stderr (only when it is a terminal)
-    min_free_bytes: int = 256 << 20
-    flush_interval_s: float = 1.0  # commit (shard + manifest) at least this often
 
 
 @dataclass(frozen=True)

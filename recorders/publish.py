@@ -17,7 +17,7 @@ import zmq
 
 from mem_core.events import SensorSize
 from mem_core.protocol import encode_events
-from recorders.sources import RecorderError
+from recorders.base import RecorderError
 
 DEFAULT_HOST = "127.0.0.1"
 CLOSE_LINGER_MS = 200  # see the module docstring; bounds how long a context term waits for a stalled peer

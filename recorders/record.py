@@ -23,26 +23,10 @@ from rich.live import Live
 from rich.text import Text
 
 from mem_core.corpus import Corpus, CorpusFullError, CorpusWriter
+from recorders.base import LiveSource, RecorderError
+from recorders.config import RecordConfig
 from recorders.publish import EventPublisher
-from recorders.sources import LiveSource, RecorderError, open_live_source
-
-
-@dataclass(frozen=True)
-class RecordConfig:
-    """What ``mem record`` does; ``source`` is ``camera[:SERIAL]``, ``sim``, ``sim:fast`` or an event file."""
-
-    source: str
-    out: Path
-    name: str | None = None  # session name; default "<kind>-<UTC start time>"
-    duration_s: float | None = None
-    segment_minutes: float | None = None
-    publish: str | None = None  # ZMQ endpoint (or PORT) to publish the events on
-    speed: float = 1.0  # file replay and simulator pacing; 0 = as fast as possible
-    loop: bool = False  # file replay starts over at the end
-    flush_interval_s: float = 1.0
-    min_free_bytes: int = 256 << 20
-    shard_max_events: int = 1 << 26
-    status: bool = True  # live status line on stderr (only when it is a terminal)
+from recorders.sources import open_source
 
 
 @dataclass(frozen=True)
@@ -147,7 +131,7 @@ def run(config: RecordConfig, *, source: LiveSource | None = None, stop: threadi
     for a full disk or a failed source (see ``RecordResult.stop_reason`` / ``error``)."""
     stop = stop if stop is not None else threading.Event()
     if source is None:
-        source = open_live_source(config.source, speed=config.speed, loop=config.loop)
+        source = open_source(config.source, speed=config.speed, loop=config.loop)
     with contextlib.ExitStack() as stack:
         stack.enter_context(source)
         publisher = stack.enter_context(EventPublisher(config.publish)) if config.publish else None

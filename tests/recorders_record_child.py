@@ -12,7 +12,8 @@ import json
 import sys
 from pathlib import Path
 
-from recorders.record import RecordConfig, run
+from recorders.config import RecordConfig
+from recorders.record import run
 
 
 def main(out: str, name: str) -> None:

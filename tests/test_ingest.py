@@ -15,8 +15,9 @@ import pytest
 from mem_core.corpus import Corpus
 from mem_core.events import SensorSize
 from mem_core.io import read_events, write_events
-from recorders.ingest import IngestConfig, run
-from recorders.sources import RecorderError
+from recorders.base import RecorderError
+from recorders.config import IngestConfig
+from recorders.ingest import run
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 from PySide6 import QtGui
 
-from bench.bench_live import make_random_export
+from mem_core.export import export_random
+from mem_core.models import TokenizerConfig, ViTConfig
+from mem_core.representation import InputSpec
 
 START_S = 90.0  # the server imports torch and loads the model: slow on a loaded machine
 
@@ -47,15 +49,11 @@ def wait_for_line(lines: queue.Queue, pattern: str, timeout: float) -> re.Match:
 
 @pytest.mark.slow
 def test_view_shows_the_histogram_and_prediction_of_a_served_file(tmp_path, data_dir):
-    export = make_random_export(
+    export = export_random(
         tmp_path / "export",
-        img_size=32,
-        patch_size=8,
-        embed_dim=32,
-        depth=2,
-        num_heads=2,
-        n_max=3000,
-        tokenizer={"image_size": 32, "num_layers": 3, "num_tokens": 64, "hidden_dim": 16},
+        architecture=ViTConfig(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, drop_path=0.0),
+        input_spec=InputSpec(n_max=3000, size=(32, 32)),
+        tokenizer=TokenizerConfig(image_size=32, num_layers=3, num_tokens=64, hidden_dim=16),
     )
     recording = sorted((data_dir / "ncars-dev" / "val" / "cars").glob("*.dat"))[0]
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}

@@ -24,10 +24,12 @@ from mem_core.corpus import Corpus
 from mem_core.events import EVENT_DTYPE, SensorSize, validate_events
 from mem_core.protocol import decode, decode_events
 from mem_core.simulator import EventSimulator, SimulatorConfig
+from recorders.base import LiveSource, RecorderError
 from recorders.camera import CameraSource
+from recorders.config import RecordConfig
 from recorders.publish import EventPublisher, normalize_address
-from recorders.record import RecordConfig, run
-from recorders.sources import LiveSource, RecorderError, SimulatorSource
+from recorders.record import run
+from recorders.simulated import SimulatorSource
 
 ROOT = Path(__file__).resolve().parent.parent
 SIM = SimulatorConfig(sensor=SensorSize(48, 64), n_objects=2, seed=5)

@@ -9,13 +9,18 @@ import numpy as np
 import pytest
 import zmq
 
-from app.live.predictor import Predictor
+from app.config import ServeConfig
 from app.live.ring import EventRing
-from app.live.server import LiveServer, ServeConfig, control_endpoint_for, open_source
-from bench.bench_live import SyntheticSource, make_random_export
+from app.live.server import LiveServer, control_endpoint_for
 from mem_core.corpus import Corpus
 from mem_core.events import SensorSize
+from mem_core.export import export_random
+from mem_core.inference import Predictor
+from mem_core.models import TokenizerConfig, ViTConfig
 from mem_core.protocol import decode, encode, encode_control, encode_events
+from mem_core.representation import InputSpec
+from recorders.sources import open_source
+from recorders.synthetic import SyntheticSource
 
 SENSOR = SensorSize(32, 48)
 WAIT_S = 30.0  # generous: the machine is shared
@@ -24,30 +29,22 @@ WAIT_S = 30.0  # generous: the machine is shared
 @pytest.fixture(scope="module")
 def export(tmp_path_factory):
     """A tiny random classifier (32 x 32 input, 4 x 4 patches of 8) with a 64-token tokenizer."""
-    return make_random_export(
+    return export_random(
         tmp_path_factory.mktemp("export"),
-        img_size=32,
-        patch_size=8,
-        embed_dim=32,
-        depth=2,
-        num_heads=2,
-        n_max=2000,
-        tokenizer={"image_size": 32, "num_layers": 3, "num_tokens": 64, "hidden_dim": 16},
+        architecture=ViTConfig(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, drop_path=0.0),
+        input_spec=InputSpec(n_max=2000, size=(32, 32)),
+        tokenizer=TokenizerConfig(image_size=32, num_layers=3, num_tokens=64, hidden_dim=16),
     )
 
 
 @pytest.fixture(scope="module")
 def seg_export(tmp_path_factory):
-    return make_random_export(
+    return export_random(
         tmp_path_factory.mktemp("seg"),
         task="segmentation",
         classes=("background", "disc", "square"),
-        img_size=32,
-        patch_size=8,
-        embed_dim=32,
-        depth=4,
-        num_heads=2,
-        n_max=2000,
+        architecture=ViTConfig(img_size=32, patch_size=8, embed_dim=32, depth=4, num_heads=2, drop_path=0.0),
+        input_spec=InputSpec(n_max=2000, size=(32, 32)),
         head_channels=8,
     )
 
@@ -258,7 +255,7 @@ def test_tcp_source_uses_published_events_and_drops_malformed_ones(export, event
 
 
 def test_control_pauses_seeks_and_changes_replay_speed(export, data_dir):
-    from recorders.sources import ReplaySource
+    from recorders.replay import ReplaySource
 
     path = sorted((data_dir / "ncars-dev" / "val" / "cars").glob("*.dat"))[0]
     source = ReplaySource(path, loop=True, batch_us=5000)
@@ -305,7 +302,7 @@ def test_malformed_control_requests_are_answered_and_counted(export):
 
 def test_record_start_and_stop_write_a_corpus_of_the_live_source(export, tmp_path):
     from mem_core.simulator import SimulatorConfig
-    from recorders.sources import SimulatorSource
+    from recorders.simulated import SimulatorSource
 
     source = SimulatorSource(SimulatorConfig(sensor=SENSOR, n_objects=1), batch_us=5000)
     with serving(export, source, record_dir=tmp_path / "corpus") as server:

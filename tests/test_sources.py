@@ -13,8 +13,11 @@ from mem_core.events import EVENT_DTYPE, SensorSize, validate_events
 from mem_core.io import EventFileError, read_events, write_events
 from mem_core.representation import event_histogram
 from mem_core.simulator import EventSimulator, SimulatorConfig
+from recorders.base import Pacer, RecorderError
 from recorders.camera import CameraSource, DvCameraBackend, NoCameraError
-from recorders.sources import Pacer, RecorderError, ReplaySource, SimulatorSource, open_live_source
+from recorders.replay import ReplaySource
+from recorders.simulated import SimulatorSource
+from recorders.sources import open_source
 
 SIM = SimulatorConfig(sensor=SensorSize(64, 80), n_objects=1, size_range=(0.2, 0.25), noise_rate_hz=0.2, seed=3)
 
@@ -81,7 +84,7 @@ class FakeClock:
 @pytest.mark.parametrize("speed", [1.0, 4.0])
 def test_pacer_releases_event_time_at_speed_times_wall_time(monkeypatch, speed):
     clock = FakeClock()
-    monkeypatch.setattr("recorders.sources.time", clock)
+    monkeypatch.setattr("recorders.base.time", clock)
     pacer = Pacer(speed)
     pacer.wait(1_000_000)  # anchors: event time 1 s happens now
     pacer.wait(1_500_000)
@@ -92,7 +95,7 @@ def test_pacer_releases_event_time_at_speed_times_wall_time(monkeypatch, speed):
 
 def test_pacer_at_speed_zero_never_waits(monkeypatch):
     clock = FakeClock()
-    monkeypatch.setattr("recorders.sources.time", clock)
+    monkeypatch.setattr("recorders.base.time", clock)
     pacer = Pacer(0)
     for t in range(0, 10_000_000, 1_000_000):
         pacer.wait(t)
@@ -101,12 +104,12 @@ def test_pacer_at_speed_zero_never_waits(monkeypatch):
         Pacer(-1)
 
 
-def test_open_live_source_rejects_what_it_does_not_know(tmp_path):
+def test_open_source_rejects_what_it_does_not_know(tmp_path):
     with pytest.raises(RecorderError, match="not camera"):
-        open_live_source(str(tmp_path / "missing.dat"))
+        open_source(str(tmp_path / "missing.dat"))
     with pytest.raises(RecorderError, match="simulator preset"):
-        open_live_source("sim:nope")
-    assert isinstance(open_live_source("sim", speed=0), SimulatorSource)
+        open_source("sim:nope")
+    assert isinstance(open_source("sim", speed=0), SimulatorSource)
 
 
 # ---------------------------------------------------------------------------------------------- camera

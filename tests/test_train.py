@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from mem_core.configuration import resolve
+from mem_core.export import export_run, load_model, load_tokenizer, tokenizer_of
 from mem_core.train import finetune, pretrain, segment, tokenizer
 from mem_core.train.configs import STAGES
 from mem_core.train.engine import NonFiniteLossError
-from mem_core.train.evaluate import evaluate_run, export_run, load_export
+from mem_core.train.evaluate import evaluate_run
 from mem_core.train.rundir import RunDir, RunError, load_checkpoint
 
 TINY_INPUT = ["input.size=[32, 32]", "input.n_max=3000", "input.shift_px=2", "data.num_workers=0"]
@@ -63,10 +64,10 @@ def test_pretrain_predicts_masked_tokens(pretrain_run):
 def test_finetune_from_pretraining_starts_from_its_weights(tmp_path, pretrain_run):
     pre = load_checkpoint(pretrain_run / "checkpoint.pt")["model"]
     run = finetune.run(config("finetune", "lr=0", "min_lr=0", "warmup_epochs=0"), tmp_path / "ft0", init=pretrain_run)
-    model, info = finetune.load_classifier(run.path)
+    model, meta = load_model(run.path)
     block = model.backbone.blocks[0].attn.qkv.weight
     assert torch.equal(block, pre["backbone.blocks.0.attn.qkv.weight"])
-    assert info["classes"] == ["disc", "square", "triangle", "cross", "ring"]
+    assert meta["classes"] == ["disc", "square", "triangle", "cross", "ring"]
 
 
 def test_finetune_evaluate_export_roundtrip(tmp_path, pretrain_run):
@@ -78,11 +79,12 @@ def test_finetune_evaluate_export_roundtrip(tmp_path, pretrain_run):
     assert evaluated["top1"] == pytest.approx(result["top1"])  # deterministic evaluation, same model
     assert evaluated["n"] == 200
     export_dir = export_run(run.path, tmp_path / "export")
-    model, meta, tok = load_export(export_dir)
+    model, meta = load_model(export_dir)
     assert meta["task"] == "classification" and meta["classes"] == result["classes"]
-    assert tok is not None  # the MEM tokenizer travels with the export for the token overlay
+    assert tokenizer_of(export_dir) == export_dir  # the MEM tokenizer travels with the export for the token overlay
+    assert load_tokenizer(export_dir).config.num_tokens == 64
     x = torch.rand(2, 2, 32, 32)
-    reference, _ = finetune.load_classifier(run.path)
+    reference, _ = load_model(run.path)
     assert torch.allclose(model(x), reference(x))
 
 
@@ -90,7 +92,7 @@ def test_linear_probe_trains_only_the_head(tmp_path, pretrain_run):
     cfg = config("finetune", "probe=true", "lr=0.01")
     run = finetune.run(cfg, tmp_path / "probe", init=pretrain_run)
     pre = load_checkpoint(pretrain_run / "checkpoint.pt")["model"]
-    model, _ = finetune.load_classifier(run.path)
+    model, _ = load_model(run.path)
     assert torch.equal(model.backbone.blocks[1].mlp.fc1.weight, pre["backbone.blocks.1.mlp.fc1.weight"])
     assert model.head.weight.abs().sum() > 0
 
@@ -106,7 +108,7 @@ def test_emae_baseline(tmp_path, loss_on):
 @pytest.mark.parametrize(("channels", "in_chans"), [("temporal", 8), ("timestamp", 3)])
 def test_input_variants_train_from_scratch(tmp_path, channels, in_chans):
     run = finetune.run(config("finetune", f"input.channels={channels}"), tmp_path / channels)
-    model, _info = finetune.load_classifier(run.path)
+    model, _ = load_model(run.path)
     assert model.backbone.patch_embed.proj.in_channels == in_chans
 
 

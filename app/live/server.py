@@ -18,45 +18,24 @@ import threading
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import zmq
 
-from app.live.predictor import Output, Predictor
-from app.live.recording import LiveRecorder
+from app.config import ServeConfig
 from app.live.ring import EventRing
 from mem_core.events import SensorSize
+from mem_core.inference import Output, Predictor
 from mem_core.protocol import ProtocolError, decode, decode_control, encode, encode_control
+from recorders.base import LiveSource, RecorderError
+from recorders.live_recorder import LiveRecorder
 from recorders.publish import CLOSE_LINGER_MS
-from recorders.sources import LiveSource, RecorderError, open_live_source
+from recorders.sources import open_source
 
 RECORDABLE_KINDS = ("camera", "sim")
 LATENCY_HISTORY = 100_000  # (time, latency) pairs kept for benchmarks
-
-
-@dataclass(frozen=True)
-class ServeConfig:
-    """Everything ``mem serve`` needs; ``control=None`` binds the control socket on the port after ``pub``."""
-
-    model: Path
-    source: str = "sim"
-    tokenizer: Path | None = None
-    window: int | None = None  # events per window; None: the model's n_max
-    window_ms: float | None = None  # and no older than this before the newest event (None: no time limit)
-    pub: str = "tcp://127.0.0.1:5557"
-    control: str | None = None
-    speed: float = 1.0  # replay / simulator speed (x real time)
-    loop: bool = True  # replay files in a loop
-    top_k: int = 5
-    threads: int = 1  # torch CPU threads for inference
-    device: str = "cpu"
-    stats_interval_s: float = 0.5
-    record_dir: Path = Path("recordings")
-    duration_s: float | None = None  # stop after this long (None: until interrupted)
 
 
 def control_endpoint_for(pub: str) -> str:
@@ -418,15 +397,6 @@ class LiveServer:
             self.recorder.start(name)
         else:
             self.recorder.stop()
-
-
-def open_source(spec: str, *, speed: float = 1.0, loop: bool = True) -> LiveSource:
-    """``tcp://HOST:PORT`` (events published by ``mem record --publish``), or any ``open_live_source`` string."""
-    if spec.startswith(("tcp://", "ipc://")):
-        from app.live.zmq_source import ZmqEventSource
-
-        return ZmqEventSource(spec)
-    return open_live_source(spec, speed=speed, loop=loop)
 
 
 def run(config: ServeConfig) -> None:

@@ -7,7 +7,6 @@ import signal
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 import numpy as np
 from PySide6 import QtCore, QtWidgets
 
+from app.config import ViewConfig
 from app.viewer.client import LiveClient
 from app.viewer.widgets import (
     ConfidenceTimeline,
@@ -30,15 +30,6 @@ from mem_core.protocol import Message
 
 STALE_S = 2.0  # no message for this long: the status bar says so
 STATUS_MS = 250
-
-
-@dataclass(frozen=True)
-class ViewConfig:
-    """``mem view`` options: where to connect, and an optional snapshot + exit for headless use."""
-
-    connect: str = "tcp://127.0.0.1:5557"
-    snapshot: Path | None = None
-    quit_after_s: float | None = None
 
 
 class ViewerWindow(QtWidgets.QMainWindow):

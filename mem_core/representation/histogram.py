@@ -28,6 +28,7 @@ from mem_core.representation.spec import Channels, n_channels
 # into float32; longer streams are counted in int64 and converted (counts above 2**24 then round to float32).
 _FLOAT32_EXACT = 2**24
 
+
 @njit(cache=True, nogil=True)
 def _count_kernel(x, y, p, counts):
     """``counts[p, y, x] += 1`` per event; returns how many events were skipped as out of range."""
@@ -137,6 +138,7 @@ def timestamp_histogram(events: np.ndarray, sensor: SensorSize) -> np.ndarray:
     window has zero duration) and 0 where there is no event.
     """
     return input_histogram(events, sensor, "timestamp")
+
 
 # ----------------------------------------------------------------------------------------------- batched
 
@@ -282,4 +284,3 @@ def batch_histogram(
     if backend != "torch":
         raise ValueError(f"unknown histogram backend {backend!r}; expected 'auto', 'numba' or 'torch'")
     return _batch_histogram_torch(batch.to(device), channels, bins, num_channels)
-

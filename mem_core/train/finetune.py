@@ -9,15 +9,13 @@ smoothing, optional mixup/cutmix and EMA of the weights. The best epoch is chose
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mem_core.configuration import from_dict
-from mem_core.models import MEMClassifier, MEMViT, ViTConfig, load_pretrained_backbone
+from mem_core.models import MEMClassifier, MEMViT, load_pretrained_backbone
 from mem_core.representation import batch_preprocess
 from mem_core.train.common import batch_generator, fit_input, open_split, start_run, train_indices, wrap_model
 from mem_core.train.configs import FinetuneStageConfig
@@ -221,17 +219,3 @@ def save_confusion(confusion: list[list[int]], classes: list[str], path: Path) -
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
-
-
-def load_classifier(run_path: Path | str, device: torch.device | str = "cpu") -> tuple[MEMClassifier, dict]:
-    """The best classifier of a finetuning run and its run info (config, classes)."""
-    run_dir = RunDir(run_path)
-    info = run_dir.read_config()
-    if info.get("stage") != "finetune":
-        raise RunError(f"{run_dir.path} is a {info.get('stage')!r} run, not a finetuning run")
-    classes = json.loads((run_dir.path / "classes.json").read_text())["classes"]
-    config = from_dict(ViTConfig, info["config"]["model"])
-    model = MEMClassifier(MEMViT(config), len(classes))
-    path = run_dir.best_path if run_dir.best_path.exists() else run_dir.checkpoint_path
-    model.load_state_dict(load_checkpoint(path)["model"])
-    return model.to(device).eval(), {"config": info["config"], "classes": classes}

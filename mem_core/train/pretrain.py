@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from mem_core.configuration import from_dict
+from mem_core.export import load_tokenizer
 from mem_core.models import BlockMaskGenerator, EMAEPretrainModel, MEMPretrainModel, MEMViT, ViTConfig, unpatchify
 from mem_core.representation import batch_preprocess
 from mem_core.train.common import batch_generator, fit_input, open_split, start_run, train_indices, wrap_model
@@ -23,7 +24,6 @@ from mem_core.train.engine import MetricMeter, StepResult
 from mem_core.train.fit import build_stage_loaders, fit
 from mem_core.train.rundir import RunDir, RunError
 from mem_core.train.runtime import Runtime
-from mem_core.train.tokenizer import load_tokenizer
 from mem_core.visualize import histogram_rgb, save_png, tile, upscale
 
 

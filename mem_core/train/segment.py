@@ -8,14 +8,12 @@ Metrics: mIoU, mAcc, aAcc on the validation split; the best epoch by mIoU is kep
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from mem_core.configuration import from_dict
-from mem_core.models import MEMViT, SegmentationModel, ViTConfig, confusion_matrix, load_pretrained_backbone
+from mem_core.models import MEMViT, SegmentationModel, confusion_matrix, load_pretrained_backbone
 from mem_core.models import segmentation_metrics as metrics_from_confusion
 from mem_core.representation import batch_preprocess
 from mem_core.train.common import batch_generator, fit_input, open_split, start_run, train_indices, wrap_model
@@ -116,16 +114,3 @@ def evaluate_segmenter(model, loader, spec, runtime: Runtime, num_classes: int, 
     confusion = all_reduce_sum(confusion, runtime).cpu()
     n = all_reduce_sum(n, runtime).cpu()
     return {**metrics_from_confusion(confusion), "n": int(n.item()), "confusion": confusion.long().tolist()}
-
-
-def load_segmenter(run_path: Path | str, device: torch.device | str = "cpu") -> tuple[SegmentationModel, dict]:
-    run_dir = RunDir(run_path)
-    info = run_dir.read_config()
-    if info.get("stage") != "segment":
-        raise RunError(f"{run_dir.path} is a {info.get('stage')!r} run, not a segmentation run")
-    classes = json.loads((run_dir.path / "classes.json").read_text())["classes"]
-    config = from_dict(ViTConfig, info["config"]["model"])
-    model = SegmentationModel(MEMViT(config), len(classes), channels=info["config"]["head_channels"])
-    path = run_dir.best_path if run_dir.best_path.exists() else run_dir.checkpoint_path
-    model.load_state_dict(load_checkpoint(path)["model"])
-    return model.to(device).eval(), {"config": info["config"], "classes": classes}

@@ -12,13 +12,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from mem_core.models.tokenizer import DiscreteVAE, TokenizerConfig, counts_perplexity
+from mem_core.models.tokenizer import DiscreteVAE, counts_perplexity
 from mem_core.representation import batch_preprocess
 from mem_core.train.common import batch_generator, fit_input, open_split, start_run, train_indices, wrap_model
 from mem_core.train.configs import TokenizerStageConfig
 from mem_core.train.engine import StepResult
 from mem_core.train.fit import build_stage_loaders, fit
-from mem_core.train.rundir import RunDir, RunError, load_checkpoint
+from mem_core.train.rundir import RunDir
 from mem_core.train.runtime import Runtime, all_reduce_sum
 from mem_core.visualize import histogram_rgb, save_png, tile, upscale
 
@@ -122,18 +122,3 @@ def save_pictures(model: DiscreteVAE, loader, spec, runtime: Runtime, folder: Pa
     level = max(patches[:, :2].max().item(), 1e-6)
     codes = [upscale(histogram_rgb(p[:2].cpu().numpy(), level=level), 4) for p in patches]
     save_png(folder / "codebook.png", tile(codes, columns=8))
-
-
-def load_tokenizer(run_path: Path | str, device: torch.device | str = "cpu") -> DiscreteVAE:
-    """The trained tokenizer of a run directory, frozen in eval mode."""
-    run_dir = RunDir(run_path)
-    info = run_dir.read_config()
-    if info.get("stage") != "tokenizer":
-        raise RunError(f"{run_dir.path} is a {info.get('stage')!r} run, not a tokenizer run")
-    from mem_core.configuration import from_dict
-
-    config = from_dict(TokenizerConfig, info["config"]["model"])
-    model = DiscreteVAE(config)
-    model.load_state_dict(load_checkpoint(run_dir.checkpoint_path)["model"])
-    model.to(device).eval().requires_grad_(False)
-    return model

@@ -1,4 +1,7 @@
-"""The model side of the live server: an exported model (+ optional tokenizer) applied to one event window."""
+"""Inference on one event window: an exported (or trained) model, and optionally its tokenizer, under inference mode.
+
+The live server (``app/live``) runs a ``Predictor`` on the newest window of a source.
+"""
 
 from __future__ import annotations
 
@@ -12,9 +15,8 @@ import torch.nn.functional as F
 
 from mem_core.configuration import from_dict
 from mem_core.events import SensorSize, make_events
-from mem_core.models import DiscreteVAE
+from mem_core.export import load_model, load_tokenizer, tokenizer_of
 from mem_core.representation import InputSpec, histograms_to_input, input_histogram
-from mem_core.train.evaluate import load_export
 
 
 @dataclass
@@ -28,31 +30,19 @@ class Output:
     stages_ms: dict[str, float] = field(default_factory=dict)
 
 
-def load_tokenizer_path(path: Path | str, device: str = "cpu") -> DiscreteVAE:
-    """A tokenizer from a tokenizer run directory or from an export directory that holds ``tokenizer.json``."""
-    path = Path(path)
-    if (path / "config.json").is_file():
-        from mem_core.train.tokenizer import load_tokenizer
-
-        return load_tokenizer(path, device)
-    tokenizer = load_export(path, device)[2] if (path / "model.json").is_file() else None
-    if tokenizer is None:
-        raise FileNotFoundError(f"{path}: neither a tokenizer run nor an export directory with a tokenizer")
-    return tokenizer
-
-
 class Predictor:
     """Events of one window -> histogram, token ids and a prediction, under ``torch.inference_mode``.
 
     Args:
-        model: export directory or finetune/segment run directory (``load_export``).
-        tokenizer: tokenizer run or export directory; default: the one exported with the model, if any.
+        model: export directory or finetune/segment run directory (``mem_core.export.load_model``).
+        tokenizer: tokenizer run or export directory; default: the one that belongs to the model, if any.
         device: torch device for the model and tokenizer.
     """
 
     def __init__(self, model: Path | str, tokenizer: Path | str | None = None, device: str = "cpu") -> None:
-        self.model, self.meta, exported_tokenizer = load_export(model, device)
-        self.tokenizer = load_tokenizer_path(tokenizer, device) if tokenizer is not None else exported_tokenizer
+        self.model, self.meta = load_model(model, device)
+        tokenizer = tokenizer if tokenizer is not None else tokenizer_of(model)
+        self.tokenizer = load_tokenizer(tokenizer, device) if tokenizer is not None else None
         self.device = torch.device(device)
         self.spec: InputSpec = from_dict(InputSpec, self.meta["input"])
         self.task: str = self.meta["task"]

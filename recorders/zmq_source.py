@@ -9,7 +9,7 @@ import zmq
 
 from mem_core.events import validate_events
 from mem_core.protocol import ProtocolError, decode, decode_events
-from recorders.sources import LiveSource, empty_batch
+from recorders.base import LiveSource, empty_batch
 
 POLL_MS = 50  # longest wait before a heartbeat (empty batch), so the consumer can check its stop flag
 

@@ -1,0 +1,49 @@
+"""What the app's commands do, as dataclasses: ``mem serve``, ``mem view`` and ``mem demo``.
+
+Light to import on purpose (no torch, Qt or ZMQ): the command line takes its option defaults from these fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Everything ``mem serve`` needs; ``control=None`` binds the control socket on the port after ``pub``."""
+
+    model: Path
+    source: str = "sim"
+    tokenizer: Path | None = None
+    window: int | None = None  # events per window; None: the model's n_max
+    window_ms: float | None = None  # and no older than this before the newest event (None: no time limit)
+    pub: str = "tcp://127.0.0.1:5557"
+    control: str | None = None
+    speed: float = 1.0  # replay / simulator speed (x real time)
+    loop: bool = True  # replay files in a loop
+    top_k: int = 5
+    threads: int = 1  # torch CPU threads for inference
+    device: str = "cpu"
+    stats_interval_s: float = 0.5
+    record_dir: Path = Path("recordings")
+    duration_s: float | None = None  # stop after this long (None: until interrupted)
+
+
+@dataclass(frozen=True)
+class ViewConfig:
+    """``mem view`` options: where to connect, and an optional snapshot + exit for headless use."""
+
+    connect: str = "tcp://127.0.0.1:5557"
+    snapshot: Path | None = None
+    quit_after_s: float | None = None
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """``mem demo``: where it writes, window or snapshots (None: snapshots when there is no display), fresh start."""
+
+    out: Path = Path("mem-demo")
+    headless: bool | None = None
+    fresh: bool = False
+    labels_per_class: int = 40

@@ -1,0 +1,40 @@
+"""``mem bench``: the benchmarks as a command group. ``mem`` finds it through the ``mem.commands`` entry point
+(pyproject.toml), so no product code imports ``bench``; each command imports its benchmark only when it runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(help="Benchmarks: print a table and write JSON.", no_args_is_help=True)
+JsonOpt = Annotated[Path | None, typer.Option("--json", help="Write the results as JSON here.")]
+
+
+@app.command("data")
+def data(json_path: JsonOpt = None) -> None:
+    """Histogram throughput, window pipeline latency and DataLoader throughput."""
+    from bench import bench_data
+
+    bench_data.main(json_path)
+
+
+@app.command("record")
+def record(json_path: JsonOpt = None) -> None:
+    """Ingest Mev/s per core (real N-Cars/N-MNIST, synthetic .dat/.bin) and recording Mev/s with loss."""
+    from bench import bench_record
+
+    bench_record.main(json_path)
+
+
+@app.command("live")
+def live(
+    json_path: JsonOpt = None,
+    model: Annotated[str, typer.Option("--model", help="cpu-tiny or vit-b (random init).")] = "cpu-tiny",
+    device: Annotated[str, typer.Option("--device", help="cpu or cuda[:N].")] = "cpu",
+) -> None:
+    """Live server throughput and latency under a 30 Mev/s source, and the viewer's frame rate."""
+    from bench import bench_live
+
+    bench_live.main(json_path, model, device)

@@ -1,0 +1,37 @@
+"""What ``mem record`` and ``mem ingest`` do, as dataclasses (light to import: the CLI shows their defaults)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class RecordConfig:
+    """What ``mem record`` does; ``source`` is ``camera[:SERIAL]``, ``sim``, ``sim:fast`` or an event file."""
+
+    source: str
+    out: Path
+    name: str | None = None  # session name; default "<kind>-<UTC start time>"
+    duration_s: float | None = None
+    segment_minutes: float | None = None
+    publish: str | None = None  # ZMQ endpoint (or PORT) to publish the events on
+    speed: float = 1.0  # file replay and simulator pacing; 0 = as fast as possible
+    loop: bool = False  # file replay starts over at the end
+    flush_interval_s: float = 1.0
+    min_free_bytes: int = 256 << 20
+    shard_max_events: int = 1 << 26
+    status: bool = True  # live status line on stderr (only when it is a terminal)
+
+
+@dataclass(frozen=True)
+class IngestConfig:
+    """What ``mem ingest`` does: ``paths`` (files or folders, recursive) into the corpus ``out``."""
+
+    paths: tuple[Path, ...]
+    out: Path
+    dataset: str | None = None  # walk this dataset's layout under each path and keep its labels
+    workers: int = 1  # reader processes; 1 reads in this process
+    progress: bool = True  # progress bar on stderr (only when it is a terminal)
+    min_free_bytes: int = 256 << 20
+    flush_interval_s: float = 1.0  # commit (shard + manifest) at least this often
