@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from mem_core.configuration import from_dict, to_dict
-from mem_core.models import DiscreteVAE, MEMClassifier, MEMViT, SegmentationModel, TokenizerConfig, ViTConfig
+from mem_core.models import DiscreteVAE, MEMViT, SegmentationModel, TokenizerConfig, ViTConfig
 from mem_core.representation import InputSpec
 from mem_core.train.rundir import RunDir, RunError, atomic_write_bytes, json_safe, load_checkpoint
 
@@ -32,7 +32,7 @@ def build_task_model(meta: dict[str, Any]) -> torch.nn.Module:
     """An untrained classifier or segmenter with the architecture, classes and head that ``meta`` describes."""
     arch = from_dict(ViTConfig, meta["architecture"])
     if meta["task"] == "classification":
-        return MEMClassifier(MEMViT(arch), len(meta["classes"]))
+        return MEMViT(arch, len(meta["classes"]))
     if meta["task"] == "segmentation":
         return SegmentationModel(MEMViT(arch), len(meta["classes"]), channels=meta["head_channels"])
     raise ValueError(f"task must be classification or segmentation, got {meta['task']!r}")
@@ -54,8 +54,20 @@ def load_model(path: Path | str, device: torch.device | str = "cpu") -> tuple[to
     else:
         raise RunError(f"{path}: not a MEM run directory (no config.json) nor an export directory (no {MODEL_JSON})")
     model = build_task_model(meta)
-    model.load_state_dict(weights)
+    model.load_state_dict(_from_legacy_layout(model, weights))
     return model.to(device).eval(), meta
+
+
+def _from_legacy_layout(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Weights saved before the task models used timm's own pooling head (November 2026), made loadable.
+
+    A classifier then wrapped its ViT (``backbone.*`` keys) and normalized every token before pooling as well as
+    after (``fc_norm``): that token norm is put back, so the model computes what it was trained to.
+    """
+    if isinstance(model, MEMViT) and "backbone.cls_token" in weights:
+        model.norm = torch.nn.LayerNorm(model.embed_dim, eps=1e-6)  # timm's Beit norm
+        return {key.removeprefix("backbone."): value for key, value in weights.items()}
+    return weights
 
 
 def _run_model(run: RunDir) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:

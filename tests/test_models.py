@@ -15,7 +15,6 @@ from mem_core.models import (
     BlockMaskGenerator,
     DiscreteVAE,
     EMAEPretrainModel,
-    MEMClassifier,
     MEMPretrainModel,
     MEMViT,
     SegmentationModel,
@@ -69,10 +68,9 @@ def test_vit_shapes():
     assert vit.forward_features(x).shape == (2, 1 + N, DIM)
     assert vit.forward_tokens(x, half_mask()).shape == (2, N, DIM)
     assert vit(x).shape == (2, DIM)
-    maps = vit.features(x, (1, 0))
+    maps = vit.forward_intermediates(x, [0, 1], intermediates_only=True)  # timm's: raw block outputs as maps
     assert [m.shape for m in maps] == [(2, DIM, *GRID)] * 2
-    # maps come back in the requested order and are the raw block outputs
-    assert torch.equal(maps[1], vit.features(x, (0,))[0])
+    assert torch.equal(maps[0], vit.forward_intermediates(x, [0], stop_early=True, intermediates_only=True)[0])
 
 
 @pytest.mark.parametrize("channels", [3, 8])
@@ -85,8 +83,8 @@ def test_vit_rejects_wrong_input_and_indices():
     vit = tiny_vit()
     with pytest.raises(ValueError, match=r"\(B, 2, 32, 32\)"):
         vit(torch.rand(1, 2, 64, 64))
-    with pytest.raises(ValueError, match="out of range"):
-        vit.features(histograms(), (DEPTH,))
+    with pytest.raises(ValueError, match="4 blocks"):
+        SegmentationModel(vit, num_classes=3, indices=(0, 1, 2, DEPTH))
     with pytest.raises(ValueError, match="bool"):
         vit.forward_features(histograms(), torch.zeros(2, N))
 
@@ -219,7 +217,7 @@ def make_task_model(kind: str) -> torch.nn.Module:
     if kind == "pretrain":
         return MEMPretrainModel(tiny_vit(), TOKENS)
     if kind == "classifier":
-        return MEMClassifier(tiny_vit(), num_classes=5)
+        return MEMViT(tiny_config(), num_classes=5)
     if kind == "segmentation":
         return SegmentationModel(tiny_vit(), num_classes=3, channels=16)
     return EMAEPretrainModel(tiny_vit(), loss_on=kind.removeprefix("emae-"))
@@ -260,28 +258,29 @@ def test_layer_decay_groups_scale_lr_down_with_depth(kind):
     def scale(name: str) -> float:
         return scale_of[id(named[name])][0]
 
+    vit = "" if kind == "classifier" else "backbone."  # a classifier is the ViT itself, the others wrap it
     # stem < block 0 < block 1 < final norm / heads, each step a factor 0.65
-    stem = scale("backbone.patch_embed.proj.weight")
-    block0 = scale("backbone.blocks.0.attn.qkv.weight")
-    block1 = scale("backbone.blocks.1.attn.qkv.weight")
+    stem = scale(f"{vit}patch_embed.proj.weight")
+    block0 = scale(f"{vit}blocks.0.attn.qkv.weight")
+    block1 = scale(f"{vit}blocks.1.attn.qkv.weight")
     assert stem == pytest.approx(0.65 * block0) and block0 == pytest.approx(0.65 * block1)
-    assert scale("backbone.cls_token") == stem
-    head = next(n for n in named if not n.startswith("backbone.") and named[n].ndim >= 2)
+    assert scale(f"{vit}cls_token") == stem
+    head = next(n for n in named if not n.startswith(f"{vit}blocks.") and named[n].ndim >= 2 and "head" in n)
     assert scale(head) == 1.0
     assert block1 < 1.0
     # embeddings and relative position tables are excluded from weight decay
-    assert scale_of[id(named["backbone.cls_token"])][1] == 0.0
-    assert scale_of[id(named["backbone.blocks.0.attn.relative_position_bias_table"])][1] == 0.0
-    assert scale_of[id(named["backbone.blocks.0.attn.qkv.weight"])][1] == 0.05
-    if named["backbone.mask_token"].requires_grad:
-        assert scale_of[id(named["backbone.mask_token"])] == (stem, 0.0)
+    assert scale_of[id(named[f"{vit}cls_token"])][1] == 0.0
+    assert scale_of[id(named[f"{vit}blocks.0.attn.relative_position_bias_table"])][1] == 0.0
+    assert scale_of[id(named[f"{vit}blocks.0.attn.qkv.weight"])][1] == 0.05
+    if named[f"{vit}mask_token"].requires_grad:
+        assert scale_of[id(named[f"{vit}mask_token"])] == (stem, 0.0)
 
 
 # ---------------------------------------------------------------- classification, transfer, probing
 
 
 def test_classifier_shapes_and_small_head():
-    model = MEMClassifier(tiny_vit(), num_classes=5).eval()
+    model = MEMViT(tiny_config(), num_classes=5).eval()
     x = histograms()
     assert model(x).shape == (2, 5)
     assert model.forward_head(model.forward_features(x), pre_logits=True).shape == (2, DIM)
@@ -291,33 +290,46 @@ def test_classifier_shapes_and_small_head():
     assert model.get_classifier() is model.head
 
 
+def test_classifier_normalizes_once_after_pooling():
+    # timm's avg-pool head: no LayerNorm on the tokens before the mean, one (fc_norm) after it
+    model = MEMViT(tiny_config(), num_classes=5).eval()
+    assert isinstance(model.norm, torch.nn.Identity) and isinstance(model.fc_norm, torch.nn.LayerNorm)
+    x = histograms()
+    with torch.no_grad():
+        tokens = model.forward_features(x)[:, 1:]
+        assert torch.allclose(model(x), model.head(model.fc_norm(tokens.mean(1))))
+
+
 def test_pretrained_weights_transfer_to_the_classifier():
     pretrain = MEMPretrainModel(tiny_vit(), TOKENS)
-    classifier = MEMClassifier(tiny_vit(drop_path=0.0), num_classes=5)  # a different random init
+    classifier = MEMViT(tiny_config(drop_path=0.0), num_classes=5)  # a different random init
     report = load_pretrained_backbone(classifier, pretrain.state_dict())
     assert report.missing == [] and report.unexpected == []
-    assert sorted(report.dropped) == ["lm_head.bias", "lm_head.weight", "mask_token"]
+    # the classifier normalizes after pooling (fc_norm): the token norm and the pretraining-only parts stay behind
+    dropped = ["lm_head.bias", "lm_head.weight", "norm.bias", "norm.weight"]
+    assert sorted(report.dropped) == dropped
     source = pretrain.backbone.state_dict()
-    for name, tensor in classifier.backbone.state_dict().items():
-        if name != "mask_token":
+    for name, tensor in classifier.state_dict().items():
+        if name in source:
             assert torch.equal(tensor, source[name]), name
     # a bare backbone state dict works too
-    assert load_pretrained_backbone(classifier, pretrain.backbone.state_dict()).dropped == ["mask_token"]
+    assert sorted(load_pretrained_backbone(classifier, pretrain.backbone.state_dict()).dropped) == dropped[2:]
 
 
 def test_transfer_rejects_a_different_patch_grid():
     pretrain = MEMPretrainModel(MEMViT(tiny_config(patch_size=4)), TOKENS)
     with pytest.raises(ValueError, match="relative_position_bias_table"):
-        load_pretrained_backbone(MEMClassifier(tiny_vit(), 5), pretrain.state_dict())
+        load_pretrained_backbone(MEMViT(tiny_config(), 5), pretrain.state_dict())
 
 
 def test_linear_probe_trains_only_the_head():
-    model = MEMClassifier(tiny_vit(), num_classes=5)
-    model.freeze_backbone()
+    model = MEMViT(tiny_config(), num_classes=5)
+    model.freeze_features()
     trainable = sorted(n for n, p in model.named_parameters() if p.requires_grad)
     assert trainable == ["fc_norm.bias", "fc_norm.weight", "head.bias", "head.weight"]
     model.train()
-    assert model.training and not model.backbone.training  # frozen features without drop-path noise
+    assert model.training and model.head.training  # frozen features without drop-path noise:
+    assert not any(m.training for m in (model.patch_embed, model.blocks, model.blocks[0].drop_path1))
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
     task_loss("classifier", model).backward()

@@ -65,7 +65,7 @@ def test_finetune_from_pretraining_starts_from_its_weights(tmp_path, pretrain_ru
     pre = load_checkpoint(pretrain_run / "checkpoint.pt")["model"]
     run = finetune.run(config("finetune", "lr=0", "min_lr=0", "warmup_epochs=0"), tmp_path / "ft0", init=pretrain_run)
     model, meta = load_model(run.path)
-    block = model.backbone.blocks[0].attn.qkv.weight
+    block = model.blocks[0].attn.qkv.weight
     assert torch.equal(block, pre["backbone.blocks.0.attn.qkv.weight"])
     assert meta["classes"] == ["disc", "square", "triangle", "cross", "ring"]
 
@@ -93,7 +93,7 @@ def test_linear_probe_trains_only_the_head(tmp_path, pretrain_run):
     run = finetune.run(cfg, tmp_path / "probe", init=pretrain_run)
     pre = load_checkpoint(pretrain_run / "checkpoint.pt")["model"]
     model, _ = load_model(run.path)
-    assert torch.equal(model.backbone.blocks[1].mlp.fc1.weight, pre["backbone.blocks.1.mlp.fc1.weight"])
+    assert torch.equal(model.blocks[1].mlp.fc1.weight, pre["backbone.blocks.1.mlp.fc1.weight"])
     assert model.head.weight.abs().sum() > 0
 
 
@@ -109,7 +109,7 @@ def test_emae_baseline(tmp_path, loss_on):
 def test_input_variants_train_from_scratch(tmp_path, channels, in_chans):
     run = finetune.run(config("finetune", f"input.channels={channels}"), tmp_path / channels)
     model, _ = load_model(run.path)
-    assert model.backbone.patch_embed.proj.in_channels == in_chans
+    assert model.patch_embed.proj.in_channels == in_chans
 
 
 def test_segmentation_on_simulated_labels(tmp_path):

@@ -97,7 +97,8 @@ class SegmentationModel(BackboneModel):
     Args:
         backbone: the ``MEMViT``.
         num_classes: number of semantic classes ``K``.
-        indices: the four blocks whose outputs feed the pyramid (default: the last four, 8-11 for ViT-B).
+        indices: the four blocks whose outputs feed the pyramid, finest level first (default: the last four, 8-11
+            for ViT-B).
         channels: width of the head (512 in UperNet; small values suit CPU runs).
         pool_scales: output sizes of the pyramid pooling module.
         dropout: dropout before the pixel classifier.
@@ -114,20 +115,26 @@ class SegmentationModel(BackboneModel):
     ) -> None:
         super().__init__()
         depth = len(backbone.blocks)
-        self.indices = tuple(range(depth - 4, depth)) if indices is None else tuple(indices)
-        if len(self.indices) != 4 or any(not -depth <= i < depth for i in self.indices):
-            raise ValueError(f"indices must name 4 blocks of a depth-{depth} ViT, got {self.indices}")
+        wanted = tuple(range(depth - 4, depth)) if indices is None else tuple(indices)
+        if len(wanted) != 4 or any(not -depth <= i < depth for i in wanted):
+            raise ValueError(f"indices must name 4 blocks of a depth-{depth} ViT, got {wanted}")
+        self.indices = tuple(i % depth for i in wanted)
         self.backbone = backbone
-        last = max(i % depth for i in self.indices)
+        last = max(self.indices)
         # parameters the features never touch get no gradient: freeze them (DDP rejects unused parameters)
-        for unused in (backbone.mask_token, *backbone.norm.parameters(), *backbone.blocks[last + 1 :].parameters()):
-            unused.requires_grad_(False)
+        unused = (backbone.mask_token, *backbone.norm.parameters(), *backbone.fc_norm.parameters())
+        for parameter in (*unused, *backbone.blocks[last + 1 :].parameters()):
+            parameter.requires_grad_(False)
         self.num_classes = num_classes
         self.neck = MultiScaleNeck(backbone.embed_dim)
         self.decode_head = UperHead(backbone.embed_dim, channels, num_classes, 4, pool_scales, dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        levels = self.neck(self.backbone.features(x, self.indices))
+        # the raw outputs of the four blocks as maps (B, D, h, w); the blocks after the last one do not run
+        blocks = sorted(set(self.indices))
+        maps = self.backbone.forward_intermediates(x, blocks, stop_early=True, intermediates_only=True)
+        by_block = dict(zip(blocks, maps, strict=True))
+        levels = self.neck([by_block[i] for i in self.indices])
         return resize(self.decode_head(levels), x.shape[-2:])  # (B, K, H, W)
 
 

@@ -86,32 +86,49 @@ def prefix_group_matcher(matcher: dict[str, Any], prefix: str) -> dict[str, Any]
 
 
 class MEMViT(Beit):
-    """BEiT-style ViT whose patch embeddings can be replaced by a learnable mask token.
+    """BEiT-style ViT (timm's ``Beit``) whose patch embeddings can be replaced by a learnable mask token.
 
-    Input ``(B, C, H, W)`` histograms in [0, 1]; ``forward`` returns the mean-pooled normalized patch tokens
-    ``(B, D)`` (there is no classifier inside the backbone: see ``MEMClassifier``).
+    Input ``(B, C, H, W)`` histograms in [0, 1]. The same class serves every stage through timm's own interface:
+
+    - ``MEMViT(config)``: the final LayerNorm on every token, which pretraining's heads read
+      (``MEMPretrainModel`` / ``EMAEPretrainModel``); ``forward`` gives the mean of the normalized patch tokens;
+    - ``MEMViT(config, num_classes=K)``: a classifier with timm's head, mean of the patch tokens -> ``fc_norm``
+      -> dropout -> linear (the paper's finetuning head; the token norm is then an identity, as in BEiT);
+    - segmentation reads ``forward_intermediates`` of four blocks (``SegmentationModel``).
     """
 
-    def __init__(self, config: ViTConfig) -> None:
+    def __init__(
+        self,
+        config: ViTConfig,
+        num_classes: int = 0,
+        *,
+        drop_rate: float = 0.0,
+        head_init_scale: float = 0.001,
+    ) -> None:
         super().__init__(
             img_size=config.img_size,
             patch_size=config.patch_size,
             in_chans=config.in_chans,
-            num_classes=0,
+            num_classes=num_classes,
             global_pool="avg",
             embed_dim=config.embed_dim,
             depth=config.depth,
             num_heads=config.num_heads,
             mlp_ratio=config.mlp_ratio,
+            drop_rate=drop_rate,
             drop_path_rate=config.drop_path,
             init_values=config.layer_scale_init,
             use_abs_pos_emb=config.abs_pos_emb,
             use_rel_pos_bias=config.rel_pos_bias,
-            use_fc_norm=False,  # the final LayerNorm normalizes every token (the LM head needs it)
+            use_fc_norm=num_classes > 0,  # a classifier normalizes after pooling, a backbone every token
+            head_init_scale=head_init_scale,
         )
         self.config = config
         self.mask_token = nn.Parameter(torch.zeros(1, 1, config.embed_dim))
         trunc_normal_(self.mask_token, std=0.02)
+        if num_classes > 0:
+            self.mask_token.requires_grad_(False)  # a classifier never masks (and DDP rejects unused parameters)
+        self.features_frozen = False
 
     @property
     def grid_size(self) -> tuple[int, int]:
@@ -159,49 +176,44 @@ class MEMViT(Beit):
             x = x + self.pos_embed
         return self.pos_drop(x)
 
-    def _blocks(self, x: torch.Tensor, keep: list[int] | None = None) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """Run the blocks on tokens ``(B, 1 + N, D)``; with ``keep``, stop after the last kept block.
+    def forward_features(self, x: torch.Tensor, bool_masked_pos: torch.Tensor | None = None) -> torch.Tensor:
+        """Tokens ``(B, 1 + N, D)`` (cls first) after the final norm, masked patches replaced by the mask token.
 
-        Returns the last output and ``{block index: output}`` for the kept blocks.
+        timm's ``Beit.forward_features`` with the masking step added to the embedding.
         """
+        x = self.embed(x, bool_masked_pos)
         rel_pos_bias = self.rel_pos_bias() if self.rel_pos_bias is not None else None
-        stop = len(self.blocks) if keep is None else max(keep) + 1
-        kept = {}
-        for i, blk in enumerate(self.blocks[:stop]):
+        for blk in self.blocks:
             if self.grad_checkpointing and torch.is_grad_enabled():
                 x = checkpoint(blk, x, shared_rel_pos_bias=rel_pos_bias, use_reentrant=False)
             else:
                 x = blk(x, shared_rel_pos_bias=rel_pos_bias)
-            if keep is not None and i in keep:
-                kept[i] = x
-        return x, kept
-
-    def forward_features(self, x: torch.Tensor, bool_masked_pos: torch.Tensor | None = None) -> torch.Tensor:
-        """Normalized tokens ``(B, 1 + N, D)`` (cls first) with masked patches replaced by the mask token."""
-        x, _ = self._blocks(self.embed(x, bool_masked_pos))
         return self.norm(x)
 
     def forward_tokens(self, x: torch.Tensor, bool_masked_pos: torch.Tensor | None = None) -> torch.Tensor:
         """Normalized patch tokens without cls: ``(B, N, D)``."""
         return self.forward_features(x, bool_masked_pos)[:, self.num_prefix_tokens :]
 
-    def features(self, x: torch.Tensor, indices: tuple[int, ...] | list[int]) -> list[torch.Tensor]:
-        """Raw outputs of the blocks ``indices`` (negative counts from the end) as maps ``(B, D, h, w)``."""
-        depth = len(self.blocks)
-        wanted = [i + depth if i < 0 else i for i in indices]
-        if not wanted or any(not 0 <= i < depth for i in wanted):
-            raise ValueError(f"block indices {tuple(indices)} out of range for a ViT of depth {depth}")
-        _, outputs = self._blocks(self.embed(x), keep=wanted)
-        h, w = self.grid_size
-        maps = []
-        for i in wanted:
-            tokens = outputs[i][:, self.num_prefix_tokens :]  # (B, N, D)
-            maps.append(tokens.transpose(1, 2).reshape(tokens.shape[0], -1, h, w))  # (B, D, h, w)
-        return maps
+    def freeze_features(self) -> None:
+        """Linear probing: only ``fc_norm`` and ``head`` stay trainable, and everything before them stays in eval
+        mode (no drop path or dropout noise in frozen features)."""
+        for name, parameter in self.named_parameters():
+            parameter.requires_grad_(name.startswith(("fc_norm.", "head.")))
+        self.features_frozen = True
+        self.train(self.training)
+
+    def train(self, mode: bool = True) -> MEMViT:
+        super().train(mode)
+        if self.features_frozen:
+            for module in self.children():
+                if module not in (self.fc_norm, self.head_drop, self.head):
+                    module.eval()
+        return self
 
 
 class BackboneModel(nn.Module):
-    """Base of the task models: holds ``self.backbone`` (a ``MEMViT``) and exposes timm's optimizer interface.
+    """Base of the models that wrap a ViT (pretraining, segmentation): holds ``self.backbone`` (a ``MEMViT``) and
+    exposes timm's optimizer interface.
 
     ``group_matcher`` puts the backbone's stem and blocks in their layer groups and every head parameter in the
     top group, so ``timm.optim.create_optimizer_v2(model, ..., layer_decay=...)`` decays the backbone only.
@@ -257,63 +269,6 @@ class MEMPretrainModel(BackboneModel):
         return {"loss": loss, "acc": acc, "logits": logits}
 
 
-class MEMClassifier(BackboneModel):
-    """Backbone -> mean of the patch tokens -> LayerNorm -> Linear (the paper's finetuning head)."""
-
-    def __init__(
-        self, backbone: MEMViT, num_classes: int, drop_rate: float = 0.0, head_init_scale: float = 0.001
-    ) -> None:
-        super().__init__()
-        self.backbone = backbone
-        backbone.mask_token.requires_grad_(False)  # unused without masking (and DDP rejects unused parameters)
-        self.num_classes = num_classes
-        self.num_features = backbone.embed_dim
-        self.head_init_scale = head_init_scale
-        self.fc_norm = nn.LayerNorm(backbone.embed_dim, eps=1e-6)
-        self.head_drop = nn.Dropout(drop_rate)
-        self.backbone_frozen = False
-        self.reset_classifier(num_classes)
-
-    def reset_classifier(self, num_classes: int) -> None:
-        """A fresh head for ``num_classes`` (0 = identity, the model outputs pooled features)."""
-        self.num_classes = num_classes
-        if num_classes > 0:
-            self.head = nn.Linear(self.num_features, num_classes)
-            # a small head keeps the first finetuning steps from wrecking the pretrained features
-            trunc_normal_(self.head.weight, std=0.02 * self.head_init_scale)
-            nn.init.zeros_(self.head.bias)
-        else:
-            self.head = nn.Identity()
-
-    def get_classifier(self) -> nn.Module:
-        return self.head
-
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """Backbone tokens ``(B, 1 + N, D)``."""
-        return self.backbone.forward_features(x)
-
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """Tokens ``(B, 1 + N, D)`` -> logits ``(B, num_classes)`` (or the pooled, normalized ``(B, D)``)."""
-        x = self.fc_norm(x[:, self.backbone.num_prefix_tokens :].mean(dim=1))  # (B, D)
-        x = self.head_drop(x)
-        return x if pre_logits else self.head(x)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
-
-    def freeze_backbone(self) -> None:
-        """Linear probing: only ``fc_norm`` and ``head`` stay trainable; the backbone also stays in eval mode."""
-        self.backbone.requires_grad_(False)
-        self.backbone_frozen = True
-        self.train(self.training)
-
-    def train(self, mode: bool = True) -> MEMClassifier:
-        super().train(mode)
-        if self.backbone_frozen:
-            self.backbone.eval()  # no drop path / dropout noise in frozen features
-        return self
-
-
 class LoadReport(NamedTuple):
     """What ``load_pretrained_backbone`` did: keys the backbone lacked, keys it did not know, keys it dropped."""
 
@@ -322,26 +277,27 @@ class LoadReport(NamedTuple):
     dropped: list[str]
 
 
-PRETRAIN_ONLY_KEYS = ("mask_token",)
+def load_pretrained_backbone(vit: MEMViT, state_dict: dict[str, torch.Tensor]) -> LoadReport:
+    """Load pretrained weights into the ViT of a task model (a classifier itself, or a segmenter's ``backbone``).
 
-
-def load_pretrained_backbone(model: BackboneModel, state_dict: dict[str, torch.Tensor]) -> LoadReport:
-    """Load pretrained backbone weights into ``model.backbone`` of a task model (classifier, segmenter).
-
-    Accepts the state dict of any ``BackboneModel`` (keys ``backbone.*``; its heads such as ``lm_head`` are
-    dropped) or of a bare ``MEMViT``. The mask token is dropped. Every other tensor must match in shape,
-    including the relative position bias tables (so the patch grid must be the same).
+    Accepts the state dict of a pretraining model (keys ``backbone.*``; its heads such as ``lm_head`` are dropped)
+    or of a bare ``MEMViT``. The final token norm is dropped when the ViT normalizes after pooling instead
+    (``fc_norm``, as BEiT finetunes). Every other tensor must match in shape, including the relative position bias
+    tables (so the patch grid must be the same). ``missing`` lists the ViT's weights the state dict lacks, apart
+    from the fresh head and ``fc_norm``.
 
     Raises:
-        ValueError: a tensor's shape differs from the backbone's (named in the message).
+        ValueError: a tensor's shape differs from the ViT's (named in the message).
     """
     if any(key.startswith(BACKBONE_PREFIX) for key in state_dict):
         dropped = [key for key in state_dict if not key.startswith(BACKBONE_PREFIX)]
         weights = {key.removeprefix(BACKBONE_PREFIX): v for key, v in state_dict.items() if key not in dropped}
     else:
         dropped, weights = [], dict(state_dict)
-    dropped += [key for key in PRETRAIN_ONLY_KEYS if weights.pop(key, None) is not None]
-    own = model.backbone.state_dict()
+    own = vit.state_dict()
+    unused = [key for key in weights if key not in own and key.startswith("norm.")]
+    dropped += unused
+    weights = {key: value for key, value in weights.items() if key not in unused}
     wrong = [
         f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(own[k].shape)}"
         for k, v in weights.items()
@@ -351,6 +307,7 @@ def load_pretrained_backbone(model: BackboneModel, state_dict: dict[str, torch.T
         raise ValueError(
             "pretrained backbone does not fit (different architecture or patch grid?): " + "; ".join(wrong)
         )
-    result = model.backbone.load_state_dict(weights, strict=False)
-    missing = [key for key in result.missing_keys if key not in PRETRAIN_ONLY_KEYS]
+    result = vit.load_state_dict(weights, strict=False)
+    fresh = ("fc_norm.", "head.")
+    missing = [key for key in result.missing_keys if not key.startswith(fresh)]
     return LoadReport(missing=missing, unexpected=list(result.unexpected_keys), dropped=dropped)

@@ -82,8 +82,6 @@ class FinetuneStageConfig(StageConfig):
     head_dropout: float = 0.0
     head_init_scale: float = 0.001  # BEiT's small head init; short CPU runs learn faster with 1.0
     ema_decay: float = 0.0  # 0 = no EMA; the paper reports 0.9999 on large datasets
-    mixup: float = 0.0
-    cutmix: float = 0.0
     probe: bool = False  # linear probing: only the head's norm and linear layer train
     warmup_epochs: float = 5.0
 

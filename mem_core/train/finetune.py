@@ -1,7 +1,7 @@
 """Stage 3: finetuning (or linear probing) a classifier, from a pretrained MEM/eMAE backbone or from scratch.
 
 Recipe: mean-pooled patch tokens -> LayerNorm -> Linear; AdamW with layer-wise lr decay (timm), drop path, label
-smoothing, optional mixup/cutmix and EMA of the weights. The best epoch is chosen on the *validation* split
+smoothing and an optional EMA of the weights. The best epoch is chosen on the *validation* split
 (never the test split); evaluation windows are deterministic. Outputs: ``best.pt``, ``result.json``,
 ``confusion.png`` and the curves.
 """
@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mem_core.models import MEMClassifier, MEMViT, load_pretrained_backbone
+from mem_core.models import MEMViT, load_pretrained_backbone
 from mem_core.representation import batch_preprocess
 from mem_core.train.common import batch_generator, fit_input, open_split, start_run, train_indices, wrap_model
 from mem_core.train.configs import FinetuneStageConfig
@@ -52,28 +52,6 @@ def adopt_pretrained_architecture(cfg, init: Path | str):
     return dataclasses.replace(cfg, model=model), state
 
 
-def mix_batch(x: torch.Tensor, y: torch.Tensor, num_classes: int, cfg, generator: torch.Generator):
-    """Mixup or cutmix (chosen per batch when both are on) with soft targets; explicit generator."""
-    soft = F.one_hot(y, num_classes).float()
-    soft = soft * (1 - cfg.label_smoothing) + cfg.label_smoothing / num_classes
-    use_cutmix = cfg.cutmix > 0 and (cfg.mixup <= 0 or torch.rand((), generator=generator).item() < 0.5)
-    alpha = cfg.cutmix if use_cutmix else cfg.mixup
-    lam = float(torch.distributions.Beta(alpha, alpha).sample().item()) if alpha > 0 else 1.0
-    perm = torch.arange(x.shape[0] - 1, -1, -1, device=x.device)  # pair each sample with its mirror in the batch
-    if use_cutmix:
-        h, w = x.shape[-2:]
-        ch, cw = int(h * (1 - lam) ** 0.5), int(w * (1 - lam) ** 0.5)
-        cy = int(torch.randint(0, h, (), generator=generator))
-        cx = int(torch.randint(0, w, (), generator=generator))
-        y0, y1, x0, x1 = max(cy - ch // 2, 0), min(cy + ch // 2, h), max(cx - cw // 2, 0), min(cx + cw // 2, w)
-        x = x.clone()
-        x[..., y0:y1, x0:x1] = x[perm][..., y0:y1, x0:x1]
-        lam = 1 - (y1 - y0) * (x1 - x0) / (h * w)
-    else:
-        x = lam * x + (1 - lam) * x[perm]
-    return x, lam * soft + (1 - lam) * soft[perm]
-
-
 def run(cfg: FinetuneStageConfig, out: Path | str, *, init: Path | str | None = None, resume: bool = False) -> RunDir:
     cfg = fit_input(cfg)
     pretrained = None
@@ -90,15 +68,13 @@ def run(cfg: FinetuneStageConfig, out: Path | str, *, init: Path | str | None = 
     loader, sampler, val_loader = build_stage_loaders(cfg, runtime, train_src, val_src, indices)
     num_classes = len(train_src.classes)
     torch.manual_seed(cfg.seed)
-    model = MEMClassifier(
-        MEMViT(cfg.model), num_classes, drop_rate=cfg.head_dropout, head_init_scale=cfg.head_init_scale
-    )
+    model = MEMViT(cfg.model, num_classes, drop_rate=cfg.head_dropout, head_init_scale=cfg.head_init_scale)
     if pretrained is not None:
         report = load_pretrained_backbone(model, pretrained)
         if report.missing:
             raise RunError(f"{init}: pretrained weights lack {', '.join(report.missing)}")
     if cfg.probe:
-        model.freeze_backbone()
+        model.freeze_features()
     model.to(runtime.device)
     train_model = wrap_model(model, cfg, runtime)
     from timm.optim import create_optimizer_v2
@@ -113,20 +89,13 @@ def run(cfg: FinetuneStageConfig, out: Path | str, *, init: Path | str | None = 
         betas=cfg.betas,
     )
     ema = ModelEmaV3(model, decay=cfg.ema_decay) if cfg.ema_decay > 0 else None
-    mixing = cfg.mixup > 0 or cfg.cutmix > 0
-
     def step_fn(batch, epoch: int, step: int) -> StepResult:
         events, labels, _ = batch
         labels = labels.to(runtime.device)
         g = batch_generator(cfg, runtime, epoch, step)
         x = batch_preprocess(events, cfg.input, train=True, generator=g, device=runtime.device)
-        if mixing:
-            x, soft = mix_batch(x, labels, num_classes, cfg, g)
-            logits = train_model(x)
-            loss = torch.sum(-soft * F.log_softmax(logits.float(), dim=-1), dim=-1).mean()
-        else:
-            logits = train_model(x)
-            loss = F.cross_entropy(logits.float(), labels, label_smoothing=cfg.label_smoothing)
+        logits = train_model(x)
+        loss = F.cross_entropy(logits.float(), labels, label_smoothing=cfg.label_smoothing)
         acc = (logits.argmax(-1) == labels).float().mean().item()
         return StepResult(loss, {"acc": acc}, x.shape[0])
 
@@ -153,7 +122,7 @@ def run(cfg: FinetuneStageConfig, out: Path | str, *, init: Path | str | None = 
     )
     if runtime.distributed:
         torch.distributed.barrier()  # best.pt is written by the main process; every process evaluates it
-    best_model = MEMClassifier(MEMViT(cfg.model), num_classes)
+    best_model = MEMViT(cfg.model, num_classes)
     best_model.load_state_dict(load_checkpoint(run_dir.best_path)["model"])
     final = evaluate_classifier(best_model.to(runtime.device), val_loader, cfg.input, runtime, num_classes)
     if runtime.is_main:

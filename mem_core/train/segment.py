@@ -49,7 +49,7 @@ def run(cfg: SegmentStageConfig, out: Path | str, *, init: Path | str | None = N
     torch.manual_seed(cfg.seed)
     model = SegmentationModel(MEMViT(cfg.model), num_classes, channels=cfg.head_channels)
     if pretrained is not None:
-        load_pretrained_backbone(model, pretrained)
+        load_pretrained_backbone(model.backbone, pretrained)
     model.to(runtime.device)
     train_model = wrap_model(model, cfg, runtime)
     from timm.optim import create_optimizer_v2
