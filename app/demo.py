@@ -20,9 +20,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
-
-import typer
 
 from app.config import DemoConfig
 
@@ -64,22 +61,10 @@ def _say(message: str) -> None:
 
 
 def _stage(stage: str, dataset: str, *extra: str):
-    from mem_core.configuration import resolve
-    from mem_core.train.configs import STAGES
+    from mem_core.train.configs import stage_config
 
     overrides = [*DEMO_INPUT, *STAGE_SETTINGS[stage], *extra]
-    return resolve(STAGES[stage], stage, preset="cpu-tiny", overrides=overrides, base={"data.dataset": dataset})
-
-
-def _finished(run: Path) -> bool:
-    from mem_core.train.rundir import RunDir, RunError
-
-    try:
-        epochs = RunDir(run).read_config()["config"]["epochs"]
-        records = RunDir(run).metrics()
-    except (RunError, KeyError):
-        return False
-    return bool(records) and records[-1]["epoch"] == epochs - 1 and (run / "checkpoint.pt").exists()
+    return stage_config(stage, preset="cpu-tiny", values={"data.dataset": dataset}, overrides=overrides)
 
 
 def record_corpus(corpus: Path) -> None:
@@ -113,6 +98,7 @@ def label_fraction(labels_per_class: int) -> float:
 
 def train_all(cfg: DemoConfig) -> dict[str, Path]:
     from mem_core.train import finetune, pretrain, tokenizer
+    from mem_core.train.rundir import RunDir
 
     fraction = label_fraction(cfg.labels_per_class)
     out = cfg.out
@@ -121,17 +107,17 @@ def train_all(cfg: DemoConfig) -> dict[str, Path]:
     runs = {name: out / name for name in ("tokenizer", "pretrain")}
     for arm in ("mem", "scratch"):  # one pair per label count: another --labels-per-class trains its own pair
         runs[f"finetune-{arm}"] = out / f"finetune-{arm}-{cfg.labels_per_class}-labels"
-    if not _finished(runs["tokenizer"]):
+    if not RunDir(runs["tokenizer"]).finished:
         _say("stage 1: training the event tokenizer on the unlabeled corpus")
         cfg_tok = _stage("tokenizer", "corpus", f"data.path={corpus}")
         tokenizer.run(cfg_tok, runs["tokenizer"], resume=runs["tokenizer"].exists())
-    if not _finished(runs["pretrain"]):
+    if not RunDir(runs["pretrain"]).finished:
         _say("stage 2: masked event pretraining on the unlabeled corpus")
         cfg_pre = _stage("pretrain", "corpus", f"data.path={corpus}")
         pretrain.run(cfg_pre, runs["pretrain"], tokenizer=runs["tokenizer"], resume=runs["pretrain"].exists())
     for arm, init in (("mem", runs["pretrain"]), ("scratch", None)):
         path = runs[f"finetune-{arm}"]
-        if not (path / "result.json").exists():
+        if not RunDir(path).finished:
             _say(f"stage 3: finetuning the {arm} model with {cfg.labels_per_class} labels per class")
             ft = _stage("finetune", "sim", f"data.labels={fraction}")
             finetune.run(ft, path, init=init, resume=path.exists())
@@ -313,19 +299,3 @@ def run(cfg: DemoConfig) -> Path:
     report = write_report(cfg, runs, table_md, live_state)
     _say(f"done in {time.perf_counter() - t0:.0f} s; report: {report}")
     return report
-
-
-def demo(
-    out: Annotated[Path, typer.Option("--out", help="Where the demo writes everything.")] = Path("mem-demo"),
-    headless: Annotated[
-        bool | None, typer.Option("--headless/--window", help="Snapshots and a report instead of a window.")
-    ] = None,
-    fresh: Annotated[bool, typer.Option("--fresh", help="Start over instead of reusing the last demo's work.")] = False,
-    labels_per_class: Annotated[int, typer.Option("--labels-per-class", help="Labelled samples per class.")] = 40,
-) -> None:
-    """The whole product on the simulated camera: record, pretrain, finetune MEM vs scratch, live viewer."""
-    try:
-        label_fraction(labels_per_class)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--labels-per-class") from None
-    run(DemoConfig(out=out, headless=headless, fresh=fresh, labels_per_class=labels_per_class))

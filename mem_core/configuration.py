@@ -1,10 +1,9 @@
-"""Typed configs from dataclasses: TOML presets, config files and ``--set key=value`` overrides.
+"""Typed configs from dataclasses: TOML files, ``--set key=value`` overrides, checked against the dataclass.
 
-A config is a (possibly nested) dataclass. Values come, in order of precedence, from ``--set`` overrides, a
-``--config FILE.toml``, a bundled preset (``configs/<name>.toml``) and the dataclass defaults. Every key is checked
-against the dataclass: an unknown key or a value of the wrong type is a ``ConfigError`` that names the key.
-A preset or file holds one table per stage (``[tokenizer]``, ``[pretrain]``, ``[finetune]``, ``[segment]``);
-nested dataclasses are sub-tables (``[finetune.model]``) or dotted keys (``model.depth = 4``).
+A config is a (possibly nested) dataclass whose defaults are the only defaults there are. ``merge`` applies a
+(nested or dotted) table of values, ``apply_overrides`` the ``--set`` strings of the command line; every key is
+checked against the dataclass: an unknown key or a value of the wrong type is a ``ConfigError`` that names the key.
+Which tables of a preset apply to which training stage is ``mem_core.train.configs.stage_config``'s business.
 """
 
 from __future__ import annotations
@@ -177,24 +176,9 @@ def to_dict(config: Any) -> dict[str, Any]:
     return plain(dataclasses.asdict(config))
 
 
-def resolve(
-    cls: type[T],
-    stage: str,
-    *,
-    preset: str | None = None,
-    config_file: Path | None = None,
-    overrides: list[str] | None = None,
-    base: dict[str, Any] | None = None,
-) -> T:
-    """The config of ``stage``: defaults < preset table < file table < ``base`` (CLI options) < ``--set`` overrides."""
-    config = cls()
-    if preset:
-        config = merge(config, load_preset(preset).get(stage, {}))
-    if config_file:
-        config = merge(config, load_toml(Path(config_file)).get(stage, {}))
-    if base:
-        config = merge(config, base)
-    for text in overrides or []:
+def apply_overrides(config: T, overrides: list[str] | tuple[str, ...]) -> T:
+    """``config`` with ``--set key=value`` overrides applied in order (values read as TOML, else as strings)."""
+    for text in overrides:
         key, value, raw = parse_override(text)
         try:
             config = merge(config, {key: value})

@@ -93,18 +93,23 @@ def load_tokenizer(path: Path | str, device: torch.device | str = "cpu") -> Disc
     path = Path(path)
     if (path / TOKENIZER_JSON).is_file():
         meta = json.loads((path / TOKENIZER_JSON).read_text())
-        model = DiscreteVAE(from_dict(TokenizerConfig, meta["architecture"]))
+        model = DiscreteVAE(_tokenizer_config(meta["architecture"]))
         model.load_state_dict(load_file(str(path / TOKENIZER_FILE)))
     elif (path / "config.json").is_file():
         run = RunDir(path)
         info = run.read_config()
         if info.get("stage") != "tokenizer":
             raise RunError(f"{run.path} is a {info.get('stage')!r} run, not a tokenizer run")
-        model = DiscreteVAE(from_dict(TokenizerConfig, info["config"]["model"]))
+        model = DiscreteVAE(_tokenizer_config(info["config"]["model"]))
         model.load_state_dict(load_checkpoint(run.checkpoint_path)["model"])
     else:
         raise RunError(f"{path}: neither a tokenizer run nor an export directory with a tokenizer")
     return model.to(device).eval().requires_grad_(False)
+
+
+def _tokenizer_config(values: dict[str, Any]) -> TokenizerConfig:
+    """A stored tokenizer architecture (runs and exports before November 2026 call ``img_size`` ``image_size``)."""
+    return from_dict(TokenizerConfig, {("img_size" if k == "image_size" else k): v for k, v in values.items()})
 
 
 def tokenizer_of(path: Path | str) -> Path | None:

@@ -85,7 +85,7 @@ class Predictor:
             out.mask = logits[0].argmax(0).cpu().numpy().astype(mask_dtype)  # (H, W)
         stages["model"], start = _ms_since(start)
         if self.tokenizer is not None:
-            size = self.tokenizer.config.image_size
+            size = self.tokenizer.config.img_size
             x_tok = x if x.shape[-2:] == (size, size) else F.interpolate(x, size=(size, size), mode="bilinear")
             out.tokens = self.tokenizer.token_ids(x_tok)[0].cpu().numpy().astype(np.int32)  # (h, w)
             stages["tokenizer"], start = _ms_since(start)

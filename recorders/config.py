@@ -5,10 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+SPECS = "camera[:SERIAL], sim, sim:fast, synthetic[:MEV_S], tcp://HOST:PORT or an event file"  # recorders.sources
+
+
 
 @dataclass(frozen=True)
 class RecordConfig:
-    """What ``mem record`` does; ``source`` is ``camera[:SERIAL]``, ``sim``, ``sim:fast`` or an event file."""
+    """What ``mem record`` does; ``source`` is any ``recorders.sources.open_source`` string (``SPECS``)."""
 
     source: str
     out: Path

@@ -16,12 +16,11 @@ from pathlib import Path
 from mem_core.simulator import fast_config, task_config
 from recorders.base import LiveSource, RecorderError
 from recorders.camera import CameraSource
+from recorders.config import SPECS
 from recorders.replay import ReplaySource
 from recorders.simulated import SimulatorSource
 from recorders.synthetic import SyntheticSource
 from recorders.zmq_source import ZmqEventSource
-
-SPECS = "camera[:SERIAL], sim, sim:fast, synthetic[:MEV_S], tcp://HOST:PORT or an event file"
 
 
 def open_source(spec: str, *, speed: float = 1.0, loop: bool = False, batch_us: int = 10_000) -> LiveSource:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -69,3 +70,58 @@ def test_bad_arguments_are_one_clear_line(tmp_path, args, message, monkeypatch, 
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_pretrain_method_comes_from_the_config_unless_given(tmp_path):
+    config = tmp_path / "emae.toml"
+    config.write_text('[pretrain]\nmethod = "emae"\n')
+    args = ["--dataset", "sim", "--preset", "cpu-tiny", "--config", str(config), *sets(*TINY, *TINY_VIT)]
+    r = mem("pretrain", "--out", str(tmp_path / "pre"), *args)  # eMAE needs no tokenizer
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads((tmp_path / "pre" / "config.json").read_text())["config"]["method"] == "emae"
+    r = mem("pretrain", "--out", str(tmp_path / "mem"), "--method", "mem", *args)
+    assert r.returncode == 2 and "needs --tokenizer" in r.stderr  # the option still wins over the file
+
+
+def test_command_defaults_are_the_config_dataclasses_defaults():
+    """serve, view, record, ingest, demo and the experiment take their option defaults from their config, so the
+    two never disagree."""
+    import dataclasses
+
+    from typer.main import get_command
+
+    from app.cli import app
+    from app.config import DemoConfig, ServeConfig, ViewConfig
+    from mem_core.train.experiment import LabelEfficiencyConfig
+    from recorders.config import IngestConfig, RecordConfig
+
+    renamed = {"duration": "duration_s", "quit_after": "quit_after_s", "min_free_mb": "min_free_bytes"}
+    converted = {
+        "min_free_bytes": lambda v: v * (1 << 20),
+        "fractions": lambda v: tuple(map(float, v.split(","))),
+        "seeds": lambda v: tuple(map(int, v.split(","))),
+    }
+    group = get_command(app)
+    commands = {
+        "serve": ServeConfig,
+        "view": ViewConfig,
+        "record": RecordConfig,
+        "ingest": IngestConfig,
+        "demo": DemoConfig,
+    }
+    checked = 0
+    for name, cls in [*commands.items(), ("experiment label-efficiency", LabelEfficiencyConfig)]:
+        command = group
+        for part in name.split():
+            command = command.commands[part]
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        for param in command.params:
+            field = renamed.get(param.name, param.name)
+            if field in fields and fields[field].default is not dataclasses.MISSING:
+                default = converted.get(field, lambda v: v)(param.default) if param.default is not None else None
+                expected = fields[field].default
+                if isinstance(default, Path) or isinstance(expected, Path):
+                    default, expected = str(default), str(expected)
+                assert default == expected, f"mem {name} --{param.name}"
+                checked += 1
+    assert checked >= 20

@@ -2,7 +2,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from mem_core.configuration import ConfigError, load_preset, preset_names, resolve, to_dict
+from mem_core.configuration import ConfigError, apply_overrides, load_preset, merge, preset_names, to_dict
+from mem_core.train.configs import STAGES, stage_config, stage_tables
 
 
 @dataclass
@@ -23,12 +24,12 @@ class Stage:
 
 
 def test_overrides_are_typed_and_nested():
-    cfg = resolve(Stage, "s", overrides=["epochs=1", "lr=5e-4", "amp=false", "model.depth=4", "model.dims=[1, 2]"])
+    cfg = apply_overrides(Stage(), ["epochs=1", "lr=5e-4", "amp=false", "model.depth=4", "model.dims=[1, 2]"])
     assert (cfg.epochs, cfg.lr, cfg.amp, cfg.model.depth, cfg.model.dims) == (1, 5e-4, False, 4, (1, 2))
 
 
 def test_paths_and_words_are_strings():
-    cfg = resolve(Stage, "s", overrides=["data=../shared/data/ncars-dev", "model.mode=true", "init=runs/pre"])
+    cfg = apply_overrides(Stage(), ["data=../shared/data/ncars-dev", "model.mode=true", "init=runs/pre"])
     assert cfg.data == "../shared/data/ncars-dev"
     assert cfg.model.mode == "true"
     assert cfg.init == "runs/pre"
@@ -47,24 +48,67 @@ def test_paths_and_words_are_strings():
 )
 def test_bad_overrides_name_the_key(override, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):
-        resolve(Stage, "s", overrides=[override])
+        apply_overrides(Stage(), [override])
 
 
-def test_file_table_then_overrides(tmp_path):
+def test_shared_tables_then_the_stage_table_then_options_then_overrides(tmp_path):
     path = tmp_path / "c.toml"
-    path.write_text("[s]\nepochs = 3\nlr = 0.1\n[s.model]\ndepth = 6\n[other]\nepochs = 99\n")
-    cfg = resolve(Stage, "s", config_file=path, overrides=["lr=0.2"])
-    assert (cfg.epochs, cfg.lr, cfg.model.depth) == (3, 0.2, 6)
-    assert to_dict(cfg)["model"]["dims"] == [4, 8]
+    path.write_text(
+        "[input]\nsize = [48, 48]\nshift_px = 3\n[vit]\ndepth = 6\nembed_dim = 96\n"
+        "[finetune]\nepochs = 3\nlr = 0.1\ninput.shift_px = 5\n[finetune.model]\ndepth = 8\n"
+        "[pretrain]\nepochs = 99\n"
+    )
+    cfg = stage_config("finetune", config_file=path, values={"data.dataset": "sim", "lr": 0.3}, overrides=["epochs=4"])
+    assert (cfg.epochs, cfg.lr, cfg.data.dataset) == (4, 0.3, "sim")
+    assert (cfg.input.size, cfg.input.shift_px) == ((48, 48), 5)  # the stage's own value wins over [input]
+    assert (cfg.model.depth, cfg.model.embed_dim) == (8, 96)  # [vit] is the model of the ViT stages ...
+    tokenizer = stage_config("tokenizer", config_file=path)
+    assert tokenizer.input.size == (48, 48) and tokenizer.model.num_layers == 4  # ... not the tokenizer's
+    assert to_dict(cfg)["input"]["size"] == [48, 48]
 
 
-def test_bad_file_and_unknown_preset(tmp_path):
+def test_unknown_tables_and_bad_files_are_errors(tmp_path):
+    path = tmp_path / "typo.toml"
+    path.write_text("[finetun]\nepochs = 3\n")
+    with pytest.raises(ConfigError, match=r"unknown table\(s\) \[finetun\]"):
+        stage_config("finetune", config_file=path)
     path = tmp_path / "bad.toml"
     path.write_text("[s\n")
     with pytest.raises(ConfigError, match="not valid TOML"):
-        resolve(Stage, "s", config_file=path)
+        stage_config("finetune", config_file=path)
     with pytest.raises(ConfigError, match="unknown preset 'nope'"):
         load_preset("nope")
+
+
+@pytest.mark.parametrize("preset", preset_names())
+def test_presets_state_only_what_differs_from_the_defaults(preset):
+    """Defaults live in the dataclasses: a preset value equal to what it would get anyway is noise, and a default
+    changed later would silently stop applying to the presets that restate the old one."""
+    doc = load_preset(preset)
+    for stage in STAGES:
+        config = STAGES[stage]()
+        for table in stage_tables(doc, stage, preset):
+            changed = merge(config, table)
+            before, after = to_dict(config), to_dict(changed)
+            restated = [key for key, _ in _leaves(table) if _at(before, key) == _at(after, key)]
+            assert restated == [], f"{preset} [{stage}] restates {restated}"
+            config = changed
+
+
+def _at(values: dict, dotted: str):
+    for part in dotted.split("."):
+        values = values[part]
+    return values
+
+
+def _leaves(table: dict, prefix: str = "") -> list[tuple[str, object]]:
+    out = []
+    for key, value in table.items():
+        if isinstance(value, dict) and key in ("input", "data", "model"):
+            out += _leaves(value, f"{prefix}{key}.")
+        else:
+            out.append((f"{prefix}{key}", value))
+    return out
 
 
 def test_bundled_presets_exist():

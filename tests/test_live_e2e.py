@@ -53,7 +53,7 @@ def test_view_shows_the_histogram_and_prediction_of_a_served_file(tmp_path, data
         tmp_path / "export",
         architecture=ViTConfig(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, drop_path=0.0),
         input_spec=InputSpec(n_max=3000, size=(32, 32)),
-        tokenizer=TokenizerConfig(image_size=32, num_layers=3, num_tokens=64, hidden_dim=16),
+        tokenizer=TokenizerConfig(img_size=32, num_layers=3, num_tokens=64, hidden_dim=16),
     )
     recording = sorted((data_dir / "ncars-dev" / "val" / "cars").glob("*.dat"))[0]
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}

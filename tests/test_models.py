@@ -410,7 +410,7 @@ def test_emae_rejects_unknown_loss():
 
 
 def tiny_tokenizer_config(**overrides) -> TokenizerConfig:
-    return TokenizerConfig(image_size=IMG, num_tokens=TOKENS, codebook_dim=8, num_layers=3, hidden_dim=16, **overrides)
+    return TokenizerConfig(img_size=IMG, num_tokens=TOKENS, codebook_dim=8, num_layers=3, hidden_dim=16, **overrides)
 
 
 def test_dvae_shapes_and_ids():
@@ -499,8 +499,8 @@ def test_temperature_schedule_anneals_from_start_to_min():
     assert config.temperature(100) == pytest.approx(1 / 16) and temps[-1] == pytest.approx(1 / 16)
     assert all(a >= b for a, b in itertools.pairwise(temps))
     assert config.grid_size == (14, 14) and config.patch_size == 16
-    with pytest.raises(ValueError, match="image_size"):
-        TokenizerConfig(image_size=100)
+    with pytest.raises(ValueError, match="img_size"):
+        TokenizerConfig(img_size=100)
 
 
 def test_codebook_stats():

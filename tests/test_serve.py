@@ -33,7 +33,7 @@ def export(tmp_path_factory):
         tmp_path_factory.mktemp("export"),
         architecture=ViTConfig(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, drop_path=0.0),
         input_spec=InputSpec(n_max=2000, size=(32, 32)),
-        tokenizer=TokenizerConfig(image_size=32, num_layers=3, num_tokens=64, hidden_dim=16),
+        tokenizer=TokenizerConfig(img_size=32, num_layers=3, num_tokens=64, hidden_dim=16),
     )
 
 

@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from mem_core.configuration import resolve
 from mem_core.export import export_run, load_model, load_tokenizer, tokenizer_of
 from mem_core.train import finetune, pretrain, segment, tokenizer
-from mem_core.train.configs import STAGES
+from mem_core.train.configs import stage_config
 from mem_core.train.engine import NonFiniteLossError
 from mem_core.train.evaluate import evaluate_run
 from mem_core.train.rundir import RunDir, RunError, load_checkpoint
@@ -27,7 +26,7 @@ def config(stage: str, *extra: str, dataset: str = "sim", max_samples: int = 40)
     else:
         overrides += ["model.num_layers=3", "model.num_tokens=64", "model.hidden_dim=16", "model.codebook_dim=8"]
     overrides += extra
-    return resolve(STAGES[stage], stage, preset="cpu-tiny", overrides=overrides, base={"data.dataset": dataset})
+    return stage_config(stage, preset="cpu-tiny", values={"data.dataset": dataset}, overrides=overrides)
 
 
 @pytest.fixture(scope="module")
@@ -179,3 +178,16 @@ def test_evaluating_a_corpus_sees_the_samples_training_validated_on(tmp_path):
     result = evaluate_run(run.path, "corpus", corpus, "val")
     assert result["n"] == 30_000 // 3000  # the one validation slot (of eight) in ten 3000-event windows, not one
     assert result["top1"] == pytest.approx(validated["val_top1"])
+
+
+def test_every_stage_writes_its_result_last(tokenizer_run, pretrain_run):
+    for run, stage in ((tokenizer_run, "tokenizer"), (pretrain_run, "pretrain")):
+        result = json.loads((run / "result.json").read_text())
+        assert result["stage"] == stage and result["epoch"] == 1 and RunDir(run).finished
+        assert result == {**result, **{k[4:]: v for k, v in RunDir(run).metrics()[-1].items() if k.startswith("val_")}}
+
+
+def test_finetuning_never_silently_replaces_the_architecture(tmp_path, pretrain_run):
+    with pytest.raises(RunError, match=r"pretrained with depth=2, this finetune run would build depth=3"):
+        finetune.run(config("finetune", "model.depth=3"), tmp_path / "ft", init=pretrain_run)
+    assert not (tmp_path / "ft").exists()  # refused before anything was written

@@ -28,7 +28,7 @@ class TokenizerConfig:
     """dVAE architecture and relaxation schedule (defaults: the paper's 8192 x 32 codebook on a 14 x 14 grid)."""
 
     in_chans: int = 2
-    image_size: int = 224
+    img_size: int = 224
     num_tokens: int = 8192
     codebook_dim: int = 32
     num_layers: int = 4  # each halves the resolution: patch size 2**num_layers
@@ -42,9 +42,9 @@ class TokenizerConfig:
     straight_through: bool = False
 
     def __post_init__(self) -> None:
-        if self.num_layers < 1 or self.image_size % self.patch_size:
+        if self.num_layers < 1 or self.img_size % self.patch_size:
             raise ValueError(
-                f"image_size {self.image_size} must be a multiple of 2**num_layers = {self.patch_size} "
+                f"img_size {self.img_size} must be a multiple of 2**num_layers = {self.patch_size} "
                 f"(num_layers={self.num_layers} >= 1)"
             )
         if not 0 < self.temperature_min <= self.temperature_start:
@@ -59,7 +59,7 @@ class TokenizerConfig:
 
     @property
     def grid_size(self) -> tuple[int, int]:
-        side = self.image_size // self.patch_size
+        side = self.img_size // self.patch_size
         return side, side
 
     def temperature(self, step: int) -> float:
@@ -122,7 +122,7 @@ class DiscreteVAE(nn.Module):
 
     def _check_input(self, x: torch.Tensor) -> None:
         c = self.config
-        expected = (c.in_chans, c.image_size, c.image_size)
+        expected = (c.in_chans, c.img_size, c.img_size)
         if x.ndim != 4 or tuple(x.shape[1:]) != expected:
             raise ValueError(f"DiscreteVAE expects input (B, {', '.join(map(str, expected))}), got {tuple(x.shape)}")
 

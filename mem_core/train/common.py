@@ -28,11 +28,7 @@ def fit_input(cfg):
     spec = cfg.input
     if spec.size[0] != spec.size[1]:
         raise ValueError(f"input.size must be square for the ViT, got {spec.size}")
-    model = cfg.model
-    if hasattr(model, "img_size"):
-        model = dataclasses.replace(model, img_size=spec.size[0], in_chans=spec.in_chans)
-    else:
-        model = dataclasses.replace(model, image_size=spec.size[0], in_chans=spec.in_chans)
+    model = dataclasses.replace(cfg.model, img_size=spec.size[0], in_chans=spec.in_chans)  # ViT or tokenizer
     return dataclasses.replace(cfg, model=model)
 
 

@@ -1,10 +1,18 @@
-"""The typed configs of the training stages. Presets in ``configs/*.toml`` fill them; ``--set`` overrides them."""
+"""The typed configs of the training stages, and ``stage_config``: the one way to build one.
+
+The defaults live in these dataclasses only. A preset (``configs/<name>.toml``) or a ``--config FILE.toml`` states
+what differs from them, in tables that apply to every stage (``[input]``, ``[data]``), to the ViT of pretrain,
+finetune and segment (``[vit]``, their ``model``), or to one stage (``[tokenizer]``, ``[pretrain]``, ``[finetune]``,
+``[segment]``, whose sub-tables or dotted keys reach nested fields: ``input.size``, ``model.num_tokens``).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
+from mem_core.configuration import ConfigError, apply_overrides, load_preset, load_toml, merge
 from mem_core.models.tokenizer import TokenizerConfig
 from mem_core.models.vit import ViTConfig
 from mem_core.representation import InputSpec
@@ -103,3 +111,42 @@ STAGES = {
     "finetune": FinetuneStageConfig,
     "segment": SegmentStageConfig,
 }
+
+SHARED_TABLES = ("input", "data")  # preset tables that every stage takes as its field of that name
+VIT_TABLE = "vit"  # the preset table that is the ``model`` of every stage with a ViT
+
+
+def stage_tables(doc: dict[str, Any], stage: str, where: str) -> list[dict[str, Any]]:
+    """The tables of a preset or config file that apply to ``stage``, in the order they apply (general first)."""
+    unknown = sorted(set(doc) - {*STAGES, *SHARED_TABLES, VIT_TABLE})
+    if unknown:
+        known = ", ".join(f"[{t}]" for t in (*SHARED_TABLES, VIT_TABLE, *STAGES))
+        raise ConfigError(f"{where}: unknown table(s) {', '.join(f'[{t}]' for t in unknown)}; known: {known}")
+    tables = [{key: doc[key]} for key in SHARED_TABLES if key in doc]
+    if VIT_TABLE in doc and stage != "tokenizer":
+        tables.append({"model": doc[VIT_TABLE]})
+    return [*tables, doc.get(stage, {})]
+
+
+def stage_config(
+    stage: str,
+    *,
+    preset: str | None = None,
+    config_file: Path | str | None = None,
+    values: dict[str, Any] | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+):
+    """The config of ``stage``: dataclass defaults < preset < config file < ``values`` (what command options set,
+    nested or dotted keys such as ``data.dataset``) < ``--set`` ``overrides``. Unknown keys and wrong types are
+    errors that name the key."""
+    if stage not in STAGES:
+        raise ConfigError(f"unknown stage {stage!r}; expected one of {', '.join(STAGES)}")
+    config = STAGES[stage]()
+    layers = []
+    if preset:
+        layers += stage_tables(load_preset(preset), stage, f"preset {preset}")
+    if config_file:
+        layers += stage_tables(load_toml(Path(config_file)), stage, str(config_file))
+    for table in [*layers, values or {}]:
+        config = merge(config, table)
+    return apply_overrides(config, overrides)

@@ -11,22 +11,22 @@ continues where it stopped.
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+# This module is imported by the command line for the defaults of ``LabelEfficiencyConfig``: torch and the stages
+# are imported by ``run`` (every ``mem`` command would pay seconds for them otherwise).
 
-from mem_core.configuration import resolve
-from mem_core.train.configs import STAGES
-from mem_core.train.rundir import RunDir, json_safe
+STAGE_OVERRIDES = ("tokenizer", "pretrain", "finetune", "all")  # the STAGE of --set STAGE:key=value
 
 
 @dataclass
 class LabelEfficiencyConfig:
     dataset: str = "ncars"
-    data: str = ""
+    data: str | None = None
     out: str = "runs/label-efficiency"
     preset: str = "cpu-tiny"
     config_file: str | None = None
@@ -39,24 +39,17 @@ class LabelEfficiencyConfig:
 
 
 def _stage_config(cfg: LabelEfficiencyConfig, stage: str, *extra: str):
-    base = {"data.dataset": cfg.dataset, **({"data.path": cfg.data} if cfg.data else {})}
+    from mem_core.train.configs import stage_config
+
+    values = {"data.dataset": cfg.dataset, **({"data.path": cfg.data} if cfg.data else {})}
     overrides = [*cfg.overrides.get("all", []), *cfg.overrides.get(stage, []), *extra]
-    return resolve(STAGES[stage], stage, preset=cfg.preset, config_file=cfg.config_file, overrides=overrides, base=base)
-
-
-def _done(run_path: Path, marker: str) -> bool:
-    if not (run_path / marker).exists():
-        return False
-    if marker == "checkpoint.pt":  # a finished tokenizer/pretrain run has logged its last epoch
-        info = RunDir(run_path).read_config()["config"]
-        records = RunDir(run_path).metrics()
-        return bool(records) and records[-1]["epoch"] == info["epochs"] - 1
-    return True
+    return stage_config(stage, preset=cfg.preset, config_file=cfg.config_file, values=values, overrides=overrides)
 
 
 def run(cfg: LabelEfficiencyConfig) -> dict[str, Any]:
     """Run (or continue) the whole experiment and return the results table."""
     from mem_core.train import finetune, pretrain, tokenizer
+    from mem_core.train.rundir import RunDir, json_safe
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -69,9 +62,9 @@ def run(cfg: LabelEfficiencyConfig) -> dict[str, Any]:
         return result
 
     tok_path, pre_path = out / "tokenizer", out / "pretrain"
-    if not _done(tok_path, "checkpoint.pt"):
+    if not RunDir(tok_path).finished:
         timed("tokenizer", lambda: tokenizer.run(_stage_config(cfg, "tokenizer"), tok_path, resume=tok_path.exists()))
-    if not _done(pre_path, "checkpoint.pt"):
+    if not RunDir(pre_path).finished:
         timed(
             "pretrain",
             lambda: pretrain.run(
@@ -83,7 +76,7 @@ def run(cfg: LabelEfficiencyConfig) -> dict[str, Any]:
         for seed in cfg.seeds:
             for arm, init in (("mem", pre_path), ("scratch", None)):
                 path = out / f"finetune-{arm}-labels{fraction:g}-seed{seed}"
-                if not _done(path, "result.json"):
+                if not RunDir(path).finished:
                     settings = [f"seed={seed}", f"data.labels={fraction}", f"data.label_seed={seed}"]
                     ft_cfg = _stage_config(cfg, "finetune", *settings)
                     if cfg.equal_steps and fraction < 1:
@@ -134,18 +127,18 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             sel = [r for r in rows if r["labels"] == fraction and r["arm"] == arm]
             if not sel:
                 continue
-            final = np.array([r["final_top1"] for r in sel])
-            best = np.array([r["best_top1"] for r in sel])
+            final = [r["final_top1"] for r in sel]
+            best = [r["best_top1"] for r in sel]
             out.append(
                 {
                     "arm": arm,
                     "labels": fraction,
                     "seeds": len(sel),
                     "train_samples": sel[0]["train_samples"],
-                    "final_mean": float(final.mean()),
-                    "final_std": float(final.std()),
-                    "best_mean": float(best.mean()),
-                    "best_std": float(best.std()),
+                    "final_mean": statistics.fmean(final),
+                    "final_std": statistics.pstdev(final),
+                    "best_mean": statistics.fmean(best),
+                    "best_std": statistics.pstdev(best),
                 }
             )
     return out

@@ -8,138 +8,82 @@ smoothing and an optional EMA of the weights. The best epoch is chosen on the *v
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from timm.optim import create_optimizer_v2
+from timm.utils import ModelEmaV3
 
-from mem_core.models import MEMViT, load_pretrained_backbone
+from mem_core.models import MEMViT
 from mem_core.representation import batch_preprocess
-from mem_core.train.common import batch_generator, fit_input, open_split, start_run, train_indices, wrap_model
+from mem_core.train.common import batch_generator
 from mem_core.train.configs import FinetuneStageConfig
 from mem_core.train.engine import StepResult
-from mem_core.train.fit import build_stage_loaders, fit
-from mem_core.train.rundir import RunDir, RunError, load_checkpoint
+from mem_core.train.rundir import RunDir, RunError
 from mem_core.train.runtime import Runtime, all_reduce_sum
-
-ARCH_FIELDS = (
-    "img_size",
-    "patch_size",
-    "in_chans",
-    "embed_dim",
-    "depth",
-    "num_heads",
-    "mlp_ratio",
-    "rel_pos_bias",
-    "abs_pos_emb",
-    "layer_scale_init",
-)
+from mem_core.train.stage import TaskStage, run_stage
 
 
-def adopt_pretrained_architecture(cfg, init: Path | str):
-    """Take the architecture of the pretraining run (keeping this stage's drop path) and its weights."""
-    from mem_core.train.pretrain import load_pretrained_state
+class FinetuneStage(TaskStage):
+    """Classification: the best epoch on the validation split is kept (``best.pt``) and reported."""
 
-    state, pre_model = load_pretrained_state(init)
-    model = dataclasses.replace(cfg.model, **{f: getattr(pre_model, f) for f in ARCH_FIELDS})
-    if (model.img_size, model.in_chans) != (cfg.input.size[0], cfg.input.in_chans):
-        raise RunError(
-            f"{init} was pretrained on {model.in_chans}-channel {model.img_size}px inputs, but input gives "
-            f"{cfg.input.in_chans} channels at {cfg.input.size}: use the same input settings"
+    name = "finetune"
+    select = "top1"
+
+    @property
+    def description(self) -> str:
+        return "probe" if self.cfg.probe else "finetune"
+
+    def prepare(self, train_src, val_src, indices) -> None:
+        cfg = self.cfg
+        if (train_src.labels < 0).any():
+            raise RunError(f"{cfg.data.dataset} {cfg.data.train_split}: finetuning needs labels on every sample")
+        self.classes = train_src.classes
+        self.run.write_json("classes.json", {"classes": self.classes, "train_samples": len(indices)})
+
+    def build_model(self) -> MEMViT:
+        cfg = self.cfg
+        return MEMViT(cfg.model, len(self.classes), drop_rate=cfg.head_dropout, head_init_scale=cfg.head_init_scale)
+
+    def initialize(self, model: MEMViT) -> None:
+        super().initialize(model)
+        if self.cfg.probe:
+            model.freeze_features()
+
+    def build_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
+        cfg = self.cfg
+        decay = None if cfg.probe else cfg.layer_decay  # a probe trains only the head: nothing to decay
+        return create_optimizer_v2(
+            model, "adamw", lr=cfg.lr, weight_decay=cfg.weight_decay, layer_decay=decay, betas=cfg.betas
         )
-    return dataclasses.replace(cfg, model=model), state
 
+    def build_ema(self, model: torch.nn.Module) -> ModelEmaV3 | None:
+        return ModelEmaV3(model, decay=self.cfg.ema_decay) if self.cfg.ema_decay > 0 else None
 
-def run(cfg: FinetuneStageConfig, out: Path | str, *, init: Path | str | None = None, resume: bool = False) -> RunDir:
-    cfg = fit_input(cfg)
-    pretrained = None
-    if init is not None:
-        cfg, pretrained = adopt_pretrained_architecture(cfg, init)
-    runtime, run_dir = start_run("finetune", cfg, out, resume=resume)
-    if init is not None:
-        run_dir.write_json("init.json", {"path": str(Path(init).resolve())})
-    train_src, val_src = open_split(cfg, cfg.data.train_split), open_split(cfg, cfg.data.val_split)
-    if (train_src.labels < 0).any():
-        raise RunError(f"{cfg.data.dataset} {cfg.data.train_split}: finetuning needs labels on every sample")
-    indices = train_indices(cfg, train_src)
-    run_dir.write_json("classes.json", {"classes": train_src.classes, "train_samples": len(indices)})
-    loader, sampler, val_loader = build_stage_loaders(cfg, runtime, train_src, val_src, indices)
-    num_classes = len(train_src.classes)
-    torch.manual_seed(cfg.seed)
-    model = MEMViT(cfg.model, num_classes, drop_rate=cfg.head_dropout, head_init_scale=cfg.head_init_scale)
-    if pretrained is not None:
-        report = load_pretrained_backbone(model, pretrained)
-        if report.missing:
-            raise RunError(f"{init}: pretrained weights lack {', '.join(report.missing)}")
-    if cfg.probe:
-        model.freeze_features()
-    model.to(runtime.device)
-    train_model = wrap_model(model, cfg, runtime)
-    from timm.optim import create_optimizer_v2
-    from timm.utils import ModelEmaV3
-
-    optimizer = create_optimizer_v2(
-        model,
-        "adamw",
-        lr=cfg.lr,
-        weight_decay=cfg.weight_decay,
-        layer_decay=None if cfg.probe else cfg.layer_decay,
-        betas=cfg.betas,
-    )
-    ema = ModelEmaV3(model, decay=cfg.ema_decay) if cfg.ema_decay > 0 else None
-    def step_fn(batch, epoch: int, step: int) -> StepResult:
+    def step(self, model: torch.nn.Module, batch, epoch: int, step: int) -> StepResult:
+        cfg, runtime = self.cfg, self.runtime
         events, labels, _ = batch
         labels = labels.to(runtime.device)
         g = batch_generator(cfg, runtime, epoch, step)
         x = batch_preprocess(events, cfg.input, train=True, generator=g, device=runtime.device)
-        logits = train_model(x)
+        logits = model(x)
         loss = F.cross_entropy(logits.float(), labels, label_smoothing=cfg.label_smoothing)
         acc = (logits.argmax(-1) == labels).float().mean().item()
         return StepResult(loss, {"acc": acc}, x.shape[0])
 
-    def evaluate(epoch: int) -> dict[str, float]:
-        net = ema.module if ema is not None else model
-        result = evaluate_classifier(net, val_loader, cfg.input, runtime, num_classes)
-        return {"top1": result["top1"], "loss": result["loss"]}
+    def evaluate(self, model: torch.nn.Module, loader) -> dict:
+        return evaluate_classifier(model, loader, self.cfg.input, self.runtime, len(self.classes))
 
-    fit_result = fit(
-        run=run_dir,
-        cfg=cfg,
-        runtime=runtime,
-        model=model,
-        train_model=train_model,
-        optimizer=optimizer,
-        loader=loader,
-        sampler=sampler,
-        step_fn=step_fn,
-        evaluate=evaluate,
-        select="top1",
-        ema=ema,
-        resume=resume,
-        description="probe" if cfg.probe else "finetune",
-    )
-    if runtime.distributed:
-        torch.distributed.barrier()  # best.pt is written by the main process; every process evaluates it
-    best_model = MEMViT(cfg.model, num_classes)
-    best_model.load_state_dict(load_checkpoint(run_dir.best_path)["model"])
-    final = evaluate_classifier(best_model.to(runtime.device), val_loader, cfg.input, runtime, num_classes)
-    if runtime.is_main:
-        summary = {
-            "split": cfg.data.val_split,
-            "best_epoch": fit_result.best["epoch"] if fit_result.best else None,
-            "top1": final["top1"],
-            "n": final["n"],
-            "classes": train_src.classes,
-            "confusion": final["confusion"],
-            "train_samples": len(indices),
-            "init": str(init) if init else None,
-            "probe": cfg.probe,
-        }
-        run_dir.write_json("result.json", summary)
-        save_confusion(summary["confusion"], train_src.classes, run_dir.path / "confusion.png")
-    return run_dir
+    def finish(self, result: dict) -> dict:
+        save_confusion(result["confusion"], self.classes, self.run.path / "confusion.png")
+        return {"init": str(self.init) if self.init else None, "probe": self.cfg.probe}
+
+
+def run(cfg: FinetuneStageConfig, out: Path | str, *, init: Path | str | None = None, resume: bool = False) -> RunDir:
+    """Finetune (or probe) a classifier into the run directory ``out``, from the pretraining run ``init`` or scratch."""
+    return run_stage(FinetuneStage, cfg, out, resume=resume, init=init)
 
 
 @torch.no_grad()

@@ -105,56 +105,47 @@ def _print_epoch(description: str, epoch: int, epochs: int, record: dict[str, An
 
 
 @dataclass
+class Training:
+    """What the epoch loop needs: the saved ``model`` and its trained wrapper (DDP / compiled), optimizer, data,
+    ``step(batch, epoch, step)``, ``evaluate(epoch)`` and optionally the metric to ``select`` by and an EMA."""
+
+    model: torch.nn.Module
+    train_model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    loader: DataLoader
+    sampler: EpochBatchSampler
+    step: Callable[[Any, int, int], StepResult]
+    evaluate: Callable[[int], dict[str, Any]]
+    select: str | None = None
+    ema: Any = None
+    description: str = "train"
+
+
+@dataclass
 class FitResult:
     history: list[dict[str, Any]] = field(default_factory=list)
     best: dict[str, Any] | None = None
 
 
-def fit(
-    *,
-    run: RunDir,
-    cfg,
-    runtime: Runtime,
-    model: torch.nn.Module,
-    train_model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    loader: DataLoader,
-    sampler: EpochBatchSampler,
-    step_fn: Callable[[Any, int, int], StepResult],
-    evaluate: Callable[[int], dict[str, float]] | None = None,
-    select: str | None = None,
-    ema=None,
-    extra_state: Callable[[], dict[str, Any]] | None = None,
-    on_epoch_end: Callable[[int, dict[str, Any]], None] | None = None,
-    resume: bool = False,
-    description: str = "train",
-) -> FitResult:
-    """Train ``model`` for ``cfg.epochs`` epochs (``train_model`` may be its DDP/compiled wrapper).
+def fit(run: RunDir, cfg, runtime: Runtime, training: Training, *, resume: bool = False) -> FitResult:
+    """Train for ``cfg.epochs`` epochs.
 
-    Each epoch: reseed, train, step schedules, evaluate every ``cfg.eval_every`` epochs, log one JSON line, write
-    the checkpoint atomically; with ``select`` (a metric to maximise) also keep ``best.pt``. With ``resume`` the run
-    continues after its last checkpointed epoch and reproduces the uninterrupted run.
+    Each epoch: reseed, train, step the schedules, evaluate every ``cfg.eval_every`` epochs (and at the last), log
+    one JSON line, write the checkpoint atomically; with ``training.select`` (a metric to maximise) also keep
+    ``best.pt``. With ``resume`` the run continues after its last checkpointed epoch and reproduces the
+    uninterrupted run.
     """
-    steps_per_epoch = len(sampler)
-    scheduler = build_scheduler(cfg, optimizer, steps_per_epoch)
-    start_epoch, best = 0, None
-    if resume and run.checkpoint_path.exists():
-        state = load_checkpoint(run.checkpoint_path)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        if scheduler is not None and state.get("scheduler"):
-            scheduler.load_state_dict(state["scheduler"])
-        if ema is not None and state.get("ema"):
-            ema.load_state_dict(state["ema"])
-        start_epoch, best = state["epoch"] + 1, state.get("best")
-        run.truncate_metrics(state["epoch"])
+    t = training
+    steps_per_epoch = len(t.sampler)
+    scheduler = build_scheduler(cfg, t.optimizer, steps_per_epoch)
+    start_epoch, best = _restore(run, t, scheduler, resume)
     result = FitResult(history=run.metrics(), best=best)
 
     def on_update(num_updates: int) -> None:
         if scheduler is not None and not scheduler.t_in_epochs:
             scheduler.step_update(num_updates)
-        if ema is not None:
-            ema.update(model, step=num_updates)
+        if t.ema is not None:
+            t.ema.update(t.model, step=num_updates)
 
     if scheduler is not None:  # put the lr where the (possibly resumed) run stands
         if scheduler.t_in_epochs:
@@ -164,54 +155,40 @@ def fit(
     last_plot = -math.inf
     for epoch in range(start_epoch, cfg.epochs):
         seed_everything(cfg.seed, epoch)
-        sampler.set_epoch(epoch)
-        t0 = time.perf_counter()
+        t.sampler.set_epoch(epoch)
+        start = time.perf_counter()
         stats = train_one_epoch(
-            model=train_model,
-            loader=loader,
-            step_fn=lambda batch, step, e=epoch: step_fn(batch, e, step),
-            optimizer=optimizer,
+            model=t.train_model,
+            loader=t.loader,
+            step_fn=lambda batch, step, e=epoch: t.step(batch, e, step),
+            optimizer=t.optimizer,
             runtime=runtime,
             epoch=epoch,
             epochs=cfg.epochs,
             steps_per_epoch=steps_per_epoch,
             grad_clip=cfg.grad_clip,
             on_update=on_update,
-            description=description,
+            description=t.description,
         )
         if scheduler is not None and scheduler.t_in_epochs:
             scheduler.step(epoch + 1)
         record: dict[str, Any] = {"epoch": epoch, **{f"train_{k}": v for k, v in stats.items()}}
-        record["epoch_seconds"] = time.perf_counter() - t0
+        record["epoch_seconds"] = time.perf_counter() - start
         last = epoch == cfg.epochs - 1
-        evaluated = evaluate is not None and ((epoch + 1) % cfg.eval_every == 0 or last)
+        evaluated = (epoch + 1) % cfg.eval_every == 0 or last
         if evaluated:
-            record.update({f"val_{k}": v for k, v in evaluate(epoch).items()})
-        if on_epoch_end is not None:
-            on_epoch_end(epoch, record)
-        is_best = (
-            select is not None
-            and f"val_{select}" in record
-            and (best is None or record[f"val_{select}"] > best[f"val_{select}"])
-        )
-        if is_best:
-            best = {"epoch": epoch, f"val_{select}": record[f"val_{select}"]}
-        if runtime.is_main:
-            _print_epoch(description, epoch, cfg.epochs, record)
-            run.log(record)
-            state = {
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict() if scheduler is not None else {},
-                "ema": ema.state_dict() if ema is not None else {},
-                "epoch": epoch,
-                "best": best,
-                **(extra_state() if extra_state else {}),
-            }
-            if is_best:
-                weights = ema.module.state_dict() if ema is not None else model.state_dict()
+            metrics = t.evaluate(epoch)
+            record.update({f"val_{k}": v for k, v in metrics.items() if isinstance(v, float)})
+        key = f"val_{t.select}"
+        if t.select is not None and key in record and (best is None or record[key] > best[key]):
+            best = {"epoch": epoch, key: record[key]}
+            if runtime.is_main:
+                weights = t.ema.module.state_dict() if t.ema is not None else t.model.state_dict()
                 run.save_checkpoint({"model": weights, "epoch": epoch, "best": best}, best=True)
-            run.save_checkpoint(state)
+        if runtime.is_main:
+            _print_epoch(t.description, epoch, cfg.epochs, record)
+            run.log(record)
+            run.save_checkpoint(_state(t, scheduler, epoch, best))
             # a plot costs ~0.15 s: short epochs redraw only with new validation numbers or every PLOT_EVERY_S
             if evaluated or last or time.monotonic() - last_plot >= PLOT_EVERY_S:
                 plot_curves(run)
@@ -219,3 +196,30 @@ def fit(
         result.history.append(record)
     result.best = best
     return result
+
+
+def _restore(run: RunDir, t: Training, scheduler, resume: bool) -> tuple[int, dict[str, Any] | None]:
+    """With ``resume`` and a checkpoint: load it into the training state; (first epoch to run, best so far)."""
+    if not (resume and run.checkpoint_path.exists()):
+        return 0, None
+    state = load_checkpoint(run.checkpoint_path)
+    t.model.load_state_dict(state["model"])
+    t.optimizer.load_state_dict(state["optimizer"])
+    if scheduler is not None and state.get("scheduler"):
+        scheduler.load_state_dict(state["scheduler"])
+    if t.ema is not None and state.get("ema"):
+        t.ema.load_state_dict(state["ema"])
+    run.truncate_metrics(state["epoch"])
+    return state["epoch"] + 1, state.get("best")
+
+
+def _state(t: Training, scheduler, epoch: int, best: dict[str, Any] | None) -> dict[str, Any]:
+    """The checkpoint of the finished ``epoch``: everything ``_restore`` needs to continue after it."""
+    return {
+        "model": t.model.state_dict(),
+        "optimizer": t.optimizer.state_dict(),
+        "scheduler": scheduler.state_dict() if scheduler is not None else {},
+        "ema": t.ema.state_dict() if t.ema is not None else {},
+        "epoch": epoch,
+        "best": best,
+    }

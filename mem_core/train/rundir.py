@@ -5,7 +5,8 @@ Layout::
     RUN/config.json        the resolved config (plain dict) and the stage name
     RUN/metrics.jsonl      one JSON object per epoch (and one per evaluation)
     RUN/checkpoint.pt      the latest state (model, optimizer, scheduler, EMA, epoch) - plain tensors and dicts
-    RUN/best.pt            the best model on the validation split (finetuning)
+    RUN/best.pt            the best model on the validation split (finetuning, segmentation)
+    RUN/result.json        written last: the final validation metrics (its presence means the run is finished)
     RUN/*.png              loss / accuracy curves and stage-specific pictures
 """
 
@@ -26,6 +27,7 @@ CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_FILE = "checkpoint.pt"
 BEST_FILE = "best.pt"
+RESULT_FILE = "result.json"
 
 
 class RunError(MemError, RuntimeError):
@@ -109,6 +111,11 @@ class RunDir:
     @property
     def best_path(self) -> Path:
         return self.path / BEST_FILE
+
+    @property
+    def finished(self) -> bool:
+        """Whether the run trained to its end: every stage writes ``result.json`` last."""
+        return (self.path / RESULT_FILE).is_file()
 
     def read_config(self) -> dict[str, Any]:
         if not self.config_path.is_file():

@@ -13,16 +13,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from mem_core.models import MEMViT, SegmentationModel, confusion_matrix, load_pretrained_backbone
+from mem_core.models import MEMViT, SegmentationModel, confusion_matrix
 from mem_core.models import segmentation_metrics as metrics_from_confusion
 from mem_core.representation import batch_preprocess
-from mem_core.train.common import batch_generator, fit_input, open_split, start_run, train_indices, wrap_model
+from mem_core.train.common import batch_generator
 from mem_core.train.configs import SegmentStageConfig
 from mem_core.train.engine import StepResult
-from mem_core.train.finetune import adopt_pretrained_architecture
-from mem_core.train.fit import build_stage_loaders, fit
-from mem_core.train.rundir import RunDir, RunError, load_checkpoint
+from mem_core.train.rundir import RunDir, RunError
 from mem_core.train.runtime import Runtime, all_reduce_sum
+from mem_core.train.stage import TaskStage, run_stage
 
 
 def label_images(masks: torch.Tensor, size: tuple[int, int], device) -> torch.Tensor:
@@ -31,71 +30,54 @@ def label_images(masks: torch.Tensor, size: tuple[int, int], device) -> torch.Te
     return resized[:, 0].long().to(device)
 
 
-def run(cfg: SegmentStageConfig, out: Path | str, *, init: Path | str | None = None, resume: bool = False) -> RunDir:
-    cfg = dataclasses.replace(cfg, input=dataclasses.replace(cfg.input, hflip_p=0.0, shift_px=0, randaug_ops=0))
-    cfg = fit_input(cfg)
-    pretrained = None
-    if init is not None:
-        cfg, pretrained = adopt_pretrained_architecture(cfg, init)
-    if cfg.model.depth < 4:
-        raise RunError(f"segmentation taps the last four blocks: model.depth must be >= 4, got {cfg.model.depth}")
-    runtime, run_dir = start_run("segment", cfg, out, resume=resume)
-    train_src, val_src = open_split(cfg, cfg.data.train_split), open_split(cfg, cfg.data.val_split)
-    if train_src.mask(0) is None:
-        raise RunError(f"dataset {cfg.data.dataset!r} has no label images: segmentation needs dsec-semantic or sim")
-    num_classes = len(train_src.mask_classes)
-    run_dir.write_json("classes.json", {"classes": train_src.mask_classes})
-    loader, sampler, val_loader = build_stage_loaders(cfg, runtime, train_src, val_src, train_indices(cfg, train_src))
-    torch.manual_seed(cfg.seed)
-    model = SegmentationModel(MEMViT(cfg.model), num_classes, channels=cfg.head_channels)
-    if pretrained is not None:
-        load_pretrained_backbone(model.backbone, pretrained)
-    model.to(runtime.device)
-    train_model = wrap_model(model, cfg, runtime)
-    from timm.optim import create_optimizer_v2
+class SegmentStage(TaskStage):
+    """Per-pixel classes; the best epoch by validation mIoU is kept (``best.pt``) and reported."""
 
-    optimizer = create_optimizer_v2(
-        model, "adamw", lr=cfg.lr, weight_decay=cfg.weight_decay, layer_decay=cfg.layer_decay, betas=cfg.betas
-    )
+    name = "segment"
+    select = "miou"
 
-    def step_fn(batch, epoch: int, step: int) -> StepResult:
+    @classmethod
+    def configure(cls, cfg, init: Path | str | None = None):
+        # geometric augmentations would move the events away from their label image
+        cfg = dataclasses.replace(cfg, input=dataclasses.replace(cfg.input, hflip_p=0.0, shift_px=0, randaug_ops=0))
+        cfg = super().configure(cfg, init)
+        if cfg.model.depth < 4:
+            raise RunError(f"segmentation taps the last four blocks: model.depth must be >= 4, got {cfg.model.depth}")
+        return cfg
+
+    def prepare(self, train_src, val_src, indices) -> None:
+        if train_src.mask(0) is None:
+            raise RunError(
+                f"dataset {self.cfg.data.dataset!r} has no label images: segmentation needs dsec-semantic or sim"
+            )
+        self.classes = train_src.mask_classes
+        self.run.write_json("classes.json", {"classes": self.classes})
+
+    def build_model(self) -> SegmentationModel:
+        return SegmentationModel(MEMViT(self.cfg.model), len(self.classes), channels=self.cfg.head_channels)
+
+    def vit(self, model: SegmentationModel) -> MEMViT:
+        return model.backbone
+
+    def step(self, model: torch.nn.Module, batch, epoch: int, step: int) -> StepResult:
+        cfg, runtime = self.cfg, self.runtime
         events, _, masks = batch
         g = batch_generator(cfg, runtime, epoch, step)
         x = batch_preprocess(events, cfg.input, train=True, generator=g, device=runtime.device)
         target = label_images(masks, x.shape[-2:], runtime.device)
-        logits = train_model(x)
+        logits = model(x)
         loss = F.cross_entropy(logits.float(), target, ignore_index=cfg.ignore_index)
         valid = target != cfg.ignore_index
         acc = (logits.argmax(1)[valid] == target[valid]).float().mean().item()
         return StepResult(loss, {"pixel_acc": acc}, x.shape[0])
 
-    def evaluate(epoch: int) -> dict[str, float]:
-        result = evaluate_segmenter(model, val_loader, cfg.input, runtime, num_classes, cfg.ignore_index)
-        return {k: result[k] for k in ("miou", "macc", "aacc")}
+    def evaluate(self, model: torch.nn.Module, loader) -> dict:
+        return evaluate_segmenter(model, loader, self.cfg.input, self.runtime, len(self.classes), self.cfg.ignore_index)
 
-    fit(
-        run=run_dir,
-        cfg=cfg,
-        runtime=runtime,
-        model=model,
-        train_model=train_model,
-        optimizer=optimizer,
-        loader=loader,
-        sampler=sampler,
-        step_fn=step_fn,
-        evaluate=evaluate,
-        select="miou",
-        resume=resume,
-        description="segment",
-    )
-    if runtime.distributed:
-        torch.distributed.barrier()  # best.pt is written by the main process; every process evaluates it
-    best = SegmentationModel(MEMViT(cfg.model), num_classes, channels=cfg.head_channels)
-    best.load_state_dict(load_checkpoint(run_dir.best_path)["model"])
-    final = evaluate_segmenter(best.to(runtime.device), val_loader, cfg.input, runtime, num_classes, cfg.ignore_index)
-    if runtime.is_main:
-        run_dir.write_json("result.json", {"split": cfg.data.val_split, "classes": train_src.mask_classes, **final})
-    return run_dir
+
+def run(cfg: SegmentStageConfig, out: Path | str, *, init: Path | str | None = None, resume: bool = False) -> RunDir:
+    """Train a segmenter into the run directory ``out``, from the pretraining run ``init`` or from scratch."""
+    return run_stage(SegmentStage, cfg, out, resume=resume, init=init)
 
 
 @torch.no_grad()

@@ -14,64 +14,46 @@ import torch.nn.functional as F
 
 from mem_core.models.tokenizer import DiscreteVAE, counts_perplexity
 from mem_core.representation import batch_preprocess
-from mem_core.train.common import batch_generator, fit_input, open_split, start_run, train_indices, wrap_model
+from mem_core.train.common import batch_generator
 from mem_core.train.configs import TokenizerStageConfig
 from mem_core.train.engine import StepResult
-from mem_core.train.fit import build_stage_loaders, fit
 from mem_core.train.rundir import RunDir
 from mem_core.train.runtime import Runtime, all_reduce_sum
+from mem_core.train.stage import Stage, run_stage
 from mem_core.visualize import histogram_rgb, save_png, tile, upscale
 
 
-def run(cfg: TokenizerStageConfig, out: Path | str, *, resume: bool = False) -> RunDir:
-    cfg = fit_input(cfg)
-    runtime, run_dir = start_run("tokenizer", cfg, out, resume=resume)
-    train_src, val_src = open_split(cfg, cfg.data.train_split), open_split(cfg, cfg.data.val_split)
-    loader, sampler, val_loader = build_stage_loaders(cfg, runtime, train_src, val_src, train_indices(cfg, train_src))
-    torch.manual_seed(cfg.seed)
-    model = DiscreteVAE(cfg.model).to(runtime.device)
-    train_model = wrap_model(model, cfg, runtime)
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
-    steps_per_epoch = len(sampler)
+class TokenizerStage(Stage):
+    """The dVAE learns to reconstruct histograms through a Gumbel-softmax over its codebook (annealed temperature)."""
 
-    def step_fn(batch, epoch: int, step: int) -> StepResult:
-        events, _, _ = batch
+    name = "tokenizer"
+
+    def build_model(self) -> DiscreteVAE:
+        return DiscreteVAE(self.cfg.model)
+
+    def build_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
+        cfg = self.cfg  # the paper's dVAE table: Adam, no weight decay by default
+        return torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+
+    def step(self, model: torch.nn.Module, batch, epoch: int, step: int) -> StepResult:
+        cfg, runtime = self.cfg, self.runtime
         g = batch_generator(cfg, runtime, epoch, step)
-        x = batch_preprocess(events, cfg.input, train=True, generator=g, device=runtime.device)
-        temperature = cfg.model.temperature(epoch * steps_per_epoch + step)
-        out = train_model(x, temperature, generator=g)
-        return StepResult(
-            out["loss"],
-            {
-                "recon_loss": out["recon_loss"].item(),
-                "kl": out["kl"].item(),
-                "diversity": out["diversity"].item(),
-                "temperature": temperature,
-            },
-            x.shape[0],
-        )
+        x = batch_preprocess(batch[0], cfg.input, train=True, generator=g, device=runtime.device)
+        temperature = cfg.model.temperature(epoch * self.steps_per_epoch + step)
+        out = model(x, temperature, generator=g)
+        metrics = {k: out[k].item() for k in ("recon_loss", "kl", "diversity")}
+        return StepResult(out["loss"], {**metrics, "temperature": temperature}, x.shape[0])
 
-    def evaluate(epoch: int) -> dict[str, float]:
-        metrics = evaluate_tokenizer(model, val_loader, cfg.input, runtime)
-        if runtime.is_main:
-            save_pictures(model, val_loader, cfg.input, runtime, run_dir.path)
-        return metrics
+    def evaluate(self, model: torch.nn.Module, loader) -> dict[str, float]:
+        return evaluate_tokenizer(model, loader, self.cfg.input, self.runtime)
 
-    fit(
-        run=run_dir,
-        cfg=cfg,
-        runtime=runtime,
-        model=model,
-        train_model=train_model,
-        optimizer=optimizer,
-        loader=loader,
-        sampler=sampler,
-        step_fn=step_fn,
-        evaluate=evaluate,
-        resume=resume,
-        description="tokenizer",
-    )
-    return run_dir
+    def after_validation(self, model: torch.nn.Module, loader) -> None:
+        save_pictures(model, loader, self.cfg.input, self.runtime, self.run.path)
+
+
+def run(cfg: TokenizerStageConfig, out: Path | str, *, resume: bool = False) -> RunDir:
+    """Train the tokenizer into the run directory ``out``."""
+    return run_stage(TokenizerStage, cfg, out, resume=resume)
 
 
 @torch.no_grad()

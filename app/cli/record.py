@@ -1,4 +1,4 @@
-"""``mem record`` and ``mem ingest``: parse the options, build a config, call ``recorders`` (registered by app.cli)."""
+"""``mem record``, ``mem ingest`` and ``mem inspect``: events in. Defaults are ``RecordConfig`` / ``IngestConfig`` fields."""
 
 from __future__ import annotations
 
@@ -7,36 +7,34 @@ from typing import Annotated
 
 import typer
 
+from app.cli.options import JsonOpt, fail
+from recorders.config import SPECS, IngestConfig, RecordConfig
 
-def _fail(message: str, code: int = 2) -> typer.Exit:
-    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
-    return typer.Exit(code=code)
+_R, _I = RecordConfig, IngestConfig
+MB = 1 << 20
 
 
 def record(
-    source: Annotated[
-        str, typer.Option("--source", help="camera, camera:SERIAL, sim, sim:fast or an event file to replay.")
-    ],
+    source: Annotated[str, typer.Option("--source", help=f"{SPECS} (a file is replayed).")],
     out: Annotated[Path, typer.Option("--out", help="Corpus directory (created, or appended to).")],
-    duration: Annotated[float | None, typer.Option("--duration", help="Stop after this many seconds.")] = None,
+    duration: Annotated[float | None, typer.Option("--duration", help="Stop after this many seconds.")] = _R.duration_s,
     segment_minutes: Annotated[
         float | None, typer.Option("--segment-minutes", help="Start a new segment (shard) every M minutes.")
-    ] = None,
+    ] = _R.segment_minutes,
     publish: Annotated[
         str | None, typer.Option("--publish", help="Also publish the events over ZMQ: tcp://127.0.0.1:PORT or PORT.")
-    ] = None,
-    name: Annotated[str | None, typer.Option("--name", help="Session name (default: <kind>-<UTC time>).")] = None,
+    ] = _R.publish,
+    name: Annotated[str | None, typer.Option("--name", help="Session name (default: <kind>-<UTC time>).")] = _R.name,
     speed: Annotated[
         float, typer.Option("--speed", help="File replay / simulator speed: 1 = real time, 0 = as fast as possible.")
-    ] = 1.0,
-    loop: Annotated[bool, typer.Option("--loop", help="Replay the file over and over.")] = False,
+    ] = _R.speed,
+    loop: Annotated[bool, typer.Option("--loop", help="Replay the file over and over.")] = _R.loop,
     min_free_mb: Annotated[
         float, typer.Option("--min-free-mb", help="Stop before the disk has less than this free.")
-    ] = 256.0,
+    ] = _R.min_free_bytes / MB,
 ) -> None:
     """Record events from a camera, the simulator or a replayed file into a corpus, until Ctrl-C or --duration."""
     from recorders.base import RecorderError
-    from recorders.config import RecordConfig
     from recorders.record import run
 
     config = RecordConfig(
@@ -48,12 +46,12 @@ def record(
         publish=publish,
         speed=speed,
         loop=loop,
-        min_free_bytes=int(min_free_mb * (1 << 20)),
+        min_free_bytes=int(min_free_mb * MB),
     )
     try:
         result = run(config)
     except RecorderError as e:
-        raise _fail(str(e)) from None
+        raise fail(str(e)) from None
     typer.echo(
         f"recorded {result.stored:,} events in {result.seconds:.1f} s into {result.out} "
         f"(session {result.name}, {result.segments} segment(s), stopped: {result.stop_reason})"
@@ -63,7 +61,7 @@ def record(
     if publish:
         typer.echo(f"published {result.published} batches, dropped {result.publish_dropped} (a subscriber was full)")
     if result.error:
-        raise _fail(result.error, code=1)
+        raise fail(result.error, code=1)
 
 
 def ingest(
@@ -72,30 +70,31 @@ def ingest(
     dataset: Annotated[
         str | None,
         typer.Option("--dataset", help="Read PATHS as this dataset's layout and keep labels: ncars, nmnist, ..."),
-    ] = None,
-    workers: Annotated[int, typer.Option("--workers", help="Reader processes (1 = read in this process).")] = 1,
+    ] = _I.dataset,
+    workers: Annotated[
+        int, typer.Option("--workers", help="Reader processes (1 = read in this process).")
+    ] = _I.workers,
     strict: Annotated[bool, typer.Option("--strict", help="Exit with status 1 when any file failed.")] = False,
     min_free_mb: Annotated[
         float, typer.Option("--min-free-mb", help="Stop before the disk has less than this free.")
-    ] = 256.0,
+    ] = _I.min_free_bytes / MB,
 ) -> None:
     """Ingest event files into a corpus; bad files are listed (and written to an ingest report), not fatal."""
     from rich.console import Console
     from rich.table import Table
 
     from recorders.base import RecorderError
-    from recorders.config import IngestConfig
     from recorders.ingest import run
 
     if workers < 1:
-        raise _fail(f"--workers must be >= 1, got {workers}")
+        raise fail(f"--workers must be >= 1, got {workers}")
     config = IngestConfig(
-        paths=tuple(paths), out=out, dataset=dataset, workers=workers, min_free_bytes=int(min_free_mb * (1 << 20))
+        paths=tuple(paths), out=out, dataset=dataset, workers=workers, min_free_bytes=int(min_free_mb * MB)
     )
     try:
         report = run(config)
     except RecorderError as e:
-        raise _fail(str(e)) from None
+        raise fail(str(e)) from None
     console = Console()
     table = Table(title=f"ingest into {out}", show_header=False)
     table.add_row("ingested", f"{len(report.ingested)} files, {report.events:,} events")
@@ -107,6 +106,34 @@ def ingest(
     for entry in report.failed:  # plain lines (no wrapping): one per file, easy to grep
         typer.echo(f"failed {entry['path']}: {entry['reason']}")
     if report.stopped:
-        raise _fail(f"ingest stopped early: {report.stopped}")
+        raise fail(f"ingest stopped early: {report.stopped}")
     if strict and report.failed:
         raise typer.Exit(code=1)
+
+
+def inspect(
+    path: Annotated[Path, typer.Argument(help="An event file or a corpus directory.")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Describe an event file (format, events, sensor, time range, ON/OFF) or a corpus directory."""
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    if path.is_dir():
+        from mem_core.corpus import Corpus
+
+        with Corpus(path) as corpus:
+            info = corpus.describe()
+    else:
+        from mem_core.io import describe
+
+        info = describe(path)
+    if as_json:
+        print(json.dumps(info))
+        return
+    table = Table(title=str(path), show_header=False)
+    for key, value in info.items():
+        table.add_row(key, str(value))
+    Console().print(table)

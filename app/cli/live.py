@@ -1,4 +1,4 @@
-"""``mem serve`` and ``mem view``: thin typer commands (registered by app/cli.py) for the live app."""
+"""``mem serve`` and ``mem view``: the live app. Option defaults are the fields of ``ServeConfig`` / ``ViewConfig``."""
 
 from __future__ import annotations
 
@@ -7,52 +7,52 @@ from typing import Annotated
 
 import typer
 
+from app.cli.options import fail
+from app.config import ServeConfig, ViewConfig
+from recorders.config import SPECS
+
+_S, _V = ServeConfig, ViewConfig
+
 
 def serve(
     model: Annotated[Path, typer.Option("--model", help="Export directory (mem export) or finetune/segment run.")],
     source: Annotated[
-        str,
-        typer.Option(
-            "--source",
-            help="camera[:SERIAL], sim, sim:fast, an event file (replayed "
-            "in a loop), or tcp://HOST:PORT (events of mem record --publish).",
-        ),
-    ] = "sim",
+        str, typer.Option("--source", help=f"{SPECS} (a file is replayed, in a loop unless --no-loop).")
+    ] = _S.source,
     tokenizer: Annotated[
         Path | None,
         typer.Option(
             "--tokenizer",
             help="Tokenizer run or export for the token overlay (default: the one exported with the model).",
         ),
-    ] = None,
+    ] = _S.tokenizer,
     window: Annotated[
         int | None,
         typer.Option("--window", help="Events per window (default: the model's n_max, 30000 for the paper's models)."),
-    ] = None,
+    ] = _S.window,
     window_ms: Annotated[
         float | None,
         typer.Option(
             "--window-ms",
             help="Also cap the window's time span (ms), e.g. 100 for a model trained on 100 ms N-Cars samples.",
         ),
-    ] = None,
-    pub: Annotated[str, typer.Option("--pub", help="PUB endpoint to bind.")] = "tcp://127.0.0.1:5557",
+    ] = _S.window_ms,
+    pub: Annotated[str, typer.Option("--pub", help="PUB endpoint to bind.")] = _S.pub,
     control: Annotated[
         str | None, typer.Option("--control", help="Control (REP) endpoint to bind (default: the --pub port + 1).")
-    ] = None,
-    speed: Annotated[float, typer.Option("--speed", help="Replay / simulator speed (x real time).")] = 1.0,
-    loop: Annotated[bool, typer.Option("--loop/--no-loop", help="Replay a file in a loop.")] = True,
-    threads: Annotated[int, typer.Option("--threads", help="Torch CPU threads for inference.")] = 1,
-    device: Annotated[str, typer.Option("--device", help="cpu or cuda[:N].")] = "cpu",
+    ] = _S.control,
+    speed: Annotated[float, typer.Option("--speed", help="Replay / simulator speed (x real time).")] = _S.speed,
+    loop: Annotated[bool, typer.Option("--loop/--no-loop", help="Replay a file in a loop.")] = _S.loop,
+    threads: Annotated[int, typer.Option("--threads", help="Torch CPU threads for inference.")] = _S.threads,
+    device: Annotated[str, typer.Option("--device", help="cpu or cuda[:N].")] = _S.device,
     record_dir: Annotated[
         Path, typer.Option("--record-dir", help="Corpus that record_start writes into (camera and sim sources).")
-    ] = Path("recordings"),
-    duration: Annotated[float | None, typer.Option("--duration", help="Stop after S seconds.")] = None,
+    ] = _S.record_dir,
+    duration: Annotated[float | None, typer.Option("--duration", help="Stop after S seconds.")] = _S.duration_s,
 ) -> None:
     """Live inference: run a model on the newest events of a source and publish over ZMQ (docs/protocol.md)."""
     import zmq
 
-    from app.config import ServeConfig
     from app.live.server import run
     from recorders.base import RecorderError
 
@@ -74,20 +74,18 @@ def serve(
     try:
         run(config)
     except (RecorderError, zmq.ZMQError) as exc:  # no camera, a source that failed, an endpoint in use
-        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(code=2) from None
+        raise fail(str(exc)) from None
 
 
 def view(
-    connect: Annotated[str, typer.Option("--connect", help="The server's PUB endpoint.")] = "tcp://127.0.0.1:5557",
+    connect: Annotated[str, typer.Option("--connect", help="The server's PUB endpoint.")] = _V.connect,
     snapshot: Annotated[
         Path | None,
         typer.Option("--snapshot", help="Save the window as PNG (plus a .json of what it shows) when quitting."),
-    ] = None,
-    quit_after: Annotated[float | None, typer.Option("--quit-after", help="Quit after S seconds.")] = None,
+    ] = _V.snapshot,
+    quit_after: Annotated[float | None, typer.Option("--quit-after", help="Quit after S seconds.")] = _V.quit_after_s,
 ) -> None:
     """The live viewer: histogram, token grid, predictions, controls. Starts before or after the server."""
-    from app.config import ViewConfig
     from app.viewer.window import run
 
     raise typer.Exit(run(ViewConfig(connect=connect, snapshot=snapshot, quit_after_s=quit_after)))

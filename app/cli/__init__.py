@@ -1,0 +1,52 @@
+"""The ``mem`` command line: it parses options, builds a config and calls one library function per command.
+
+``train`` holds the training commands, ``record`` the ones that bring events in, ``live`` the server and viewer,
+``demo`` the demo; other packages add command groups through the ``mem.commands`` entry point (``mem bench``).
+Heavy modules (torch, Qt) are imported by the commands that use them, so ``mem --help`` and ``mem view`` start fast.
+"""
+
+from __future__ import annotations
+
+import sys
+from importlib.metadata import entry_points
+
+import typer
+
+from app.cli import demo, live, record, train
+
+app = typer.Typer(
+    name="mem",
+    help="Masked Event Modeling: self-supervised learning for event cameras.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+for command in (
+    record.inspect,
+    train.tokenizer,
+    train.pretrain,
+    train.finetune,
+    train.segment,
+    train.evaluate,
+    train.export,
+    record.record,
+    record.ingest,
+    live.serve,
+    live.view,
+    demo.demo,
+):
+    app.command()(command)
+app.add_typer(train.experiment_app, name="experiment")
+for plugin in entry_points(group="mem.commands"):
+    app.add_typer(plugin.load(), name=plugin.name)
+
+
+def main() -> None:
+    """Entry point: bad input (``MemError``, a missing file) becomes one clear line and exit status 2."""
+    from mem_core.errors import MemError
+
+    try:
+        app()
+    except (MemError, FileNotFoundError, NotADirectoryError, PermissionError) as exc:
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        sys.exit(2)

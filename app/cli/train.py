@@ -1,0 +1,185 @@
+"""``mem tokenizer / pretrain / finetune / segment / evaluate / export / experiment``: the training commands."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from app.cli.options import ConfigOpt, DataOpt, DatasetOpt, OutOpt, PresetOpt, ResumeOpt, SetOpt, fail
+from mem_core.train.experiment import STAGE_OVERRIDES, LabelEfficiencyConfig
+
+InitOpt = Annotated[Path | None, typer.Option("--init", help="Pretraining run to start from (default: scratch).")]
+LabelsOpt = Annotated[float | None, typer.Option("--labels", help="Fraction of labelled training samples.")]
+experiment_app = typer.Typer(help="Experiments that reproduce the paper's claims on real data.", no_args_is_help=True)
+
+
+def _config(stage: str, dataset: str, data: Path | None, preset, config, overrides, **values):
+    """The stage's config from the command's options (``values`` use dotted keys: ``data.labels``)."""
+    from mem_core.train.configs import stage_config
+
+    values = {"data.dataset": dataset, **({"data.path": str(data)} if data else {}), **values}
+    return stage_config(stage, preset=preset, config_file=config, values=values, overrides=overrides or [])
+
+
+def tokenizer(
+    dataset: DatasetOpt,
+    out: OutOpt,
+    data: DataOpt = None,
+    preset: PresetOpt = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    resume: ResumeOpt = False,
+) -> None:
+    """Stage 1: train the dVAE event tokenizer (no labels needed)."""
+    from mem_core.train import tokenizer as stage
+
+    run = stage.run(_config("tokenizer", dataset, data, preset, config, set_), out, resume=resume)
+    typer.echo(f"tokenizer run: {run.path}")
+
+
+def pretrain(
+    dataset: DatasetOpt,
+    out: OutOpt,
+    data: DataOpt = None,
+    tokenizer: Annotated[Path | None, typer.Option("--tokenizer", help="Tokenizer run (MEM targets).")] = None,
+    method: Annotated[
+        str | None, typer.Option("--method", help="mem (token targets) or emae (pixel targets); default: the config's")
+    ] = None,
+    preset: PresetOpt = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    resume: ResumeOpt = False,
+) -> None:
+    """Stage 2: masked event pretraining (MEM), or the eMAE baseline with --method emae."""
+    from mem_core.train import pretrain as stage
+
+    values = {"method": method} if method is not None else {}
+    cfg = _config("pretrain", dataset, data, preset, config, set_, **values)
+    run = stage.run(cfg, out, tokenizer=tokenizer, resume=resume)
+    typer.echo(f"pretrain run: {run.path}")
+
+
+def finetune(
+    dataset: DatasetOpt,
+    out: OutOpt,
+    data: DataOpt = None,
+    init: InitOpt = None,
+    labels: LabelsOpt = None,
+    probe: Annotated[bool, typer.Option("--probe", help="Linear probing: train only the head.")] = False,
+    preset: PresetOpt = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    resume: ResumeOpt = False,
+) -> None:
+    """Stage 3: finetune a classifier (or --probe linearly), from --init or from scratch."""
+    from mem_core.train import finetune as stage
+
+    values = {"probe": probe} if probe else {}
+    if labels is not None:
+        values["data.labels"] = labels
+    run = stage.run(_config("finetune", dataset, data, preset, config, set_, **values), out, init=init, resume=resume)
+    typer.echo(f"finetune run: {run.path}")
+    typer.echo((run.path / "result.json").read_text() if (run.path / "result.json").exists() else "")
+
+
+def segment(
+    dataset: DatasetOpt,
+    out: OutOpt,
+    data: DataOpt = None,
+    init: InitOpt = None,
+    labels: LabelsOpt = None,
+    preset: PresetOpt = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    resume: ResumeOpt = False,
+) -> None:
+    """Semantic segmentation (UperNet-style head on the last four blocks), from --init or from scratch."""
+    from mem_core.train import segment as stage
+
+    values = {"data.labels": labels} if labels is not None else {}
+    run = stage.run(_config("segment", dataset, data, preset, config, set_, **values), out, init=init, resume=resume)
+    typer.echo(f"segment run: {run.path}")
+
+
+def evaluate(
+    model: Annotated[Path, typer.Option("--model", help="A finetune or segment run, or an export directory.")],
+    dataset: DatasetOpt,
+    data: DataOpt = None,
+    split: Annotated[str, typer.Option("--split", help="train, val or test.")] = "val",
+    batch_size: Annotated[int, typer.Option("--batch-size")] = 64,
+    workers: Annotated[int, typer.Option("--workers", help="DataLoader worker processes.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Last line of stdout is the JSON result.")] = False,
+) -> None:
+    """Evaluate a trained model on a split (deterministic windows): top-1 and n, or mIoU / mAcc / aAcc."""
+    from mem_core.train.evaluate import evaluate_run
+
+    result = evaluate_run(model, dataset, data, split, batch_size=batch_size, num_workers=workers)
+    if as_json:
+        print(json.dumps(result))
+    elif "top1" in result:
+        typer.echo(f"{dataset} {split}: top-1 {result['top1']:.4f} on {result['n']} samples")
+    else:
+        typer.echo(f"{dataset} {split}: mIoU {result['miou']:.4f} mAcc {result['macc']:.4f} aAcc {result['aacc']:.4f}")
+
+
+def export(
+    model: Annotated[Path, typer.Option("--model", help="A finetune or segment run directory.")],
+    out: Annotated[Path, typer.Option("--out", help="Export directory (safetensors + JSON).")],
+) -> None:
+    """Export a trained model for the live server: safetensors weights + JSON (architecture, classes, input)."""
+    from mem_core.export import export_run
+
+    typer.echo(f"exported to {export_run(model, out)}")
+
+
+_LE = LabelEfficiencyConfig
+
+
+@experiment_app.command("label-efficiency")
+def label_efficiency(
+    out: Annotated[Path, typer.Option("--out", help="Where the experiment writes its runs and results.")] = Path(
+        _LE.out
+    ),
+    dataset: DatasetOpt = _LE.dataset,
+    data: DataOpt = None,
+    preset: Annotated[str, typer.Option("--preset", help="Preset of every stage.")] = _LE.preset,
+    config: ConfigOpt = None,
+    fractions: Annotated[str, typer.Option("--fractions", help="Comma-separated label fractions.")] = ",".join(
+        f"{f:g}" for f in _LE.fractions
+    ),
+    seeds: Annotated[str, typer.Option("--seeds", help="Comma-separated finetuning seeds.")] = ",".join(
+        map(str, _LE.seeds)
+    ),
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help=f"STAGE:key=value (STAGE: {', '.join(STAGE_OVERRIDES)}); repeatable."),
+    ] = None,
+) -> None:
+    """Pretrain without labels, then finetune MEM and scratch models per label fraction and seed; table + plot."""
+    from mem_core.train.experiment import markdown_table, run
+
+    overrides: dict[str, list[str]] = {}
+    for item in set_ or []:
+        stage, sep, rest = item.partition(":")
+        if not sep or stage not in STAGE_OVERRIDES:
+            raise fail(f"--set {item!r}: write STAGE:key=value with STAGE one of {', '.join(STAGE_OVERRIDES)}")
+        overrides.setdefault(stage, []).append(rest)
+    try:
+        cfg = LabelEfficiencyConfig(
+            dataset=dataset,
+            data=str(data) if data else None,
+            out=str(out),
+            preset=preset,
+            config_file=str(config) if config else None,
+            fractions=tuple(float(f) for f in fractions.split(",")),
+            seeds=tuple(int(s) for s in seeds.split(",")),
+            overrides=overrides,
+        )
+    except ValueError as exc:
+        raise fail(f"--fractions/--seeds: {exc}") from None
+    report = run(cfg)
+    typer.echo(markdown_table(report["summary"]))
+    typer.echo(f"results: {out / 'results.json'}, plot: {out / 'label_efficiency.png'}")

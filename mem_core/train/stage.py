@@ -1,0 +1,211 @@
+"""The skeleton every training stage fills in: open the data, build the model, fit, judge the kept model, write
+``result.json``.
+
+A stage (tokenizer, pretrain, finetune, segment) is a ``Stage`` subclass: it says how to build its model, what one
+training step computes and how to evaluate a model on the validation loader; ``run_stage`` does everything else the
+same way for all of them (run directory, DDP, loaders, optimizer, the epoch loop of ``fit``, the final result).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from timm.optim import create_optimizer_v2
+from torch.utils.data import DataLoader
+
+from mem_core.configuration import from_dict
+from mem_core.datasets import EventSource
+from mem_core.models import MEMViT, ViTConfig, load_pretrained_backbone
+from mem_core.train.common import fit_input, open_split, start_run, train_indices, wrap_model
+from mem_core.train.engine import StepResult
+from mem_core.train.fit import Training, build_stage_loaders, fit
+from mem_core.train.rundir import RunDir, RunError, load_checkpoint
+from mem_core.train.runtime import Runtime
+
+
+class Stage(ABC):
+    """One training stage. ``run_stage`` creates it after the run directory and calls, in order: ``prepare`` (with
+    the opened data), ``build_model``, ``build_optimizer``, ``build_ema``, then ``step`` and ``evaluate`` from the
+    epoch loop, and ``finish`` with the final metrics.
+
+    Class attributes: ``name`` (the run directory's stage), ``select`` (the validation metric to maximise: the best
+    epoch's weights go to ``best.pt`` and into the result; None: the last epoch is the result).
+    """
+
+    name: ClassVar[str]
+    select: ClassVar[str | None] = None
+
+    def __init__(self, cfg, runtime: Runtime, run: RunDir) -> None:
+        self.cfg, self.runtime, self.run = cfg, runtime, run
+        self.classes: list[str] = []  # the class names the model learns, when it learns classes
+        self.steps_per_epoch = 0  # set once the loaders exist
+
+    @classmethod
+    def configure(cls, cfg, **inputs: Any):
+        """The config the stage runs with, derived from the one it was given (before anything is written)."""
+        return fit_input(cfg)
+
+    @property
+    def description(self) -> str:
+        """Label of the progress bar and the epoch lines."""
+        return self.name
+
+    def prepare(self, train_src: EventSource, val_src: EventSource, indices: np.ndarray) -> None:  # noqa: B027
+        """Check the data and note what the model needs from it (class names); optional."""
+
+    @abstractmethod
+    def build_model(self) -> torch.nn.Module:
+        """The untrained model (on the CPU; the skeleton moves it)."""
+
+    def initialize(self, model: torch.nn.Module) -> None:  # noqa: B027
+        """Prepare the model built for training (pretrained weights, frozen parts); optional."""
+
+    def build_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
+        """AdamW through timm, with layer-wise lr decay where the config has one."""
+        cfg = self.cfg
+        decay = getattr(cfg, "layer_decay", None)
+        return create_optimizer_v2(
+            model, "adamw", lr=cfg.lr, weight_decay=cfg.weight_decay, layer_decay=decay, betas=cfg.betas
+        )
+
+    def build_ema(self, model: torch.nn.Module):
+        """An EMA of the weights (timm's ``ModelEmaV3``) that validation and ``best.pt`` then use; None: no EMA."""
+        return None
+
+    @abstractmethod
+    def step(self, model: torch.nn.Module, batch, epoch: int, step: int) -> StepResult:
+        """One training step's loss and metrics; ``model`` is the trained (DDP / compiled) model."""
+
+    @abstractmethod
+    def evaluate(self, model: torch.nn.Module, loader: DataLoader) -> dict[str, Any]:
+        """Metrics of ``model`` on the validation ``loader`` (all processes); the float ones are logged per epoch."""
+
+    def after_validation(self, model: torch.nn.Module, loader: DataLoader) -> None:  # noqa: B027
+        """Pictures of the model's work, drawn on the main process after each validation; optional."""
+
+    def finish(self, result: dict[str, Any]) -> dict[str, Any]:
+        """Write what belongs beside ``result.json`` (main process) and return fields to add to it."""
+        return {}
+
+
+def run_stage(stage_cls: type[Stage], cfg, out: Path | str, *, resume: bool = False, **inputs: Any) -> RunDir:
+    """Train one stage into the run directory ``out`` (continued from its checkpoint with ``resume``).
+
+    ``inputs`` go to the stage's constructor (a tokenizer run, a pretraining run to start from).
+    """
+    cfg = stage_cls.configure(cfg, **inputs)
+    runtime, run = start_run(stage_cls.name, cfg, out, resume=resume)
+    stage = stage_cls(cfg, runtime, run, **inputs)
+    train_src, val_src = open_split(cfg, cfg.data.train_split), open_split(cfg, cfg.data.val_split)
+    indices = train_indices(cfg, train_src)
+    stage.prepare(train_src, val_src, indices)
+    loader, sampler, val_loader = build_stage_loaders(cfg, runtime, train_src, val_src, indices)
+    stage.steps_per_epoch = len(sampler)
+    torch.manual_seed(cfg.seed)
+    model = stage.build_model()
+    stage.initialize(model)
+    model.to(runtime.device)
+    ema = stage.build_ema(model)
+
+    def evaluate(epoch: int) -> dict[str, Any]:
+        judged = ema.module if ema is not None else model
+        metrics = stage.evaluate(judged, val_loader)
+        if runtime.is_main:
+            stage.after_validation(judged, val_loader)
+        return metrics
+
+    training = Training(
+        model=model,
+        train_model=wrap_model(model, cfg, runtime),
+        optimizer=stage.build_optimizer(model),
+        loader=loader,
+        sampler=sampler,
+        step=lambda batch, epoch, step: stage.step(training.train_model, batch, epoch, step),
+        evaluate=evaluate,
+        select=stage.select,
+        ema=ema,
+        description=stage.description,
+    )
+    outcome = fit(run, cfg, runtime, training, resume=resume)
+    if stage.select is None:  # the last epoch is the result: its validation is in the last record
+        metrics = {k.removeprefix("val_"): v for k, v in outcome.history[-1].items() if k.startswith("val_")}
+        kept = {"epoch": outcome.history[-1]["epoch"]}
+    else:  # the best epoch's model, evaluated in full (confusion matrix and all) by every process
+        if runtime.distributed:
+            torch.distributed.barrier()  # best.pt is written by the main process
+        best = stage.build_model()
+        best.load_state_dict(load_checkpoint(run.best_path)["model"])
+        metrics = stage.evaluate(best.to(runtime.device), val_loader)
+        kept = {"best_epoch": outcome.best["epoch"] if outcome.best else None}
+    if runtime.is_main:
+        result = {"stage": stage.name, "split": cfg.data.val_split, **kept, "train_samples": len(indices)}
+        result |= {"classes": stage.classes} if stage.classes else {}
+        result |= metrics
+        result |= stage.finish(result)
+        run.write_json("result.json", result)
+    return run
+
+
+# ------------------------------------------------------------------------------------ stages that learn labels
+
+# What makes two ViTs the same network (drop path is a training setting of each stage).
+ARCH_FIELDS = tuple(f.name for f in dataclasses.fields(ViTConfig) if f.name != "drop_path")
+
+
+def pretraining_run(run_path: Path | str) -> tuple[RunDir, ViTConfig]:
+    """A pretraining run (``finetune`` / ``segment --init``) and the architecture of its ViT."""
+    run = RunDir(run_path)
+    info = run.read_config()
+    if info.get("stage") != "pretrain":
+        raise RunError(f"{run.path} is a {info.get('stage')!r} run, not a pretraining run")
+    return run, from_dict(ViTConfig, info["config"]["model"])
+
+
+class TaskStage(Stage):
+    """A stage that learns labels (classification, segmentation), from scratch or from a pretraining run ``init``.
+
+    The architecture is the config's: a pretraining run whose ViT differs is an error naming the fields, never a
+    silent replacement.
+    """
+
+    def __init__(self, cfg, runtime: Runtime, run: RunDir, init: Path | str | None = None) -> None:
+        super().__init__(cfg, runtime, run)
+        self.init = init
+        if init is not None:
+            run.write_json("init.json", {"path": str(Path(init).resolve())})
+
+    @classmethod
+    def configure(cls, cfg, init: Path | str | None = None):
+        cfg = fit_input(cfg)
+        if init is not None:
+            _, pretrained = pretraining_run(init)
+            differ = [f for f in ARCH_FIELDS if getattr(cfg.model, f) != getattr(pretrained, f)]
+            if differ:
+                settings = ", ".join(f"{f}={getattr(pretrained, f)}" for f in differ)
+                mine = ", ".join(f"{f}={getattr(cfg.model, f)}" for f in differ)
+                hint = (
+                    " (img_size and in_chans follow input.size and input.channels)"
+                    if {"img_size", "in_chans"} & {*differ}
+                    else ""
+                )
+                raise RunError(
+                    f"{init} was pretrained with {settings}, this {cls.name} run would build {mine}: use the same "
+                    f"preset and model settings as the pretraining run{hint}"
+                )
+        return cfg
+
+    def vit(self, model: torch.nn.Module) -> MEMViT:
+        """The ViT inside the task model, where the pretrained weights go."""
+        return model
+
+    def initialize(self, model: torch.nn.Module) -> None:
+        if self.init is not None:
+            run, _ = pretraining_run(self.init)
+            report = load_pretrained_backbone(self.vit(model), load_checkpoint(run.checkpoint_path)["model"])
+            if report.missing:
+                raise RunError(f"{self.init}: pretrained weights lack {', '.join(report.missing)}")
