@@ -8,7 +8,6 @@ from pathlib import Path
 SPECS = "camera[:SERIAL], sim, sim:fast, synthetic[:MEV_S], tcp://HOST:PORT or an event file"  # recorders.sources
 
 
-
 @dataclass(frozen=True)
 class RecordConfig:
     """What ``mem record`` does; ``source`` is any ``recorders.sources.open_source`` string (``SPECS``)."""
