@@ -31,23 +31,8 @@ def label_palette(n: int) -> np.ndarray:
     """(n, 3) uint8 distinct colours; index 0 (background) is dark grey."""
     rng = np.random.default_rng(12345)
     colors = rng.integers(60, 256, size=(max(n, 1), 3)).astype(np.uint8)
-    base = np.array(
-        [
-            [40, 40, 40],
-            [230, 25, 75],
-            [60, 180, 75],
-            [255, 225, 25],
-            [0, 130, 200],
-            [245, 130, 48],
-            [145, 30, 180],
-            [70, 240, 240],
-            [240, 50, 230],
-            [210, 245, 60],
-            [250, 190, 212],
-            [0, 128, 128],
-        ],
-        dtype=np.uint8,
-    )
+    hexes = ["282828", "e6194b", "3cb44b", "ffe119", "0082c8", "f58230", "911eb4", "46f0f0", "f032e6", "d2f53c", "fabed4", "008080"]
+    base = np.array([[int(h[i : i + 2], 16) for i in (0, 2, 4)] for h in hexes], dtype=np.uint8)
     k = min(n, len(base))
     colors[:k] = base[:k]
     return colors[:n]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -38,3 +39,18 @@ def synthetic_events(n: int, sensor: SensorSize = SMALL_SENSOR, seed: int = 0, t
 @pytest.fixture
 def events_factory():
     return synthetic_events
+
+
+@pytest.fixture
+def small_disk(monkeypatch):
+    """``small_disk(folder, size)``: from now on the disk seems to hold ``size`` bytes, minus what ``folder`` holds."""
+    real = shutil.disk_usage
+
+    def limit(folder: Path, size: int) -> None:
+        def usage(path):
+            used = sum(p.stat().st_size for p in folder.iterdir()) if folder.is_dir() else 0
+            return real(path)._replace(free=size - used)
+
+        monkeypatch.setattr(shutil, "disk_usage", usage)
+
+    return limit

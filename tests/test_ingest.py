@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -134,20 +133,14 @@ def test_worker_processes_give_the_same_corpus(mixed_folder, tmp_path):
         np.testing.assert_array_equal(a[key], b[key])
 
 
-def test_full_disk_stops_the_ingest_and_keeps_what_was_committed(tmp_path, events_factory, monkeypatch):
+def test_full_disk_stops_the_ingest_and_keeps_what_was_committed(tmp_path, events_factory, small_disk):
     folder = tmp_path / "in"
     folder.mkdir()
     sensor = SensorSize(480, 640)
     for k in range(12):
         write_events(folder / f"{k:02d}.npz", events_factory(400_000, sensor, seed=k), sensor)
     out = tmp_path / "corpus"
-    real_disk_usage = shutil.disk_usage
-
-    def small_disk(path):
-        used = sum(p.stat().st_size for p in out.iterdir()) if out.is_dir() else 0
-        return real_disk_usage(path)._replace(free=60_000_000 - used)
-
-    monkeypatch.setattr(shutil, "disk_usage", small_disk)
+    small_disk(out, 60_000_000)
     config = IngestConfig(paths=(folder,), out=out, progress=False, min_free_bytes=20_000_000, flush_interval_s=0)
     report = run(config)
     assert report.stopped is not None and "min_free_bytes" in report.stopped and not report.ok

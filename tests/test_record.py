@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -213,15 +212,9 @@ def fast_random_source(events_factory, n_batches: int = 400) -> ArraySource:
     return ArraySource([events_factory(50_000, sensor, seed=k, t0=k * 10**7) for k in range(n_batches)], sensor)
 
 
-def test_recording_stops_before_the_disk_fills(tmp_path, events_factory, monkeypatch):
+def test_recording_stops_before_the_disk_fills(tmp_path, events_factory, small_disk):
     out = tmp_path / "corpus"
-    real_disk_usage = shutil.disk_usage
-
-    def small_disk(path):
-        used = sum(p.stat().st_size for p in out.iterdir()) if out.is_dir() else 0
-        return real_disk_usage(path)._replace(free=60_000_000 - used)
-
-    monkeypatch.setattr(shutil, "disk_usage", small_disk)
+    small_disk(out, 60_000_000)
     source = fast_random_source(events_factory)
     config = RecordConfig(source="test", out=out, flush_interval_s=0.05, min_free_bytes=20_000_000)
     result = run(config, source=source)

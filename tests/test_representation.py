@@ -6,24 +6,25 @@ import torch
 
 import mem_core.representation.histogram as histogram_module
 from mem_core.events import EVENT_DTYPE, SensorSize, center_window, make_events
-from mem_core.representation import (
-    CHANNELS,
-    InputSpec,
+from mem_core.representation.histogram import (
     batch_histogram,
-    batch_preprocess,
     collate_events,
     event_histogram,
-    histograms_to_input,
     input_histogram,
+    temporal_histogram,
+    timestamp_histogram,
+)
+from mem_core.representation.pipeline import (
+    batch_preprocess,
+    histograms_to_input,
     log_scale,
     normalize_histogram,
     prepare_events,
     preprocess,
     remove_hot_pixels,
     resize_histogram,
-    temporal_histogram,
-    timestamp_histogram,
 )
+from mem_core.representation.spec import CHANNELS, InputSpec
 
 SENSOR = SensorSize(32, 48)
 # A small spec so that the pipeline tests stay fast; the default (224 x 224) spec is checked once below.

@@ -3,22 +3,11 @@
 ``format`` describes the layout and the crash-safety rules, ``writer`` holds ``CorpusWriter``, ``reader`` ``Corpus``.
 """
 
-from mem_core.corpus.format import (
-    CHUNK_EVENTS,
-    COLUMNS,
-    FORMAT_VERSION,
-    MANIFEST,
-    CorpusError,
-    CorpusFullError,
-    RecordingInfo,
-)
+from mem_core.corpus.format import MANIFEST, CorpusError, CorpusFullError, RecordingInfo
 from mem_core.corpus.reader import Corpus
 from mem_core.corpus.writer import CorpusWriter
 
 __all__ = [
-    "CHUNK_EVENTS",
-    "COLUMNS",
-    "FORMAT_VERSION",
     "MANIFEST",
     "Corpus",
     "CorpusError",

@@ -18,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from torch.utils.data import Sampler
 
 from mem_core.errors import MemError
+from mem_core.representation import batch_preprocess
 from mem_core.train.runtime import Runtime, all_reduce_sum
 
 
@@ -134,6 +135,17 @@ class MetricMeter:
         packed = all_reduce_sum(packed, runtime).cpu()
         count = max(packed[-1].item(), 1.0)
         return {k: packed[i].item() / count for i, k in enumerate(keys)}
+
+
+@torch.no_grad()
+def eval_batches(model: torch.nn.Module, loader: Iterable, spec, runtime: Runtime) -> Iterator[tuple]:
+    """(model output, labels on the device, masks) per batch of ``loader``: eval mode, deterministic inputs."""
+    model.eval()
+    for events, labels, masks in loader:
+        x = batch_preprocess(events, spec, train=False, device=runtime.device)
+        with runtime.autocast():
+            out = model(x)
+        yield out, labels.to(runtime.device), masks
 
 
 def train_one_epoch(

@@ -17,10 +17,8 @@ from timm.optim import create_optimizer_v2
 from timm.utils import ModelEmaV3
 
 from mem_core.models import MEMViT
-from mem_core.representation import batch_preprocess
-from mem_core.train.common import batch_generator
 from mem_core.train.configs import FinetuneStageConfig
-from mem_core.train.engine import StepResult
+from mem_core.train.engine import StepResult, eval_batches
 from mem_core.train.rundir import RunDir, RunError
 from mem_core.train.runtime import Runtime, all_reduce_sum
 from mem_core.train.stage import TaskStage, run_stage
@@ -63,13 +61,11 @@ class FinetuneStage(TaskStage):
         return ModelEmaV3(model, decay=self.cfg.ema_decay) if self.cfg.ema_decay > 0 else None
 
     def step(self, model: torch.nn.Module, batch, epoch: int, step: int) -> StepResult:
-        cfg, runtime = self.cfg, self.runtime
         events, labels, _ = batch
-        labels = labels.to(runtime.device)
-        g = batch_generator(cfg, runtime, epoch, step)
-        x = batch_preprocess(events, cfg.input, train=True, generator=g, device=runtime.device)
+        labels = labels.to(self.runtime.device)
+        x, _ = self.train_inputs(events, epoch, step)
         logits = model(x)
-        loss = F.cross_entropy(logits.float(), labels, label_smoothing=cfg.label_smoothing)
+        loss = F.cross_entropy(logits.float(), labels, label_smoothing=self.cfg.label_smoothing)
         acc = (logits.argmax(-1) == labels).float().mean().item()
         return StepResult(loss, {"acc": acc}, x.shape[0])
 
@@ -89,14 +85,9 @@ def run(cfg: FinetuneStageConfig, out: Path | str, *, init: Path | str | None = 
 @torch.no_grad()
 def evaluate_classifier(model, loader, spec, runtime: Runtime, num_classes: int) -> dict:
     """Top-1, mean loss and the confusion matrix (rows: true class) over the whole split, all processes."""
-    model.eval()
     confusion = torch.zeros(num_classes, num_classes, dtype=torch.float64)
     loss_sum = torch.zeros(1, dtype=torch.float64)
-    for events, labels, _ in loader:
-        x = batch_preprocess(events, spec, train=False, device=runtime.device)
-        with runtime.autocast():
-            logits = model(x)
-        labels = labels.to(runtime.device)
+    for logits, labels, _ in eval_batches(model, loader, spec, runtime):
         loss_sum += F.cross_entropy(logits.float(), labels, reduction="sum").item()
         pairs = labels * num_classes + logits.argmax(-1)
         confusion += torch.bincount(pairs.cpu(), minlength=num_classes**2).view(num_classes, num_classes).double()

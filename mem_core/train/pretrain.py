@@ -17,7 +17,6 @@ import torch
 from mem_core.export import load_tokenizer
 from mem_core.models import BlockMaskGenerator, EMAEPretrainModel, MEMPretrainModel, MEMViT, unpatchify
 from mem_core.representation import batch_preprocess
-from mem_core.train.common import batch_generator
 from mem_core.train.configs import PretrainStageConfig
 from mem_core.train.engine import MetricMeter, StepResult
 from mem_core.train.rundir import RunDir, RunError
@@ -57,22 +56,19 @@ class PretrainStage(Stage):
             return MEMPretrainModel(backbone, self.tokenizer.config.num_tokens)
         return EMAEPretrainModel(backbone, loss_on=self.cfg.emae_loss)
 
-    def forward(self, model, events, generator: torch.Generator | None, mask_rng: np.random.Generator, train: bool):
-        """The model's outputs (loss, acc) on one batch of windows with masks from ``mask_rng``; and the batch size."""
-        x = batch_preprocess(events, self.cfg.input, train=train, generator=generator, device=self.runtime.device)
+    def forward(self, model, x: torch.Tensor, mask_rng: np.random.Generator) -> dict[str, torch.Tensor]:
+        """The model's outputs (loss, acc) on inputs ``x`` (B, C, H, W) with masks drawn from ``mask_rng``."""
         mask = self.masks.batch(x.shape[0], mask_rng).to(self.runtime.device)
         if self.tokenizer is None:
-            return model(x, mask), x.shape[0]
+            return model(x, mask)
         with torch.no_grad():
             ids = self.tokenizer.token_ids(x).reshape(x.shape[0], -1)  # (B, N)
-        return model(x, mask, ids), x.shape[0]
+        return model(x, mask, ids)
 
     def step(self, model: torch.nn.Module, batch, epoch: int, step: int) -> StepResult:
-        cfg, runtime = self.cfg, self.runtime
-        g = batch_generator(cfg, runtime, epoch, step)
-        mask_rng = np.random.default_rng([cfg.seed, epoch, step, runtime.rank])
-        out, n = self.forward(model, batch[0], g, mask_rng, True)
-        return StepResult(out["loss"], {"acc": out["acc"].item()} if "acc" in out else {}, n)
+        x, _ = self.train_inputs(batch[0], epoch, step)
+        out = self.forward(model, x, np.random.default_rng([self.cfg.seed, epoch, step, self.runtime.rank]))
+        return StepResult(out["loss"], {"acc": out["acc"].item()} if "acc" in out else {}, x.shape[0])
 
     @torch.no_grad()
     def evaluate(self, model: torch.nn.Module, loader) -> dict[str, float]:
@@ -80,9 +76,10 @@ class PretrainStage(Stage):
         meter = MetricMeter()
         for i, (events, _, _) in enumerate(loader):
             mask_rng = np.random.default_rng([self.cfg.seed, 999_999, i, self.runtime.rank])  # the same every epoch
+            x = batch_preprocess(events, self.cfg.input, train=False, device=self.runtime.device)
             with self.runtime.autocast():
-                out, n = self.forward(model, events, None, mask_rng, False)
-            meter.update({k: out[k].item() for k in ("loss", "acc") if k in out}, n)
+                out = self.forward(model, x, mask_rng)
+            meter.update({k: out[k].item() for k in ("loss", "acc") if k in out}, x.shape[0])
         return meter.reduce(self.runtime)
 
     def after_validation(self, model: torch.nn.Module, loader) -> None:

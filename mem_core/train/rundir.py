@@ -79,6 +79,10 @@ class RunDir:
 
     def __init__(self, path: Path | str):
         self.path = Path(path)
+        self.config_path = self.path / CONFIG_FILE
+        self.metrics_path = self.path / METRICS_FILE
+        self.checkpoint_path = self.path / CHECKPOINT_FILE
+        self.best_path = self.path / BEST_FILE
 
     @classmethod
     def create(cls, path: Path | str, stage: str, config: dict[str, Any], *, resume: bool) -> RunDir:
@@ -95,22 +99,6 @@ class RunDir:
             run.write_json(CONFIG_FILE, {"stage": stage, "config": config})
             run.metrics_path.unlink(missing_ok=True)
         return run
-
-    @property
-    def config_path(self) -> Path:
-        return self.path / CONFIG_FILE
-
-    @property
-    def metrics_path(self) -> Path:
-        return self.path / METRICS_FILE
-
-    @property
-    def checkpoint_path(self) -> Path:
-        return self.path / CHECKPOINT_FILE
-
-    @property
-    def best_path(self) -> Path:
-        return self.path / BEST_FILE
 
     @property
     def finished(self) -> bool:

@@ -15,10 +15,8 @@ import torch.nn.functional as F
 
 from mem_core.models import MEMViT, SegmentationModel, confusion_matrix
 from mem_core.models import segmentation_metrics as metrics_from_confusion
-from mem_core.representation import batch_preprocess
-from mem_core.train.common import batch_generator
 from mem_core.train.configs import SegmentStageConfig
-from mem_core.train.engine import StepResult
+from mem_core.train.engine import StepResult, eval_batches
 from mem_core.train.rundir import RunDir, RunError
 from mem_core.train.runtime import Runtime, all_reduce_sum
 from mem_core.train.stage import TaskStage, run_stage
@@ -60,14 +58,12 @@ class SegmentStage(TaskStage):
         return model.backbone
 
     def step(self, model: torch.nn.Module, batch, epoch: int, step: int) -> StepResult:
-        cfg, runtime = self.cfg, self.runtime
         events, _, masks = batch
-        g = batch_generator(cfg, runtime, epoch, step)
-        x = batch_preprocess(events, cfg.input, train=True, generator=g, device=runtime.device)
-        target = label_images(masks, x.shape[-2:], runtime.device)
+        x, _ = self.train_inputs(events, epoch, step)
+        target = label_images(masks, x.shape[-2:], self.runtime.device)
         logits = model(x)
-        loss = F.cross_entropy(logits.float(), target, ignore_index=cfg.ignore_index)
-        valid = target != cfg.ignore_index
+        loss = F.cross_entropy(logits.float(), target, ignore_index=self.cfg.ignore_index)
+        valid = target != self.cfg.ignore_index
         acc = (logits.argmax(1)[valid] == target[valid]).float().mean().item()
         return StepResult(loss, {"pixel_acc": acc}, x.shape[0])
 
@@ -83,16 +79,13 @@ def run(cfg: SegmentStageConfig, out: Path | str, *, init: Path | str | None = N
 @torch.no_grad()
 def evaluate_segmenter(model, loader, spec, runtime: Runtime, num_classes: int, ignore_index: int = 255) -> dict:
     """mIoU / mAcc / aAcc (fractions) and per-class IoU over the whole split, all processes."""
-    model.eval()
     confusion = torch.zeros(num_classes, num_classes, dtype=torch.float64)
     n = torch.zeros(1, dtype=torch.float64)
-    for events, _, masks in loader:
-        x = batch_preprocess(events, spec, train=False, device=runtime.device)
-        with runtime.autocast():
-            pred = model(x).argmax(1)
-        target = label_images(masks, x.shape[-2:], runtime.device)
+    for logits, _, masks in eval_batches(model, loader, spec, runtime):
+        pred = logits.argmax(1)  # (B, H, W)
+        target = label_images(masks, pred.shape[-2:], runtime.device)
         confusion += confusion_matrix(pred.cpu(), target.cpu(), num_classes, ignore_index).double()
-        n += x.shape[0]
+        n += pred.shape[0]
     confusion = all_reduce_sum(confusion, runtime).cpu()
     n = all_reduce_sum(n, runtime).cpu()
     return {**metrics_from_confusion(confusion), "n": int(n.item()), "confusion": confusion.long().tolist()}

@@ -21,7 +21,8 @@ from torch.utils.data import DataLoader
 from mem_core.configuration import from_dict
 from mem_core.datasets import EventSource
 from mem_core.models import MEMViT, ViTConfig, load_pretrained_backbone
-from mem_core.train.common import fit_input, open_split, start_run, train_indices, wrap_model
+from mem_core.representation import EventBatch, batch_preprocess
+from mem_core.train.common import batch_generator, fit_input, open_split, start_run, train_indices, wrap_model
 from mem_core.train.engine import StepResult
 from mem_core.train.fit import Training, build_stage_loaders, fit
 from mem_core.train.rundir import RunDir, RunError, load_checkpoint
@@ -80,6 +81,13 @@ class Stage(ABC):
     @abstractmethod
     def step(self, model: torch.nn.Module, batch, epoch: int, step: int) -> StepResult:
         """One training step's loss and metrics; ``model`` is the trained (DDP / compiled) model."""
+
+    def train_inputs(self, events: EventBatch, epoch: int, step: int) -> tuple[torch.Tensor, torch.Generator]:
+        """A training batch of windows as model inputs on the device, and the step's generator that drew their
+        random crop and RandAugment (for the step's other randomness)."""
+        g = batch_generator(self.cfg, self.runtime, epoch, step)
+        x = batch_preprocess(events, self.cfg.input, train=True, generator=g, device=self.runtime.device)
+        return x, g
 
     @abstractmethod
     def evaluate(self, model: torch.nn.Module, loader: DataLoader) -> dict[str, Any]:

@@ -14,7 +14,6 @@ import torch.nn.functional as F
 
 from mem_core.models.tokenizer import DiscreteVAE, counts_perplexity
 from mem_core.representation import batch_preprocess
-from mem_core.train.common import batch_generator
 from mem_core.train.configs import TokenizerStageConfig
 from mem_core.train.engine import StepResult
 from mem_core.train.rundir import RunDir
@@ -36,10 +35,8 @@ class TokenizerStage(Stage):
         return torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
 
     def step(self, model: torch.nn.Module, batch, epoch: int, step: int) -> StepResult:
-        cfg, runtime = self.cfg, self.runtime
-        g = batch_generator(cfg, runtime, epoch, step)
-        x = batch_preprocess(batch[0], cfg.input, train=True, generator=g, device=runtime.device)
-        temperature = cfg.model.temperature(epoch * self.steps_per_epoch + step)
+        x, g = self.train_inputs(batch[0], epoch, step)
+        temperature = self.cfg.model.temperature(epoch * self.steps_per_epoch + step)
         out = model(x, temperature, generator=g)
         metrics = {k: out[k].item() for k in ("recon_loss", "kl", "diversity")}
         return StepResult(out["loss"], {**metrics, "temperature": temperature}, x.shape[0])
