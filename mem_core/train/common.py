@@ -1,4 +1,4 @@
-"""Setup shared by the stages: runtime, run directory, data sources, model input geometry, optimizers."""
+"""Setup shared by the stages: runtime and run directory, data sources, model input geometry, the step's generator, DDP."""
 
 from __future__ import annotations
 

@@ -30,9 +30,10 @@ from mem_core.train.runtime import Runtime
 
 
 class Stage(ABC):
-    """One training stage. ``run_stage`` creates it after the run directory and calls, in order: ``prepare`` (with
-    the opened data), ``build_model``, ``build_optimizer``, ``build_ema``, then ``step`` and ``evaluate`` from the
-    epoch loop, and ``finish`` with the final metrics.
+    """One training stage. ``run_stage`` calls ``configure`` before anything is written, creates the stage in the
+    run directory, then calls, in order: ``prepare`` (with the opened data), ``build_model`` and ``initialize``,
+    ``build_ema``, ``build_optimizer``, then ``step`` and ``evaluate`` (+ ``after_validation``) from the epoch
+    loop, and ``finish`` with the final metrics.
 
     Class attributes: ``name`` (the run directory's stage), ``select`` (the validation metric to maximise: the best
     epoch's weights go to ``best.pt`` and into the result; None: the last epoch is the result).
