@@ -38,3 +38,23 @@ def live(
     from bench import bench_live
 
     bench_live.main(json_path, model, device)
+
+
+@app.command("train")
+def train(
+    json_path: JsonOpt = None,
+    preset: Annotated[
+        str, typer.Option("--preset", help="The preset whose model sizes and batches to measure.")
+    ] = "cpu-tiny",
+    device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda[:N].")] = "auto",
+    compile_model: Annotated[bool, typer.Option("--compile", help="torch.compile the models.")] = False,
+    batch_size: Annotated[
+        int | None,
+        typer.Option("--batch-size", help="Batch of every stage (default: the preset's; at most 64 on a CPU)."),
+    ] = None,
+    steps: Annotated[int, typer.Option("--steps", help="Timed steps per stage (after 3 warm-up steps).")] = 10,
+) -> None:
+    """Training steps per second of the tokenizer, pretraining and finetuning, peak GPU memory, loader rate."""
+    from bench import bench_train
+
+    bench_train.main(json_path, preset, device, compile_model, batch_size, steps)

@@ -177,9 +177,15 @@ def to_dict(config: Any) -> dict[str, Any]:
 
 
 def apply_overrides(config: T, overrides: list[str] | tuple[str, ...]) -> T:
-    """``config`` with ``--set key=value`` overrides applied in order (values read as TOML, else as strings)."""
+    """``config`` with ``--set key=value`` overrides applied in order (values read as TOML, else as strings).
+
+    Settings that are only consistent together (``model.embed_dim`` with ``model.num_heads``) may come in any order:
+    one that the dataclass rejects on its own waits until the others are in, and is checked then.
+    """
+    waiting: dict[str, tuple[Any, str]] = {}  # key -> (value, override text)
     for text in overrides:
         key, value, raw = parse_override(text)
+        waiting.pop(key, None)
         try:
             config = merge(config, {key: value})
         except ConfigError:
@@ -189,6 +195,13 @@ def apply_overrides(config: T, overrides: list[str] | tuple[str, ...]) -> T:
                 config = merge(config, {key: raw})
             except ConfigError:
                 raise ConfigError(f"--set {text}: " + str(_override_error(config, key, value))) from None
+        except ValueError:  # inconsistent with the other fields as they stand: maybe not once all are in
+            waiting[key] = (value, text)
+    if waiting:
+        try:
+            config = merge(config, {key: value for key, (value, _) in waiting.items()})
+        except ValueError as exc:
+            raise ConfigError(f"--set {', '.join(text for _, text in waiting.values())}: {exc}") from None
     return config
 
 

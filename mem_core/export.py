@@ -154,13 +154,20 @@ def export_model(
     save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(out / MODEL_FILE))
     atomic_write_bytes(out / MODEL_JSON, (json.dumps(json_safe(meta), indent=2) + "\n").encode())
     if tokenizer is not None:
-        state = {k: v.detach().cpu().contiguous() for k, v in tokenizer.state_dict().items()}
-        save_file(state, str(out / TOKENIZER_FILE))
-        tok_meta = {"format_version": EXPORT_VERSION, "architecture": to_dict(tokenizer.config)}
-        atomic_write_bytes(out / TOKENIZER_JSON, (json.dumps(tok_meta, indent=2) + "\n").encode())
+        export_tokenizer(tokenizer, out)
     else:
         for name in (TOKENIZER_FILE, TOKENIZER_JSON):
             (out / name).unlink(missing_ok=True)
+    return out
+
+
+def export_tokenizer(tokenizer: DiscreteVAE, out: Path | str) -> Path:
+    """Write ``tokenizer.safetensors`` + ``tokenizer.json`` to ``out`` (``load_tokenizer(out)`` reads them back)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().cpu().contiguous() for k, v in tokenizer.state_dict().items()}, str(out / TOKENIZER_FILE))
+    meta = {"format_version": EXPORT_VERSION, "architecture": to_dict(tokenizer.config)}
+    atomic_write_bytes(out / TOKENIZER_JSON, (json.dumps(meta, indent=2) + "\n").encode())
     return out
 
 

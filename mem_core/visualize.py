@@ -31,7 +31,20 @@ def label_palette(n: int) -> np.ndarray:
     """(n, 3) uint8 distinct colours; index 0 (background) is dark grey."""
     rng = np.random.default_rng(12345)
     colors = rng.integers(60, 256, size=(max(n, 1), 3)).astype(np.uint8)
-    hexes = ["282828", "e6194b", "3cb44b", "ffe119", "0082c8", "f58230", "911eb4", "46f0f0", "f032e6", "d2f53c", "fabed4", "008080"]
+    hexes = [
+        "282828",
+        "e6194b",
+        "3cb44b",
+        "ffe119",
+        "0082c8",
+        "f58230",
+        "911eb4",
+        "46f0f0",
+        "f032e6",
+        "d2f53c",
+        "fabed4",
+        "008080",
+    ]
     base = np.array([[int(h[i : i + 2], 16) for i in (0, 2, 4)] for h in hexes], dtype=np.uint8)
     k = min(n, len(base))
     colors[:k] = base[:k]

@@ -125,3 +125,13 @@ def test_command_defaults_are_the_config_dataclasses_defaults():
                 assert default == expected, f"mem {name} --{param.name}"
                 checked += 1
     assert checked >= 20
+
+
+def test_bench_train_measures_every_stage_and_the_loader(tmp_path):
+    out = tmp_path / "train.json"
+    r = mem("bench", "train", "--preset", "cpu-tiny", "--steps", "1", "--batch-size", "4", "--json", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = {row["name"]: row for row in json.loads(out.read_text())}
+    for stage in ("tokenizer", "pretrain", "finetune"):
+        assert rows[f"{stage} images/s"]["value"] > 0 and rows[f"{stage} step"]["batch"] == 4
+    assert [row["value"] > 0 for name, row in rows.items() if name.startswith("data loader")] == [True]

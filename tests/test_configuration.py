@@ -113,3 +113,12 @@ def _leaves(table: dict, prefix: str = "") -> list[tuple[str, object]]:
 
 def test_bundled_presets_exist():
     assert {"cpu-tiny", "paper-ncars", "paper-ncaltech101", "paper-nimagenet"} <= set(preset_names())
+
+
+def test_overrides_that_only_fit_together_may_come_in_any_order():
+    from mem_core.train.configs import FinetuneStageConfig
+
+    cfg = apply_overrides(FinetuneStageConfig(), ["model.embed_dim=32", "model.num_heads=2"])  # 32 % 12 != 0 alone
+    assert (cfg.model.embed_dim, cfg.model.num_heads) == (32, 2)
+    with pytest.raises(ConfigError, match=r"--set model.embed_dim=33: embed_dim 33 is not divisible by num_heads 12"):
+        apply_overrides(FinetuneStageConfig(), ["model.embed_dim=33"])

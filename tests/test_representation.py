@@ -334,3 +334,32 @@ def test_collate_in_a_dataloader_worker_builds_the_batch_in_shared_memory(events
         assert getattr(shared, name).is_shared() and not getattr(private, name).is_shared()
         assert torch.equal(getattr(shared, name), getattr(private, name))
     assert torch.equal(shared.lengths, private.lengths)
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_label_images_follow_the_resize_and_the_crop(train):
+    # Events fill a block; its label image marks the same block. Through resize_to + a (random) crop, the input's
+    # events must still sit on their labels (they were misaligned when only the input was cropped).
+    sensor = SensorSize(40, 60)
+    ys, xs = np.mgrid[10:20, 35:50]
+    n = ys.size * 4
+    events = make_events(np.arange(n), np.tile(xs.ravel(), 4), np.tile(ys.ravel(), 4), np.zeros(n))
+    mask = np.zeros(sensor, np.uint8)
+    mask[10:20, 35:50] = 1
+    spec = InputSpec(n_max=n, size=(32, 32), resize_to=(48, 72), randaug_ops=0, hot_pixel_std=None)
+    batch = collate_events([events] * 6, sensor)
+    generator = torch.Generator().manual_seed(3) if train else None
+    x, labels = batch_preprocess(
+        batch, spec, train=train, generator=generator, labels=torch.from_numpy(np.stack([mask] * 6))
+    )
+    assert labels.shape == (6, 32, 32) and labels.dtype == torch.int64
+    on_label = (x[:, 0] * (labels == 1)).sum((1, 2)) / x[:, 0].sum((1, 2)).clamp_min(1e-9)
+    assert (x[:, 0].sum((1, 2)) > 0).all() and (on_label > 0.9).all()  # bilinear edges aside, events sit on labels
+    if train:
+        assert len({tuple(torch.nonzero(lab).min(0).values.tolist()) for lab in labels}) > 1  # crops differ
+
+
+def test_labels_with_randaugment_are_refused(events_factory):
+    batch = collate_events([events_factory(100, SENSOR)], SENSOR)
+    with pytest.raises(ValueError, match="randaug_ops = 0"):
+        batch_preprocess(batch, SMALL, train=True, generator=torch.Generator(), labels=torch.zeros(1, *SENSOR))

@@ -191,3 +191,68 @@ def test_finetuning_never_silently_replaces_the_architecture(tmp_path, pretrain_
     with pytest.raises(RunError, match=r"pretrained with depth=2, this finetune run would build depth=3"):
         finetune.run(config("finetune", "model.depth=3"), tmp_path / "ft", init=pretrain_run)
     assert not (tmp_path / "ft").exists()  # refused before anything was written
+
+
+def test_the_steps_generator_drives_cpu_draws_whatever_the_device():
+    # A CUDA generator cannot drive torch.randint on the CPU (RandAugment's plan, the random crop): every paper
+    # preset failed at its first batch on a GPU. The step's generator lives on the CPU whatever the model's device.
+    from mem_core.train.common import batch_generator
+    from mem_core.train.runtime import Runtime
+
+    cfg = config("finetune")
+    for device in ("cpu", "cuda"):
+        g = batch_generator(cfg, Runtime(device=torch.device(device)), epoch=1, step=2)
+        assert g.device.type == "cpu"
+        assert (
+            torch.randint(3, (2,), generator=g).tolist()
+            == torch.randint(
+                3, (2,), generator=batch_generator(cfg, Runtime(device=torch.device("cpu")), 1, 2)
+            ).tolist()
+        )
+
+
+def test_evaluation_uses_the_split_file_the_run_trained_with(tmp_path):
+    from test_datasets import make_ncaltech
+
+    from mem_core.datasets.ncaltech101 import ncaltech101_split
+
+    root = tmp_path / "ncaltech"
+    make_ncaltech(root)
+    split = ncaltech101_split(root, tmp_path / "default.json")
+    split["val"] = split["val"][:3]  # the run's own split: three validation files
+    custom = tmp_path / "mine.json"
+    custom.write_text(json.dumps(split))
+    overrides = [f"data.path={root}", f"data.split_file={custom}", "data.max_samples=8"]
+    run = finetune.run(config("finetune", *overrides, dataset="ncaltech101"), tmp_path / "ft")
+    assert json.loads((run.path / "result.json").read_text())["n"] == 3
+    assert evaluate_run(run.path, "ncaltech101", root, "val")["n"] == 3  # not the default split's val
+
+
+DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("preset", ["paper-ncars", "paper-ncaltech101", "paper-nimagenet"])
+def test_every_paper_preset_runs_its_code_paths_at_tiny_size(tmp_path, preset, device):
+    """The paper presets' own settings (RandAugment, layer decay, EMA, N-ImageNet's resize + random crop, head
+    dropout, long cosine schedules) on a tiny model: every stage's first steps, on the CPU and on a GPU if any."""
+    tiny = ["epochs=1", "batch_size=8", "data.max_samples=16", "data.num_workers=0", f"device={device}"]
+    tiny += ["input.size=[32, 32]", "input.n_max=2000"]
+    if preset == "paper-nimagenet":
+        tiny.append("input.resize_to=[40, 52]")
+    vit = ["model.patch_size=8", "model.embed_dim=32", "model.depth=4", "model.num_heads=2"]
+
+    def cfg(stage, *extra):
+        values = {"data.dataset": "sim"}
+        return stage_config(stage, preset=preset, values=values, overrides=[*tiny, *extra])
+
+    tok = tokenizer.run(
+        cfg("tokenizer", "model.num_layers=3", "model.num_tokens=64", "model.hidden_dim=16"), tmp_path / "tok"
+    )
+    pre = pretrain.run(cfg("pretrain", *vit), tmp_path / "pre", tokenizer=tok.path)
+    ft = finetune.run(cfg("finetune", *vit), tmp_path / "ft", init=pre.path)
+    seg = segment.run(cfg("segment", *vit, "head_channels=16"), tmp_path / "seg", init=pre.path)
+    for run in (tok, pre, ft, seg):
+        assert RunDir(run.path).finished
+    spec = json.loads((ft.path / "config.json").read_text())["config"]["input"]
+    assert spec["randaug_ops"] == 2 and (preset != "paper-nimagenet" or spec["resize_to"] == [40, 52])

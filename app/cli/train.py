@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -117,6 +118,8 @@ def evaluate(
     from mem_core.train.evaluate import evaluate_run
 
     result = evaluate_run(model, dataset, data, split, batch_size=batch_size, num_workers=workers)
+    if os.environ.get("RANK", "0") != "0":  # under torchrun every process evaluated its share; one reports
+        return
     if as_json:
         print(json.dumps(result))
     elif "top1" in result:

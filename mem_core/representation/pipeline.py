@@ -46,18 +46,35 @@ def resize_histogram(hist: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     return F.interpolate(hist, size=tuple(size), mode="bilinear", align_corners=False, antialias=antialias)
 
 
-def crop_histogram(hist: torch.Tensor, size: tuple[int, int], generator: torch.Generator | None = None) -> torch.Tensor:
-    """Crop (B, C, H, W) to ``size``: the centre without ``generator``, a random window per sample with it."""
-    height, width = hist.shape[-2:]
-    h, w = size
+def resize_labels(labels: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """Nearest-neighbour resize of label images (B, H, W) to ``size``: class ids stay class ids. int64 out."""
+    if tuple(labels.shape[-2:]) == tuple(size):
+        return labels.long()
+    return F.interpolate(labels[:, None].float(), size=tuple(size), mode="nearest")[:, 0].long()
+
+
+def crop_offsets(
+    n: int, shape: tuple[int, int], size: tuple[int, int], generator: torch.Generator | None = None
+) -> list[tuple[int, int]]:
+    """(top, left) of a ``size`` crop of ``shape`` (height, width) for each of ``n`` samples: the centre without
+    ``generator``, a random window per sample with it (drawn on the CPU)."""
+    (height, width), (h, w) = shape, size
     if h > height or w > width:
         raise ValueError(f"cannot crop {size} from a histogram of {(height, width)}")
     if generator is None:
-        top, left = (height - h) // 2, (width - w) // 2
-        return hist[..., top : top + h, left : left + w]
-    tops = torch.randint(height - h + 1, (len(hist),), generator=generator).tolist()
-    lefts = torch.randint(width - w + 1, (len(hist),), generator=generator).tolist()
-    return torch.stack([s[:, i : i + h, j : j + w] for s, i, j in zip(hist, tops, lefts, strict=True)])
+        return [((height - h) // 2, (width - w) // 2)] * n
+    tops = torch.randint(height - h + 1, (n,), generator=generator).tolist()
+    lefts = torch.randint(width - w + 1, (n,), generator=generator).tolist()
+    return list(zip(tops, lefts, strict=True))
+
+
+def crop_histogram(images: torch.Tensor, size: tuple[int, int], offsets: list[tuple[int, int]]) -> torch.Tensor:
+    """Crop (B, ..., H, W) to ``size`` at each sample's (top, left) ``offsets`` (``crop_offsets``)."""
+    h, w = size
+    if len(set(offsets)) == 1:  # one window for all (the centre): a view
+        top, left = offsets[0]
+        return images[..., top : top + h, left : left + w]
+    return torch.stack([s[..., i : i + h, j : j + w] for s, (i, j) in zip(images, offsets, strict=True)])
 
 
 def normalize_histogram(hist: torch.Tensor, count_channels: int | None = None) -> torch.Tensor:
@@ -96,9 +113,18 @@ def log_scale(
 
 
 def histograms_to_input(
-    hist: torch.Tensor, spec: InputSpec, *, train: bool, generator: torch.Generator | None = None
-) -> torch.Tensor:
+    hist: torch.Tensor,
+    spec: InputSpec,
+    *,
+    train: bool,
+    generator: torch.Generator | None = None,
+    labels: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Sensor-resolution histograms (B, C, h, w) -> model input (B, C, *spec.size) in [0, 1] (a new tensor).
+
+    With ``labels`` (B, h, w) label images of the same samples, returns ``(input, labels)``: the labels go through
+    the same resize (nearest neighbour) and the same crop, so every label stays on its pixel. RandAugment moves
+    pixels without moving labels: a spec for labelled images must have ``randaug_ops = 0``.
 
     Order: hot pixels -> normalize -> resize (+ crop) -> log scale -> RandAugment (train). Hot pixels are
     removed at sensor resolution: there a hot pixel is one outlier that the mean + k * std rule removes exactly,
@@ -112,17 +138,21 @@ def histograms_to_input(
         raise ValueError("training mode needs an explicit torch.Generator for the random crop and RandAugment")
     if spec.hot_pixel_std is not None:
         hist = remove_hot_pixels(hist, spec.hot_pixel_std, spec.count_channels)
+    if labels is not None and train and spec.randaug_ops > 0:
+        raise ValueError("RandAugment would move pixels away from their labels: use randaug_ops = 0 with labels")
     hist = normalize_histogram(hist, spec.count_channels)  # a new tensor: the steps below may work in place
-    if spec.resize_to is None:
-        hist = resize_histogram(hist, spec.size)
-    else:
-        hist = crop_histogram(resize_histogram(hist, spec.resize_to), spec.size, generator if train else None)
+    hist = resize_histogram(hist, spec.resize_to or spec.size)
+    labels = None if labels is None else resize_labels(labels.to(hist.device), spec.resize_to or spec.size)
+    if spec.resize_to is not None:
+        offsets = crop_offsets(len(hist), spec.resize_to, spec.size, generator if train else None)
+        hist = crop_histogram(hist, spec.size, offsets)
+        labels = None if labels is None else crop_histogram(labels, spec.size, offsets)
     if spec.scale == "log":
         hist = log_scale(hist, spec.count_channels, spec.log_gain, inplace=True)
     hist = hist.contiguous()
     if train and spec.randaug_ops > 0:
         hist = rand_augment(hist, spec.randaug_ops, spec.randaug_magnitude, generator, inplace=True)
-    return hist
+    return hist if labels is None else (hist, labels.contiguous())
 
 
 # -------------------------------------------------------------------------------------------- per sample
@@ -172,12 +202,14 @@ def batch_preprocess(
     train: bool,
     generator: torch.Generator | None = None,
     device: str | torch.device = "cpu",
-) -> torch.Tensor:
+    labels: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """A padded batch of windows -> model inputs, float32 (B, C, *spec.size) in [0, 1] on ``device``.
 
     The windows must already be cut and, for training, event-augmented by ``prepare_events`` (in the dataset or
-    DataLoader worker, before ``collate_events``); this function does the histogram and ``histograms_to_input``.
-    At evaluation it equals ``preprocess`` applied to each window.
+    DataLoader worker, before ``collate_events``); this function does the histogram and ``histograms_to_input``
+    (with ``labels``, label images at sensor resolution: returns ``(input, labels)``, see there). At evaluation it
+    equals ``preprocess`` applied to each window.
     """
     if len(batch) and int(batch.lengths.max()) > spec.n_max:
         raise ValueError(
@@ -187,4 +219,4 @@ def batch_preprocess(
     if train and generator is None:
         raise ValueError("training mode needs an explicit torch.Generator for the random crop and RandAugment")
     hist = batch_histogram(batch, spec.channels, spec.temporal_bins, device=device)
-    return histograms_to_input(hist, spec, train=train, generator=generator)
+    return histograms_to_input(hist, spec, train=train, generator=generator, labels=labels)

@@ -61,10 +61,18 @@ def train_indices(cfg, source: EventSource) -> np.ndarray:
 
 
 def batch_generator(cfg, runtime: Runtime, epoch: int, step: int) -> torch.Generator:
-    """The generator of one step's batched augmentation (RandAugment, masking)."""
-    g = torch.Generator(device=runtime.device)
+    """The CPU generator of one step's batched randomness (random crop, RandAugment's draws), whatever the device:
+    a CUDA generator cannot drive the CPU draws (``torch.randint(..., generator=...)`` rejects it)."""
+    g = torch.Generator()
     g.manual_seed(((cfg.seed * 1_000_003 + epoch) * 1_000_003 + step) * 64 + runtime.rank)
     return g
+
+
+def device_generator(g: torch.Generator, device: torch.device) -> torch.Generator:
+    """``g`` itself on the CPU; elsewhere a generator on ``device`` seeded from ``g`` (for noise drawn there)."""
+    if device.type == "cpu":
+        return g
+    return torch.Generator(device=device).manual_seed(int(torch.randint(2**62, (1,), generator=g)))
 
 
 def wrap_model(model: torch.nn.Module, cfg, runtime: Runtime) -> torch.nn.Module:

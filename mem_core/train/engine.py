@@ -29,8 +29,11 @@ class NonFiniteLossError(MemError, FloatingPointError):
 class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
     """Batches of ``(index, epoch)`` pairs: a seeded permutation per epoch, the global batch split over ranks.
 
-    Each rank gets the slice ``[rank * b, (rank + 1) * b)`` of every global batch (``b = global_batch / world``),
-    so one process with batch B and N processes with batch B/N see the same samples in the same steps.
+    Training (``drop_last``): each rank gets the slice ``[rank * b, (rank + 1) * b)`` of every global batch
+    (``b = global_batch / world``), so one process with batch B and N processes with batch B/N see the same samples
+    in the same steps. Evaluation: each global batch is shared out as evenly as the ranks allow and a rank with no
+    share of the last batch gets no batch at all, so every sample is counted exactly once (no padding duplicates,
+    no empty batch).
     """
 
     def __init__(
@@ -46,6 +49,8 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
     ):
         if n <= 0:
             raise ValueError("cannot sample from an empty dataset")
+        if global_batch < 1 or (drop_last and global_batch % world_size):
+            raise ValueError(f"batch_size {global_batch} must be a positive multiple of the {world_size} processes")
         self.n, self.global_batch, self.seed = n, global_batch, seed
         self.shuffle, self.drop_last = shuffle, drop_last
         self.rank, self.world_size = rank, world_size
@@ -60,20 +65,34 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
             return np.arange(self.n)
         return np.random.default_rng([self.seed, self.epoch]).permutation(self.n)
 
-    def __len__(self) -> int:
+    def _global_batches(self) -> int:
         if self.drop_last:
             return max(self.n // self.global_batch, 1 if self.n < self.global_batch else 0)
         return math.ceil(self.n / self.global_batch)
+
+    def _share(self, start: int, size: int) -> tuple[int, int]:
+        """(first, count) of this rank's part of a global batch of ``size`` samples beginning at ``start``."""
+        if self.drop_last:
+            return start + self.rank * self.per_rank, self.per_rank
+        base, extra = divmod(size, self.world_size)  # the first ``extra`` ranks take one more
+        return start + self.rank * base + min(self.rank, extra), base + (self.rank < extra)
+
+    def __len__(self) -> int:
+        if self.drop_last:
+            return self._global_batches()
+        sizes = (min(self.global_batch, self.n - b * self.global_batch) for b in range(self._global_batches()))
+        return sum(1 for size in sizes if self._share(0, size)[1] > 0)
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
         order = self._order()
         if self.drop_last and self.n < self.global_batch:
             # fewer samples than one batch (tiny label fractions): repeat the permutation to fill one batch
             order = np.resize(order, self.global_batch)
-        for b in range(len(self)):
-            batch = order[b * self.global_batch : (b + 1) * self.global_batch]
-            mine = batch[self.rank * self.per_rank : (self.rank + 1) * self.per_rank]
-            yield [(int(i), self.epoch) for i in mine]
+        for b in range(self._global_batches()):
+            start = b * self.global_batch
+            first, count = self._share(start, min(self.global_batch, len(order) - start))
+            if count > 0:
+                yield [(int(i), self.epoch) for i in order[first : first + count]]
 
 
 def seed_everything(seed: int, epoch: int) -> None:
@@ -139,10 +158,14 @@ class MetricMeter:
 
 @torch.no_grad()
 def eval_batches(model: torch.nn.Module, loader: Iterable, spec, runtime: Runtime) -> Iterator[tuple]:
-    """(model output, labels on the device, masks) per batch of ``loader``: eval mode, deterministic inputs."""
+    """(model output, labels on the device, label images or None) per batch of ``loader``: eval mode, deterministic
+    inputs; label images (masks) go through the inputs' resize and crop."""
     model.eval()
     for events, labels, masks in loader:
-        x = batch_preprocess(events, spec, train=False, device=runtime.device)
+        if masks is None:
+            x = batch_preprocess(events, spec, train=False, device=runtime.device)
+        else:
+            x, masks = batch_preprocess(events, spec, train=False, device=runtime.device, labels=masks)
         with runtime.autocast():
             out = model(x)
         yield out, labels.to(runtime.device), masks

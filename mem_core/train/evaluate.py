@@ -11,8 +11,8 @@ from mem_core.representation import InputSpec
 from mem_core.train.common import open_for_input
 from mem_core.train.finetune import evaluate_classifier
 from mem_core.train.fit import build_loader
-from mem_core.train.rundir import RunError, json_safe
-from mem_core.train.runtime import setup_runtime
+from mem_core.train.rundir import RunDir, RunError, json_safe
+from mem_core.train.runtime import setup_runtime, teardown_runtime
 from mem_core.train.segment import evaluate_segmenter
 
 
@@ -26,11 +26,15 @@ def evaluate_run(
     num_workers: int = 0,
     device: str = "auto",
 ) -> dict[str, Any]:
-    """Metrics of a run's best model on ``split``: classification top1 / n / confusion, or mIoU / mAcc / aAcc / n."""
+    """Metrics of a run's best model on ``split``: classification top1 / n / confusion, or mIoU / mAcc / aAcc / n.
+
+    Under torchrun every process evaluates its share and the metrics are summed: each sample counts once. A run
+    trained on the same dataset with a split file of its own (``data.split_file``) is evaluated on that split.
+    """
     runtime = setup_runtime(device, amp=True)
     model, meta = load_model(run_path, runtime.device)
     spec = from_dict(InputSpec, meta["input"])
-    source = open_for_input(dataset, data, split, spec)
+    source = open_for_input(dataset, data, split, spec, split_file=_split_file(Path(run_path), dataset))
     classification = meta["task"] == "classification"
     classes = source.classes if classification else source.mask_classes
     if classes != meta["classes"]:
@@ -42,4 +46,13 @@ def evaluate_run(
     )
     evaluate = evaluate_classifier if classification else evaluate_segmenter
     result = evaluate(model, loader, spec, runtime, len(classes))
+    teardown_runtime()
     return json_safe({"run": str(run_path), "dataset": dataset, "split": split, "classes": classes, **result})
+
+
+def _split_file(path: Path, dataset: str) -> str:
+    """The split file a run of ``dataset`` trained with ("" for an export, another dataset or the default)."""
+    if not (path / "config.json").is_file():
+        return ""
+    data = RunDir(path).read_config()["config"].get("data", {})
+    return data.get("split_file", "") if data.get("dataset") == dataset else ""

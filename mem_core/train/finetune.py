@@ -63,7 +63,7 @@ class FinetuneStage(TaskStage):
     def step(self, model: torch.nn.Module, batch, epoch: int, step: int) -> StepResult:
         events, labels, _ = batch
         labels = labels.to(self.runtime.device)
-        x, _ = self.train_inputs(events, epoch, step)
+        x, _, _ = self.train_inputs(events, epoch, step)
         logits = model(x)
         loss = F.cross_entropy(logits.float(), labels, label_smoothing=self.cfg.label_smoothing)
         acc = (logits.argmax(-1) == labels).float().mean().item()

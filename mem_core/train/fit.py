@@ -43,8 +43,6 @@ def build_loader(
         rank=runtime.rank,
         world_size=runtime.world_size,
     )
-    if not train:
-        runtime.per_rank_batch(batch_size)
     loader = DataLoader(
         dataset,
         batch_sampler=sampler,

@@ -66,7 +66,7 @@ class PretrainStage(Stage):
         return model(x, mask, ids)
 
     def step(self, model: torch.nn.Module, batch, epoch: int, step: int) -> StepResult:
-        x, _ = self.train_inputs(batch[0], epoch, step)
+        x, _, _ = self.train_inputs(batch[0], epoch, step)
         out = self.forward(model, x, np.random.default_rng([self.cfg.seed, epoch, step, self.runtime.rank]))
         return StepResult(out["loss"], {"acc": out["acc"].item()} if "acc" in out else {}, x.shape[0])
 

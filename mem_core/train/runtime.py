@@ -36,11 +36,6 @@ class Runtime:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
 
-    def per_rank_batch(self, global_batch: int) -> int:
-        if global_batch % self.world_size:
-            raise ValueError(f"batch_size {global_batch} is not divisible by the {self.world_size} processes")
-        return global_batch // self.world_size
-
 
 def pick_device(name: str = "auto") -> torch.device:
     if name == "auto":

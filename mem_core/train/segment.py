@@ -22,12 +22,6 @@ from mem_core.train.runtime import Runtime, all_reduce_sum
 from mem_core.train.stage import TaskStage, run_stage
 
 
-def label_images(masks: torch.Tensor, size: tuple[int, int], device) -> torch.Tensor:
-    """(B, H, W) sensor-resolution labels -> (B, h, w) int64 at the model input size (nearest neighbour)."""
-    resized = F.interpolate(masks[:, None].float(), size=size, mode="nearest")  # (B, 1, h, w)
-    return resized[:, 0].long().to(device)
-
-
 class SegmentStage(TaskStage):
     """Per-pixel classes; the best epoch by validation mIoU is kept (``best.pt``) and reported."""
 
@@ -59,8 +53,7 @@ class SegmentStage(TaskStage):
 
     def step(self, model: torch.nn.Module, batch, epoch: int, step: int) -> StepResult:
         events, _, masks = batch
-        x, _ = self.train_inputs(events, epoch, step)
-        target = label_images(masks, x.shape[-2:], self.runtime.device)
+        x, target, _ = self.train_inputs(events, epoch, step, masks)
         logits = model(x)
         loss = F.cross_entropy(logits.float(), target, ignore_index=self.cfg.ignore_index)
         valid = target != self.cfg.ignore_index
@@ -81,9 +74,8 @@ def evaluate_segmenter(model, loader, spec, runtime: Runtime, num_classes: int, 
     """mIoU / mAcc / aAcc (fractions) and per-class IoU over the whole split, all processes."""
     confusion = torch.zeros(num_classes, num_classes, dtype=torch.float64)
     n = torch.zeros(1, dtype=torch.float64)
-    for logits, _, masks in eval_batches(model, loader, spec, runtime):
-        pred = logits.argmax(1)  # (B, H, W)
-        target = label_images(masks, pred.shape[-2:], runtime.device)
+    for logits, _, target in eval_batches(model, loader, spec, runtime):
+        pred = logits.argmax(1)  # (B, H, W), the label images went through the same resize and crop
         confusion += confusion_matrix(pred.cpu(), target.cpu(), num_classes, ignore_index).double()
         n += pred.shape[0]
     confusion = all_reduce_sum(confusion, runtime).cpu()

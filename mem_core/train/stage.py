@@ -26,7 +26,7 @@ from mem_core.train.common import batch_generator, fit_input, open_split, start_
 from mem_core.train.engine import StepResult
 from mem_core.train.fit import Training, build_stage_loaders, fit
 from mem_core.train.rundir import RunDir, RunError, load_checkpoint
-from mem_core.train.runtime import Runtime
+from mem_core.train.runtime import Runtime, teardown_runtime
 
 
 class Stage(ABC):
@@ -83,12 +83,17 @@ class Stage(ABC):
     def step(self, model: torch.nn.Module, batch, epoch: int, step: int) -> StepResult:
         """One training step's loss and metrics; ``model`` is the trained (DDP / compiled) model."""
 
-    def train_inputs(self, events: EventBatch, epoch: int, step: int) -> tuple[torch.Tensor, torch.Generator]:
-        """A training batch of windows as model inputs on the device, and the step's generator that drew their
-        random crop and RandAugment (for the step's other randomness)."""
+    def train_inputs(
+        self, events: EventBatch, epoch: int, step: int, masks: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Generator]:
+        """A training batch of windows as model inputs on the device; its label images (``masks``) carried through
+        the same resize and crop; and the step's CPU generator that drew the crop and RandAugment."""
         g = batch_generator(self.cfg, self.runtime, epoch, step)
-        x = batch_preprocess(events, self.cfg.input, train=True, generator=g, device=self.runtime.device)
-        return x, g
+        device = self.runtime.device
+        if masks is None:
+            return batch_preprocess(events, self.cfg.input, train=True, generator=g, device=device), None, g
+        x, masks = batch_preprocess(events, self.cfg.input, train=True, generator=g, device=device, labels=masks)
+        return x, masks, g
 
     @abstractmethod
     def evaluate(self, model: torch.nn.Module, loader: DataLoader) -> dict[str, Any]:
@@ -157,6 +162,7 @@ def run_stage(stage_cls: type[Stage], cfg, out: Path | str, *, resume: bool = Fa
         result |= metrics
         result |= stage.finish(result)
         run.write_json("result.json", result)
+    teardown_runtime()
     return run
 
 

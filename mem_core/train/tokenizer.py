@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from mem_core.models.tokenizer import DiscreteVAE, counts_perplexity
 from mem_core.representation import batch_preprocess
+from mem_core.train.common import device_generator
 from mem_core.train.configs import TokenizerStageConfig
 from mem_core.train.engine import StepResult
 from mem_core.train.rundir import RunDir
@@ -35,9 +36,9 @@ class TokenizerStage(Stage):
         return torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
 
     def step(self, model: torch.nn.Module, batch, epoch: int, step: int) -> StepResult:
-        x, g = self.train_inputs(batch[0], epoch, step)
+        x, _, g = self.train_inputs(batch[0], epoch, step)
         temperature = self.cfg.model.temperature(epoch * self.steps_per_epoch + step)
-        out = model(x, temperature, generator=g)
+        out = model(x, temperature, generator=device_generator(g, self.runtime.device))  # Gumbel noise
         metrics = {k: out[k].item() for k in ("recon_loss", "kl", "diversity")}
         return StepResult(out["loss"], {**metrics, "temperature": temperature}, x.shape[0])
 

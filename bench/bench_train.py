@@ -1,0 +1,202 @@
+"""Training throughput (``mem bench train``): steady-state images/s and step time of the tokenizer, pretraining and
+finetuning at a preset's model size, peak GPU memory, and how fast the data loader feeds them.
+
+Each stage runs its real training step (the stage's own ``step``: histogram -> input on the device, forward,
+backward, gradient clipping, optimizer) on batches of synthetic 30 000-event windows already collated, so the step
+measures the device alone; the data loader is measured on its own, with as many worker processes as the machine has
+cores, reading the same windows from a corpus. If the loader's samples/s is below a stage's images/s, that stage
+would wait for data. The device is synchronised only at the end of each timed stretch, as in training.
+
+Run: ``uv run mem bench train [--device cuda] [--preset paper-ncars] [--compile] --json out.json``
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.table import Table
+from torch.utils.data import DataLoader
+
+from mem_core.corpus import CorpusWriter
+from mem_core.datasets import WindowDataset, collate_windows
+from mem_core.datasets.corpus import CorpusSource
+from mem_core.events import SensorSize, make_events
+from mem_core.export import export_tokenizer
+from mem_core.models import DiscreteVAE
+from mem_core.representation import collate_events, prepare_events
+from mem_core.train.configs import stage_config
+from mem_core.train.engine import EpochBatchSampler, train_one_epoch
+from mem_core.train.finetune import FinetuneStage
+from mem_core.train.pretrain import PretrainStage
+from mem_core.train.rundir import RunDir
+from mem_core.train.runtime import setup_runtime
+from mem_core.train.stage import Stage
+from mem_core.train.tokenizer import TokenizerStage
+
+SENSOR = SensorSize(480, 640)  # N-ImageNet's: every preset resizes it to its input
+CPU_BATCH = 64  # the largest default batch on a CPU, where the paper presets' GPU batches take minutes per step
+
+
+def synthetic_windows(n: int, count: int, seed: int = 0) -> list[np.ndarray]:
+    """``count`` windows of ``n`` uniform random events on ``SENSOR``."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        t = np.sort(rng.integers(0, 50_000, n))
+        out.append(
+            make_events(t, rng.integers(0, SENSOR.width, n), rng.integers(0, SENSOR.height, n), rng.integers(0, 2, n))
+        )
+    return out
+
+
+class _Batches:
+    """The same collated batch over and over (a DataLoader stand-in of ``steps`` batches)."""
+
+    def __init__(self, batch, steps: int) -> None:
+        self.batch, self.steps = batch, steps
+
+    def __iter__(self):
+        return iter([self.batch] * self.steps)
+
+    def __len__(self) -> int:
+        return self.steps
+
+
+def bench_stage(stage_cls: type[Stage], cfg, run: RunDir, steps: int, warmup: int, **inputs) -> dict:
+    """Images/s, ms per step and peak device memory of ``stage_cls``'s training step at ``cfg``'s size."""
+    cfg = stage_cls.configure(cfg)
+    runtime = setup_runtime(cfg.device, cfg.amp)
+    stage = stage_cls(cfg, runtime, run, **inputs)
+    stage.classes = ["a", "b"]  # a classifier's head (the labels of the synthetic batch are all 0)
+    stage.steps_per_epoch = steps
+    torch.manual_seed(0)
+    model = stage.build_model().to(runtime.device)
+    train_model = torch.compile(model) if cfg.compile else model
+    optimizer = stage.build_optimizer(model)
+    windows = [
+        prepare_events(w, SENSOR, cfg.input, train=False) for w in synthetic_windows(cfg.input.n_max, cfg.batch_size)
+    ]
+    batch = (
+        collate_events(windows, SENSOR).to(runtime.device, non_blocking=True),
+        torch.zeros(cfg.batch_size, dtype=torch.long),
+        None,
+    )
+    common = dict(model=train_model, optimizer=optimizer, runtime=runtime, epochs=1, grad_clip=cfg.grad_clip)
+
+    def stretch(n: int) -> float:
+        start = time.perf_counter()
+        train_one_epoch(
+            loader=_Batches(batch, n),
+            step_fn=lambda b, s: stage.step(train_model, b, 0, s),
+            epoch=0,
+            steps_per_epoch=n,
+            **common,
+        )
+        if runtime.device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    if runtime.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    stretch(warmup)  # compilation, cuDNN autotuning, allocator warm-up
+    seconds = stretch(steps)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if runtime.device.type == "cuda" else float("nan")
+    return {"images_per_s": steps * cfg.batch_size / seconds, "step_ms": seconds / steps * 1e3, "peak_gib": peak}
+
+
+def bench_loader(cfg, workers: int, samples: int = 2000) -> float:
+    """Samples/s of the training DataLoader (corpus windows, event augmentation, collation) with ``workers``."""
+    with tempfile.TemporaryDirectory(prefix="mem-bench-train-") as tmp:
+        with CorpusWriter(tmp, provenance={"source": "bench"}) as writer:
+            writer.begin_recording("bench", SENSOR)
+            for k, w in enumerate(synthetic_windows(cfg.input.n_max, 64, seed=1)):
+                w = w.copy()
+                w["t"] += k * 50_000
+                writer.append(w)
+            writer.end_recording()
+        source = CorpusSource(Path(tmp), "all", window=cfg.input.n_max)
+        dataset = WindowDataset(source, cfg.input, train=True, seed=0)
+        batch = min(cfg.batch_size, len(dataset))
+        sampler = EpochBatchSampler(len(dataset), batch, seed=0, shuffle=True, drop_last=True)
+        loader = DataLoader(
+            dataset,
+            batch_sampler=sampler,
+            num_workers=workers,
+            collate_fn=lambda items: collate_windows(items, SENSOR),
+            persistent_workers=workers > 0,
+        )
+        seen, epoch, start = 0, 0, None
+        while seen < samples:
+            sampler.set_epoch(epoch)
+            for events, _, _ in loader:
+                if start is None:  # the first batch pays the workers' start
+                    start = time.perf_counter()
+                    continue
+                seen += len(events)
+            epoch += 1
+        return seen / (time.perf_counter() - start)
+
+
+def main(
+    json_path: Path | None = None,
+    preset: str = "cpu-tiny",
+    device: str = "auto",
+    compile_model: bool = False,
+    batch_size: int | None = None,
+    steps: int = 10,
+    warmup: int = 3,
+) -> list[dict]:
+    """Run every stage's step and the loader, print the table, write JSON rows if ``json_path``; return the rows."""
+    dev = setup_runtime(device).device
+    overrides = [f"device={dev.type}", f"compile={str(compile_model).lower()}", "data.num_workers=0"]
+    configs = {}
+    for stage in ("tokenizer", "pretrain", "finetune"):
+        cfg = stage_config(stage, preset=preset, overrides=overrides)
+        batch = batch_size or (cfg.batch_size if dev.type == "cuda" else min(cfg.batch_size, CPU_BATCH))
+        configs[stage] = dataclasses.replace(cfg, batch_size=batch)
+    measured = {}
+    with tempfile.TemporaryDirectory(prefix="mem-bench-train-") as tmp:
+        runs = {stage: RunDir(Path(tmp) / stage) for stage in configs}
+        for run in runs.values():
+            run.path.mkdir()
+        # pretraining's targets come from a tokenizer: a random one of the preset's size, as an export
+        tokenizer = export_tokenizer(
+            DiscreteVAE(TokenizerStage.configure(configs["tokenizer"]).model), Path(tmp) / "tok"
+        )
+        measured["tokenizer"] = bench_stage(TokenizerStage, configs["tokenizer"], runs["tokenizer"], steps, warmup)
+        measured["pretrain"] = bench_stage(
+            PretrainStage, configs["pretrain"], runs["pretrain"], steps, warmup, tokenizer=tokenizer
+        )
+        measured["finetune"] = bench_stage(FinetuneStage, configs["finetune"], runs["finetune"], steps, warmup)
+    workers = os.cpu_count() or 1
+    loader_rate = bench_loader(configs["finetune"], workers)
+    rows = []
+    for stage, r in measured.items():
+        b = configs[stage].batch_size
+        rows += [
+            {"name": f"{stage} images/s", "value": r["images_per_s"], "unit": "img/s", "batch": b},
+            {"name": f"{stage} step", "value": r["step_ms"], "unit": "ms", "batch": b},
+            *(
+                [{"name": f"{stage} peak GPU memory", "value": r["peak_gib"], "unit": "GiB", "batch": b}]
+                * (dev.type == "cuda")
+            ),
+            {"name": f"{stage}: loader / step rate", "value": loader_rate / r["images_per_s"], "unit": "x", "batch": b},
+        ]
+    rows.append({"name": f"data loader, {workers} workers", "value": loader_rate, "unit": "samples/s", "batch": None})
+    table = Table(title=f"mem bench train: {preset} on {dev} (compile={compile_model}, {steps} timed steps)")
+    for column in ("name", "value", "unit", "batch"):
+        table.add_column(column)
+    for r in rows:
+        table.add_row(r["name"], f"{r['value']:.2f}", r["unit"], str(r["batch"] or ""))
+    Console().print(table)
+    if json_path is not None:
+        Path(json_path).write_text(json.dumps(rows, indent=2) + "\n")
+    return rows
