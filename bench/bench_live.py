@@ -39,11 +39,11 @@ from recorders.synthetic import SyntheticSource
 MODELS = {  # random-init architectures to measure: the CPU preset and the paper's ViT-B/16 (+ tokenizers)
     "cpu-tiny": (
         ViTConfig(img_size=96, patch_size=8, embed_dim=128, depth=4, num_heads=4, drop_path=0.0),
-        TokenizerConfig(img_size=96, num_tokens=512, codebook_dim=32, num_layers=3, hidden_dim=48),
+        TokenizerConfig(img_size=96, num_tokens=512, num_layers=3, hidden_dim=48, num_resnet_blocks=1),
     ),
     "vit-b": (
         ViTConfig(drop_path=0.0),
-        TokenizerConfig(img_size=224, num_tokens=8192, codebook_dim=32, num_layers=4, hidden_dim=64),
+        TokenizerConfig(),  # the paper's dVAE
     ),
 }
 SOURCE_RATE = 30e6  # events/s

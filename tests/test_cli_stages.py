@@ -74,7 +74,9 @@ def test_bad_arguments_are_one_clear_line(tmp_path, args, message, monkeypatch, 
 
 def test_pretrain_method_comes_from_the_config_unless_given(tmp_path):
     config = tmp_path / "emae.toml"
-    config.write_text('[pretrain]\nmethod = "emae"\n')
+    config.write_text(
+        '[vit]\nabs_pos_emb = true\nrel_pos_bias = false\n[pretrain]\nmethod = "emae"\nemae_decoder = [32, 1, 2]\n'
+    )
     args = ["--dataset", "sim", "--preset", "cpu-tiny", "--config", str(config), *sets(*TINY, *TINY_VIT)]
     r = mem("pretrain", "--out", str(tmp_path / "pre"), *args)  # eMAE needs no tokenizer
     assert r.returncode == 0, r.stderr[-3000:]

@@ -220,7 +220,12 @@ def make_task_model(kind: str) -> torch.nn.Module:
         return MEMViT(tiny_config(), num_classes=5)
     if kind == "segmentation":
         return SegmentationModel(tiny_vit(), num_classes=3, channels=16)
-    return EMAEPretrainModel(tiny_vit(), loss_on=kind.removeprefix("emae-"))
+    return tiny_emae(kind.removeprefix("emae-"))
+
+
+def tiny_emae(loss_on: str = "masked") -> EMAEPretrainModel:
+    encoder = tiny_vit(abs_pos_emb=True, rel_pos_bias=False)
+    return EMAEPretrainModel(encoder, loss_on=loss_on, decoder_dim=32, decoder_depth=1, decoder_heads=2)
 
 
 def task_loss(kind: str, model: torch.nn.Module) -> torch.Tensor:
@@ -265,15 +270,18 @@ def test_layer_decay_groups_scale_lr_down_with_depth(kind):
     block1 = scale(f"{vit}blocks.1.attn.qkv.weight")
     assert stem == pytest.approx(0.65 * block0) and block0 == pytest.approx(0.65 * block1)
     assert scale(f"{vit}cls_token") == stem
-    head = next(n for n in named if not n.startswith(f"{vit}blocks.") and named[n].ndim >= 2 and "head" in n)
+    head = next(
+        n for n in named if named[n].ndim >= 2 and n.split(".")[0] in ("head", "lm_head", "decode_head", "decoder_pred")
+    )
     assert scale(head) == 1.0
     assert block1 < 1.0
     # embeddings and relative position tables are excluded from weight decay
     assert scale_of[id(named[f"{vit}cls_token"])][1] == 0.0
-    assert scale_of[id(named[f"{vit}blocks.0.attn.relative_position_bias_table"])][1] == 0.0
     assert scale_of[id(named[f"{vit}blocks.0.attn.qkv.weight"])][1] == 0.05
     if named[f"{vit}mask_token"].requires_grad:
         assert scale_of[id(named[f"{vit}mask_token"])] == (stem, 0.0)
+    if not kind.startswith("emae"):  # eMAE's encoder has absolute positions, no relative tables
+        assert scale_of[id(named[f"{vit}blocks.0.attn.relative_position_bias_table"])][1] == 0.0
 
 
 # ---------------------------------------------------------------- classification, transfer, probing
@@ -316,10 +324,25 @@ def test_pretrained_weights_transfer_to_the_classifier():
     assert sorted(load_pretrained_backbone(classifier, pretrain.backbone.state_dict()).dropped) == dropped[2:]
 
 
-def test_transfer_rejects_a_different_patch_grid():
+def test_transfer_rejects_a_different_patch_size():
     pretrain = MEMPretrainModel(MEMViT(tiny_config(patch_size=4)), TOKENS)
-    with pytest.raises(ValueError, match="relative_position_bias_table"):
+    with pytest.raises(ValueError, match="patch_embed"):
         load_pretrained_backbone(MEMViT(tiny_config(), 5), pretrain.state_dict())
+
+
+def test_transfer_to_a_larger_input_resizes_the_relative_position_tables():
+    # the paper segments DSEC at 512 x 512 with a backbone pretrained at 224 x 224: 14 x 14 -> 32 x 32 patches
+    pretrain = MEMPretrainModel(tiny_vit(), TOKENS)  # 32 x 32 input, 4 x 4 grid
+    bigger = MEMViT(tiny_config(img_size=64), 5)  # 8 x 8 grid
+    report = load_pretrained_backbone(bigger, pretrain.state_dict())
+    assert report.missing == [] and report.unexpected == []
+    source = pretrain.backbone.blocks[0].attn.relative_position_bias_table  # (7 * 7 + 3, heads)
+    resized = bigger.blocks[0].attn.relative_position_bias_table  # (15 * 15 + 3, heads)
+    assert resized.shape == (15 * 15 + 3, source.shape[1])
+    assert torch.allclose(resized[7 * 15 + 7], source[3 * 7 + 3], atol=1e-5)  # offset (0, 0) keeps its bias
+    assert torch.equal(resized[-3:], source[-3:])  # the cls entries are copied
+    assert torch.equal(bigger.blocks[1].mlp.fc1.weight, pretrain.backbone.blocks[1].mlp.fc1.weight)
+    assert bigger(torch.rand(2, 2, 64, 64)).shape == (2, 5)
 
 
 def test_linear_probe_trains_only_the_head():
@@ -388,7 +411,7 @@ def test_patchify_round_trip_and_layout():
 
 @pytest.mark.parametrize("loss_on", ["masked", "all"])
 def test_emae_loss(loss_on):
-    model = EMAEPretrainModel(tiny_vit(), loss_on=loss_on).eval()
+    model = tiny_emae(loss_on).eval()
     x, mask = histograms(), half_mask()
     out = model(x, mask)
     assert out["pred"].shape == (2, N, PATCH * PATCH * 2)
@@ -401,9 +424,24 @@ def test_emae_loss(loss_on):
     assert same == (loss_on == "masked")
 
 
-def test_emae_rejects_unknown_loss():
+def test_emae_rejects_unknown_loss_and_a_relative_position_bias():
     with pytest.raises(ValueError, match="loss_on"):
-        EMAEPretrainModel(tiny_vit(), loss_on="visible")
+        tiny_emae("visible")
+    with pytest.raises(ValueError, match="abs_pos_emb"):
+        EMAEPretrainModel(tiny_vit(), loss_on="all")
+
+
+def test_emae_encoder_sees_only_the_visible_patches():
+    """MAE: what lies under masked patches cannot reach the encoder; the decoder predicts every patch."""
+    model = tiny_emae().eval()
+    x, mask = histograms(), half_mask()
+    pixel_mask = mask.reshape(2, 1, *GRID).repeat_interleave(PATCH, 2).repeat_interleave(PATCH, 3)  # (B, 1, H, W)
+    with torch.no_grad():
+        latent = model.forward_encoder(x, mask)
+        assert latent.shape == (2, 1 + N // 2, DIM)  # cls + the visible half
+        assert torch.equal(model.forward_encoder(torch.where(pixel_mask, histograms(seed=1), x), mask), latent)
+        assert model.forward_decoder(latent, mask).shape == (2, N, PATCH * PATCH * 2)
+    assert not model.backbone.pos_embed.requires_grad  # fixed sine-cosine positions, as MAE
 
 
 # ---------------------------------------------------------------- tokenizer (dVAE)
@@ -493,7 +531,7 @@ def test_straight_through_gumbel_is_one_hot_with_gradients():
 
 
 def test_temperature_schedule_anneals_from_start_to_min():
-    config = TokenizerConfig(temperature_anneal_steps=100)
+    config = TokenizerConfig(temperature_min=1 / 16, temperature_anneal_steps=100)
     temps = [config.temperature(step) for step in range(0, 150, 10)]
     assert temps[0] == pytest.approx(1.0)
     assert config.temperature(100) == pytest.approx(1 / 16) and temps[-1] == pytest.approx(1 / 16)
@@ -512,3 +550,30 @@ def test_codebook_stats():
     assert half["usage"] == 0.5 and half["perplexity"] == pytest.approx(TOKENS / 2, rel=1e-4)
     with pytest.raises(ValueError, match="out of range"):
         codebook_stats(torch.tensor([TOKENS]), TOKENS)
+
+
+def test_dropout_acts_in_the_blocks_and_head_dropout_before_the_head():
+    # the paper's finetuning "dropout" is BEiT's drop_rate: position embedding, attention projection and MLP
+    model = MEMViT(tiny_config(), num_classes=3, dropout=0.1, drop_rate=0.2)
+    assert model.pos_drop.p == 0.1 and model.head_drop.p == 0.2
+    block = model.blocks[0]
+    assert block.attn.proj_drop.p == 0.1 and block.mlp.drop2.p == 0.1
+    plain = MEMViT(tiny_config(), num_classes=3)
+    assert plain.pos_drop.p == plain.blocks[0].attn.proj_drop.p == plain.head_drop.p == 0.0
+
+
+def test_tokenizer_layer_decay_scales_the_lr_from_the_output_back():
+    from mem_core.train.tokenizer import layer_groups
+
+    model = DiscreteVAE(tiny_tokenizer_config())
+    groups = layer_groups(model, 0.98)
+    assert groups[-1]["lr_scale"] == 1.0 and groups[0]["lr_scale"] == pytest.approx(0.98 ** (len(groups) - 1))
+    assert groups[0]["params"][0] is model.encoder[0].weight  # the input layer decays most
+    assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))  # every parameter, once
+
+
+def test_default_temperature_is_the_papers_exp_minus_1e6_per_step_down_to_one_half():
+    config = TokenizerConfig()
+    for step in (0, 10_000, 300_000, 690_000):
+        assert config.temperature(step) == pytest.approx(max(math.exp(-1e-6 * step), 0.5), rel=1e-5)
+    assert config.temperature(2_000_000) == 0.5

@@ -97,11 +97,24 @@ def test_linear_probe_trains_only_the_head(tmp_path, pretrain_run):
 
 
 @pytest.mark.parametrize("loss_on", ["masked", "all"])
-def test_emae_baseline(tmp_path, loss_on):
-    cfg = config("pretrain", "method=emae", f"emae_loss={loss_on}")
+def test_emae_baseline_pretrains_and_finetunes(tmp_path, loss_on):
+    absolute = ["model.abs_pos_emb=true", "model.rel_pos_bias=false"]  # MAE: the encoder sees the visible patches
+    cfg = config("pretrain", "method=emae", f"emae_loss={loss_on}", "emae_decoder=[32, 1, 2]", *absolute)
     run = pretrain.run(cfg, tmp_path / "emae", tokenizer=None)
     records = RunDir(run.path).metrics()
     assert records[-1]["val_loss"] >= 0 and (run.path / "predictions.png").is_file()
+    ft = finetune.run(
+        config("finetune", "lr=0", "min_lr=0", "warmup_epochs=0", *absolute), tmp_path / "ft", init=run.path
+    )
+    pre = load_checkpoint(run.path / "checkpoint.pt")["model"]
+    model, _ = load_model(ft.path)
+    assert torch.equal(model.blocks[0].attn.qkv.weight, pre["backbone.blocks.0.attn.qkv.weight"])
+    assert torch.equal(model.pos_embed, pre["backbone.pos_embed"])  # the sine-cosine positions, learnable from here
+
+
+def test_emae_with_a_relative_position_bias_is_a_clear_error(tmp_path):
+    with pytest.raises(RunError, match=r"abs_pos_emb=true and model\.rel_pos_bias=false"):
+        pretrain.run(config("pretrain", "method=emae"), tmp_path / "emae", tokenizer=None)
 
 
 @pytest.mark.parametrize(("channels", "in_chans"), [("temporal", 8), ("timestamp", 3)])

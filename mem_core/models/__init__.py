@@ -1,7 +1,7 @@
 """MEM models: the event tokenizer (dVAE), block masking, the MEM ViT with its pretraining and task heads."""
 
 from .emae import EMAEPretrainModel, patchify, unpatchify
-from .masking import BlockMaskGenerator
+from .masking import BlockMaskGenerator, RandomMaskGenerator
 from .segmentation import SegmentationModel, confusion_matrix, segmentation_metrics
 from .tokenizer import DiscreteVAE, TokenizerConfig, codebook_stats
 from .vit import (
@@ -25,6 +25,7 @@ __all__ = [
     "LoadReport",
     "MEMPretrainModel",
     "MEMViT",
+    "RandomMaskGenerator",
     "SegmentationModel",
     "TokenizerConfig",
     "ViTConfig",

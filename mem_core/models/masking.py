@@ -95,3 +95,20 @@ class BlockMaskGenerator:
         """``batch_size`` independent masks flattened to ``(B, h * w)`` bool."""
         rng = as_numpy_generator(generator)
         return torch.stack([self(rng).flatten() for _ in range(batch_size)])
+
+
+class RandomMaskGenerator:
+    """MAE's masking: ``round(mask_ratio * h * w)`` patches drawn uniformly at random, the same count per sample."""
+
+    def __init__(self, grid: tuple[int, int] = (14, 14), mask_ratio: float = 0.5) -> None:
+        if not 0.0 <= mask_ratio <= 1.0:
+            raise ValueError(f"mask_ratio must be in [0, 1], got {mask_ratio}")
+        self.grid = (int(grid[0]), int(grid[1]))
+        self.num_masked = round(mask_ratio * self.grid[0] * self.grid[1])
+
+    def batch(self, batch_size: int, generator: torch.Generator | np.random.Generator) -> torch.Tensor:
+        """``batch_size`` masks ``(B, h * w)`` bool, True = masked."""
+        rng = as_numpy_generator(generator)
+        n = self.grid[0] * self.grid[1]
+        ranks = rng.random((batch_size, n)).argsort(1)  # a random permutation per sample
+        return torch.from_numpy(ranks < self.num_masked)

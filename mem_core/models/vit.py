@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
-from timm.layers import trunc_normal_
+from timm.layers import resample_abs_pos_embed, resize_rel_pos_bias_table, trunc_normal_
 from timm.models.beit import Beit
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -102,9 +102,12 @@ class MEMViT(Beit):
         config: ViTConfig,
         num_classes: int = 0,
         *,
+        dropout: float = 0.0,
         drop_rate: float = 0.0,
         head_init_scale: float = 0.001,
     ) -> None:
+        """``dropout``: BEiT's ``drop_rate``, after the position embedding and in every block (attention projection,
+        MLP); ``drop_rate``: before the classifier head only (timm's name)."""
         super().__init__(
             img_size=config.img_size,
             patch_size=config.patch_size,
@@ -116,6 +119,8 @@ class MEMViT(Beit):
             num_heads=config.num_heads,
             mlp_ratio=config.mlp_ratio,
             drop_rate=drop_rate,
+            pos_drop_rate=dropout,
+            proj_drop_rate=dropout,
             drop_path_rate=config.drop_path,
             init_values=config.layer_scale_init,
             use_abs_pos_emb=config.abs_pos_emb,
@@ -282,9 +287,10 @@ def load_pretrained_backbone(vit: MEMViT, state_dict: dict[str, torch.Tensor]) -
 
     Accepts the state dict of a pretraining model (keys ``backbone.*``; its heads such as ``lm_head`` are dropped)
     or of a bare ``MEMViT``. The final token norm is dropped when the ViT normalizes after pooling instead
-    (``fc_norm``, as BEiT finetunes). Every other tensor must match in shape, including the relative position bias
-    tables (so the patch grid must be the same). ``missing`` lists the ViT's weights the state dict lacks, apart
-    from the fresh head and ``fc_norm``.
+    (``fc_norm``, as BEiT finetunes). A ViT on another patch grid (a backbone pretrained at 224 x 224 segmenting at
+    512 x 512) gets the position tables resized: relative position bias with BEiT's geometric-progression
+    interpolation, absolute position embeddings bicubically (timm's functions). Every other tensor must match in
+    shape. ``missing`` lists the ViT's weights the state dict lacks, apart from the fresh head and ``fc_norm``.
 
     Raises:
         ValueError: a tensor's shape differs from the ViT's (named in the message).
@@ -297,7 +303,7 @@ def load_pretrained_backbone(vit: MEMViT, state_dict: dict[str, torch.Tensor]) -
     own = vit.state_dict()
     unused = [key for key in weights if key not in own and key.startswith("norm.")]
     dropped += unused
-    weights = {key: value for key, value in weights.items() if key not in unused}
+    weights = {key: _fit_positions(key, value, own, vit) for key, value in weights.items() if key not in unused}
     wrong = [
         f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(own[k].shape)}"
         for k, v in weights.items()
@@ -311,3 +317,14 @@ def load_pretrained_backbone(vit: MEMViT, state_dict: dict[str, torch.Tensor]) -
     fresh = ("fc_norm.", "head.")
     missing = [key for key in result.missing_keys if not key.startswith(fresh)]
     return LoadReport(missing=missing, unexpected=list(result.unexpected_keys), dropped=dropped)
+
+
+def _fit_positions(key: str, value: torch.Tensor, own: dict[str, torch.Tensor], vit: MEMViT) -> torch.Tensor:
+    """A pretrained position table resized to ``vit``'s patch grid when the grids differ; other tensors unchanged."""
+    if key not in own or own[key].shape == value.shape:
+        return value
+    if key.endswith("relative_position_bias_table"):
+        return resize_rel_pos_bias_table(value, new_window_size=vit.grid_size, new_bias_shape=tuple(own[key].shape))
+    if key == "pos_embed":
+        return resample_abs_pos_embed(value, new_size=list(vit.grid_size), num_prefix_tokens=vit.num_prefix_tokens)
+    return value

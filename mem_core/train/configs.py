@@ -65,13 +65,15 @@ class TokenizerStageConfig(StageConfig):
     schedule: Literal["cosine", "exponential", "constant"] = "exponential"
     weight_decay: float = 0.0
     grad_clip: float = 1e-2
+    layer_decay: float | None = None  # lr x decay per layer from the output back to the input (paper table: 0.98)
 
 
 @dataclass
 class PretrainStageConfig(StageConfig):
     model: ViTConfig = field(default_factory=ViTConfig)
     method: Literal["mem", "emae"] = "mem"
-    emae_loss: Literal["masked", "all"] = "all"
+    emae_loss: Literal["masked", "all"] = "all"  # eMAE: MSE on the masked patches or on the whole histogram
+    emae_decoder: tuple[int, int, int] = (512, 8, 16)  # eMAE decoder width, depth, heads (the paper's MAE)
     mask_ratio: float = 0.5
     mask_min_block: int | None = None  # smallest masked block in patches; None: BEiT's 16 of 196, scaled to the grid
     lr: float = 3e-4
@@ -87,7 +89,8 @@ class FinetuneStageConfig(StageConfig):
     betas: tuple[float, float] = (0.9, 0.95)
     layer_decay: float = 0.65
     label_smoothing: float = 0.1
-    head_dropout: float = 0.0
+    dropout: float = 0.0  # the paper's "dropout": after the position embedding and in every block (BEiT's drop_rate)
+    head_dropout: float = 0.0  # before the classifier head only
     head_init_scale: float = 0.001  # BEiT's small head init; short CPU runs learn faster with 1.0
     ema_decay: float = 0.0  # 0 = no EMA; the paper reports 0.9999 on large datasets
     probe: bool = False  # linear probing: only the head's norm and linear layer train

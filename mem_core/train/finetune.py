@@ -43,7 +43,13 @@ class FinetuneStage(TaskStage):
 
     def build_model(self) -> MEMViT:
         cfg = self.cfg
-        return MEMViT(cfg.model, len(self.classes), drop_rate=cfg.head_dropout, head_init_scale=cfg.head_init_scale)
+        return MEMViT(
+            cfg.model,
+            len(self.classes),
+            dropout=cfg.dropout,
+            drop_rate=cfg.head_dropout,
+            head_init_scale=cfg.head_init_scale,
+        )
 
     def initialize(self, model: MEMViT) -> None:
         super().initialize(model)

@@ -73,7 +73,10 @@ class _Collate:
 
 
 def build_scheduler(cfg, optimizer: torch.optim.Optimizer, steps_per_epoch: int):
-    """timm's cosine (per step, with warm-up) or exponential (per epoch) schedule; None for a constant lr."""
+    """timm's cosine (per step, with warm-up) or exponential (per epoch) schedule; None for a constant lr.
+
+    timm's schedules give every parameter group its ``lr_scale`` (layer-wise lr decay); a constant lr gets it here.
+    """
     from timm.scheduler import CosineLRScheduler, StepLRScheduler
 
     warmup = cfg.warmup_steps if cfg.warmup_steps > 0 else round(cfg.warmup_epochs * steps_per_epoch)
@@ -89,6 +92,8 @@ def build_scheduler(cfg, optimizer: torch.optim.Optimizer, steps_per_epoch: int)
         )
     if cfg.schedule == "exponential":
         return StepLRScheduler(optimizer, decay_t=1, decay_rate=cfg.lr_gamma, t_in_epochs=True)
+    for group in optimizer.param_groups:
+        group["lr"] = cfg.lr * group.get("lr_scale", 1.0)
     return None
 
 

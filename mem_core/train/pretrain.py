@@ -15,7 +15,14 @@ import numpy as np
 import torch
 
 from mem_core.export import load_tokenizer
-from mem_core.models import BlockMaskGenerator, EMAEPretrainModel, MEMPretrainModel, MEMViT, unpatchify
+from mem_core.models import (
+    BlockMaskGenerator,
+    EMAEPretrainModel,
+    MEMPretrainModel,
+    MEMViT,
+    RandomMaskGenerator,
+    unpatchify,
+)
 from mem_core.representation import batch_preprocess
 from mem_core.train.configs import PretrainStageConfig
 from mem_core.train.engine import MetricMeter, StepResult
@@ -44,7 +51,21 @@ class PretrainStage(Stage):
                     f"a {cfg.model.grid_size} patch grid and {cfg.model.in_chans} channels: they must match"
                 )
             run.write_json("tokenizer.json", {"path": str(Path(tokenizer).resolve())})
-        self.masks = BlockMaskGenerator(cfg.model.grid_size, cfg.mask_ratio, min_block=cfg.mask_min_block)
+        if cfg.method == "mem":  # BEiT's blocks for MEM, MAE's uniformly random patches for eMAE (as the paper)
+            self.masks = BlockMaskGenerator(cfg.model.grid_size, cfg.mask_ratio, min_block=cfg.mask_min_block)
+        else:
+            self.masks = RandomMaskGenerator(cfg.model.grid_size, cfg.mask_ratio)
+
+    @classmethod
+    def configure(cls, cfg: PretrainStageConfig, **inputs) -> PretrainStageConfig:
+        cfg = super().configure(cfg)
+        if cfg.method == "emae" and (cfg.model.rel_pos_bias or not cfg.model.abs_pos_emb):
+            raise RunError(
+                "eMAE encodes the visible patches only (MAE), which needs absolute position embeddings and no "
+                "relative position bias: set model.abs_pos_emb=true and model.rel_pos_bias=false (in the [vit] table "
+                "of a config file, so that finetuning from it builds the same ViT)"
+            )
+        return cfg
 
     @property
     def description(self) -> str:
@@ -54,7 +75,10 @@ class PretrainStage(Stage):
         backbone = MEMViT(self.cfg.model)
         if self.tokenizer is not None:
             return MEMPretrainModel(backbone, self.tokenizer.config.num_tokens)
-        return EMAEPretrainModel(backbone, loss_on=self.cfg.emae_loss)
+        width, depth, heads = self.cfg.emae_decoder
+        return EMAEPretrainModel(
+            backbone, self.cfg.emae_loss, decoder_dim=width, decoder_depth=depth, decoder_heads=heads
+        )
 
     def forward(self, model, x: torch.Tensor, mask_rng: np.random.Generator) -> dict[str, torch.Tensor]:
         """The model's outputs (loss, acc) on inputs ``x`` (B, C, H, W) with masks drawn from ``mask_rng``."""

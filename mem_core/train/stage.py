@@ -168,8 +168,9 @@ def run_stage(stage_cls: type[Stage], cfg, out: Path | str, *, resume: bool = Fa
 
 # ------------------------------------------------------------------------------------ stages that learn labels
 
-# What makes two ViTs the same network (drop path is a training setting of each stage).
-ARCH_FIELDS = tuple(f.name for f in dataclasses.fields(ViTConfig) if f.name != "drop_path")
+# What makes two ViTs the same network: not drop path (a training setting of each stage), nor the input size
+# (position tables are resized to another patch grid when the pretrained weights are loaded).
+ARCH_FIELDS = tuple(f.name for f in dataclasses.fields(ViTConfig) if f.name not in ("drop_path", "img_size"))
 
 
 def pretraining_run(run_path: Path | str) -> tuple[RunDir, ViTConfig]:
@@ -203,11 +204,7 @@ class TaskStage(Stage):
             if differ:
                 settings = ", ".join(f"{f}={getattr(pretrained, f)}" for f in differ)
                 mine = ", ".join(f"{f}={getattr(cfg.model, f)}" for f in differ)
-                hint = (
-                    " (img_size and in_chans follow input.size and input.channels)"
-                    if {"img_size", "in_chans"} & {*differ}
-                    else ""
-                )
+                hint = " (in_chans follows input.channels)" if "in_chans" in differ else ""
                 raise RunError(
                     f"{init} was pretrained with {settings}, this {cls.name} run would build {mine}: use the same "
                     f"preset and model settings as the pretraining run{hint}"

@@ -31,9 +31,11 @@ class TokenizerStage(Stage):
     def build_model(self) -> DiscreteVAE:
         return DiscreteVAE(self.cfg.model)
 
-    def build_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
-        cfg = self.cfg  # the paper's dVAE table: Adam, no weight decay by default
-        return torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+    def build_optimizer(self, model: DiscreteVAE) -> torch.optim.Optimizer:
+        """Adam (the paper's dVAE table), with layer-wise lr decay when ``layer_decay`` is set."""
+        cfg = self.cfg
+        groups = layer_groups(model, cfg.layer_decay) if cfg.layer_decay else [{"params": list(model.parameters())}]
+        return torch.optim.Adam(groups, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
 
     def step(self, model: torch.nn.Module, batch, epoch: int, step: int) -> StepResult:
         x, _, g = self.train_inputs(batch[0], epoch, step)
@@ -47,6 +49,16 @@ class TokenizerStage(Stage):
 
     def after_validation(self, model: torch.nn.Module, loader) -> None:
         save_pictures(model, loader, self.cfg.input, self.runtime, self.run.path)
+
+
+def layer_groups(model: DiscreteVAE, decay: float) -> list[dict]:
+    """Parameter groups of the dVAE's layers, input to output (encoder, codebook, decoder), the last with the full lr
+    and each one before it ``decay`` times the next one's (``lr_scale``, which timm's schedulers apply)."""
+    layers = [m for m in (*model.encoder, model.codebook, *model.decoder) if any(True for _ in m.parameters())]
+    return [
+        {"params": list(layer.parameters()), "lr_scale": decay ** (len(layers) - 1 - i)}
+        for i, layer in enumerate(layers)
+    ]
 
 
 def run(cfg: TokenizerStageConfig, out: Path | str, *, resume: bool = False) -> RunDir:
