@@ -99,7 +99,7 @@ class EMAEPretrainModel(BackboneModel):
         vit._check_input(x)
         tokens = vit.patch_embed(x) + vit.pos_embed[:, 1:]  # (B, N, D)
         batch, _, dim = tokens.shape
-        visible = tokens[~mask].reshape(batch, -1, dim)  # (B, V, D)
+        visible = tokens.gather(1, _visible_index(mask, x.device)[..., None].expand(-1, -1, dim))  # (B, V, D)
         cls = (vit.cls_token + vit.pos_embed[:, :1]).expand(batch, -1, -1)
         h = vit.pos_drop(torch.cat([cls, visible], dim=1))  # (B, 1 + V, D)
         for block in vit.blocks:
@@ -110,8 +110,9 @@ class EMAEPretrainModel(BackboneModel):
         """Encoded tokens ``(B, 1 + V, D)`` -> values of every patch ``(B, N, p * p * C)``."""
         h = self.decoder_embed(latent)  # (B, 1 + V, Dd)
         batch, num_patches = mask.shape
+        visible = _visible_index(mask, h.device)[..., None].expand(-1, -1, h.shape[-1])  # (B, V, Dd)
         full = self.decoder_mask_token.expand(batch, num_patches, -1).to(h.dtype)  # (B, N, Dd)
-        full = full.masked_scatter((~mask)[..., None].expand_as(full), h[:, 1:])  # visible tokens back in place
+        full = full.scatter(1, visible, h[:, 1:])  # visible tokens back in place
         h = torch.cat([h[:, :1], full], dim=1) + self.decoder_pos_embed
         for block in self.decoder_blocks:
             h = block(h)
@@ -122,14 +123,23 @@ class EMAEPretrainModel(BackboneModel):
         per_patch = (pred.float() - patchify(x, self.patch_size).float()).pow(2).mean(dim=-1)  # (B, N)
         if self.loss_on == "all":
             return per_patch.mean()
-        weight = mask.to(per_patch.dtype)
+        weight = mask.to(per_patch.device, per_patch.dtype, non_blocking=True)
         return (per_patch * weight).sum() / weight.sum().clamp(min=1.0)
 
     def forward(self, x: torch.Tensor, bool_masked_pos: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Returns ``loss`` and ``pred`` ``(B, N, p * p * C)`` (``unpatchify`` it to view the reconstruction)."""
+        """Returns ``loss`` and ``pred`` ``(B, N, p * p * C)`` (``unpatchify`` it to view the reconstruction).
+
+        The mask may stay on the CPU (as pretraining passes it): the visible positions are found there, so a GPU step
+        never waits to learn how many patches are visible."""
         mask = bool_masked_pos.reshape(x.shape[0], -1)  # (B, N)
         counts = mask.sum(1)
         if (counts != counts[0]).any():
             raise ValueError("eMAE needs the same number of masked patches in every sample")
         pred = self.forward_decoder(self.forward_encoder(x, mask), mask)
         return {"loss": self.forward_loss(x, pred, mask), "pred": pred}
+
+
+def _visible_index(mask: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Positions of the unmasked patches of ``mask`` ``(B, N)`` (the same count per sample), ``(B, V)`` on ``device``,
+    computed where the mask lives."""
+    return (~mask).nonzero()[:, 1].reshape(mask.shape[0], -1).to(device, non_blocking=True)

@@ -260,15 +260,19 @@ class MEMPretrainModel(BackboneModel):
         Returns:
             ``loss`` (scalar), ``acc`` (fraction of masked patches predicted right), ``logits`` ``(M, num_tokens)``
             for the ``M`` masked patches in row-major (batch, patch) order.
+
+        The mask may stay on the CPU (as pretraining passes it): the masked positions are found there, so a GPU step
+        never waits to learn how many patches are masked.
         """
         batch = x.shape[0]
         mask = bool_masked_pos.reshape(batch, -1)  # (B, N)
         targets = target_ids.reshape(batch, -1)  # (B, N)
         if targets.shape != mask.shape:
             raise ValueError(f"target_ids {tuple(target_ids.shape)} do not match the mask {tuple(mask.shape)}")
-        tokens = self.backbone.forward_tokens(x, mask)  # (B, N, D)
-        logits = self.lm_head(tokens[mask])  # (M, num_tokens): the head only runs on masked patches
-        target = targets[mask]  # (M,)
+        masked = mask.flatten().nonzero()[:, 0].to(x.device, non_blocking=True)  # (M,) flat (sample, patch) positions
+        tokens = self.backbone.forward_tokens(x, mask.to(x.device, non_blocking=True))  # (B, N, D)
+        logits = self.lm_head(tokens.flatten(0, 1)[masked])  # (M, num_tokens): the head only runs on masked patches
+        target = targets.flatten().to(x.device)[masked]  # (M,)
         loss = F.cross_entropy(logits.float(), target)
         acc = (logits.argmax(-1) == target).float().mean()
         return {"loss": loss, "acc": acc, "logits": logits}

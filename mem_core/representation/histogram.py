@@ -283,4 +283,5 @@ def batch_histogram(
         return _batch_histogram_numba(batch.to("cpu"), channels, num_channels)
     if backend != "torch":
         raise ValueError(f"unknown histogram backend {backend!r}; expected 'auto', 'numba' or 'torch'")
-    return _batch_histogram_torch(batch.to(device), channels, bins, num_channels)
+    # pinned batches (DataLoader pin_memory) copy to a GPU without stalling the host
+    return _batch_histogram_torch(batch.to(device, non_blocking=True), channels, bins, num_channels)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -20,6 +21,8 @@ from torch.utils.data import Sampler
 from mem_core.errors import MemError
 from mem_core.representation import batch_preprocess
 from mem_core.train.runtime import Runtime, all_reduce_sum
+
+CHECK_EVERY_S = 0.5  # how often the loop reads the device back: loss finiteness, progress bar
 
 
 class NonFiniteLossError(MemError, FloatingPointError):
@@ -120,40 +123,38 @@ def progress_bar(runtime: Runtime) -> Progress:
 
 @dataclass
 class StepResult:
+    """One step's loss, its metrics (tensors on the device or floats: never read back within the step) and size."""
+
     loss: torch.Tensor
-    metrics: dict[str, float]
+    metrics: dict[str, torch.Tensor | float]
     n: int
 
 
-def check_finite(loss: torch.Tensor, epoch: int, step: int) -> None:
-    if not torch.isfinite(loss).all():
-        raise NonFiniteLossError(
-            f"loss is {loss.item()} at epoch {epoch}, step {step}: stopping "
-            "(lower the learning rate, check grad_clip, or look for corrupt inputs)"
-        )
-
-
 class MetricMeter:
-    """Sample-weighted means of per-step metrics, reduced over processes at the end of an epoch."""
+    """Sample-weighted means of per-step metrics, kept on the device (reading a GPU value stalls the step until the
+    GPU has caught up) and read back only by ``current`` and ``reduce``."""
 
     def __init__(self) -> None:
-        self.sums: dict[str, float] = {}
+        self.sums: dict[str, torch.Tensor] = {}
         self.count = 0
 
-    def update(self, metrics: dict[str, float], n: int) -> None:
+    def update(self, metrics: dict[str, torch.Tensor | float], n: int) -> None:
         for k, v in metrics.items():
-            self.sums[k] = self.sums.get(k, 0.0) + float(v) * n
+            value = v.detach().double() if isinstance(v, torch.Tensor) else torch.tensor(float(v), dtype=torch.float64)
+            self.sums[k] = self.sums[k] + value * n if k in self.sums else value * n
         self.count += n
 
     def current(self) -> dict[str, float]:
-        return {k: v / max(self.count, 1) for k, v in self.sums.items()}
+        return {k: v.item() / max(self.count, 1) for k, v in self.sums.items()}
 
     def reduce(self, runtime: Runtime) -> dict[str, float]:
+        """The means over all processes (every rank must hold the same metrics)."""
         keys = sorted(self.sums)
-        packed = torch.tensor([self.sums[k] for k in keys] + [self.count], dtype=torch.float64)
+        count = torch.tensor(float(self.count), dtype=torch.float64)
+        packed = torch.stack([*(self.sums[k].to(runtime.device) for k in keys), count.to(runtime.device)])
         packed = all_reduce_sum(packed, runtime).cpu()
-        count = max(packed[-1].item(), 1.0)
-        return {k: packed[i].item() / count for i, k in enumerate(keys)}
+        total = max(packed[-1].item(), 1.0)
+        return {k: packed[i].item() / total for i, k in enumerate(keys)}
 
 
 @torch.no_grad()
@@ -185,35 +186,55 @@ def train_one_epoch(
     on_update: Callable[[int], None] | None = None,
     description: str = "train",
 ) -> dict[str, float]:
-    """One pass over ``loader``: forward in autocast, finite-loss check, backward, clip, step, ``on_update``.
+    """One pass over ``loader``: forward in autocast, backward, clip, step, ``on_update``.
 
     ``step_fn(batch, step)`` returns the loss and per-batch metrics; ``on_update(num_updates)`` steps schedulers/EMA.
-    Returns sample-weighted mean metrics over all processes.
+    Nothing is read back from the device within a step: the loss's finiteness and the progress bar are checked every
+    ``CHECK_EVERY_S`` and at the end of the epoch, so a NaN stops the run within a second (before the epoch's
+    checkpoint is written). Returns sample-weighted mean metrics over all processes.
     """
     model.train()
     meter = MetricMeter()
+    losses: list[torch.Tensor] = []  # the steps' losses since the last check
+    checked_at, checked_step = time.monotonic(), 0
     with progress_bar(runtime) as bar:
         task = bar.add_task(f"{description} {epoch + 1}/{epochs}", total=steps_per_epoch, rate="", info="")
         for step, batch in enumerate(loader):
             with runtime.autocast():
                 result = step_fn(batch, step)
-            check_finite(result.loss.detach(), epoch, step)
             optimizer.zero_grad(set_to_none=True)
             result.loss.backward()
             if grad_clip > 0:
                 grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-                result.metrics.setdefault("grad_norm", float(grad_norm))
+                result.metrics.setdefault("grad_norm", grad_norm)
             optimizer.step()
             if on_update is not None:
                 on_update(epoch * steps_per_epoch + step + 1)
-            meter.update({"loss": result.loss.item(), **result.metrics}, result.n)
-            elapsed = bar.tasks[task].elapsed or 1e-9
-            bar.update(
-                task,
-                advance=1,
-                rate=f"{meter.count * runtime.world_size / elapsed:.0f} sa/s",
-                info=" ".join(f"{k} {v:.4g}" for k, v in meter.current().items() if k != "grad_norm"),
-            )
+            losses.append(result.loss.detach())
+            meter.update({"loss": result.loss, **result.metrics}, result.n)
+            bar.advance(task)
+            if time.monotonic() - checked_at >= CHECK_EVERY_S:
+                _check_finite(losses, epoch, checked_step)
+                losses, checked_at, checked_step = [], time.monotonic(), step + 1
+                elapsed = bar.tasks[task].elapsed or 1e-9
+                shown = {k: v for k, v in meter.current().items() if k != "grad_norm"}
+                rate = f"{meter.count * runtime.world_size / elapsed:.0f} sa/s"
+                bar.update(task, rate=rate, info=" ".join(f"{k} {v:.4g}" for k, v in shown.items()))
+        _check_finite(losses, epoch, checked_step)
     stats = meter.reduce(runtime)
     stats["lr"] = max(group["lr"] for group in optimizer.param_groups)
     return stats
+
+
+def _check_finite(losses: list[torch.Tensor], epoch: int, first_step: int) -> None:
+    """Raise ``NonFiniteLossError`` naming the first step among ``losses`` (from ``first_step`` on) that was NaN/inf."""
+    if not losses:
+        return
+    values = torch.stack([loss.float() for loss in losses])
+    bad = (~torch.isfinite(values)).nonzero()
+    if len(bad):
+        k = int(bad[0])
+        raise NonFiniteLossError(
+            f"loss is {values[k].item()} at epoch {epoch}, step {first_step + k}: stopping "
+            "(lower the learning rate, check grad_clip, or look for corrupt inputs)"
+        )

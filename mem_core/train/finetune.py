@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from timm.optim import create_optimizer_v2
 from timm.utils import ModelEmaV3
 
 from mem_core.models import MEMViT
@@ -56,12 +55,9 @@ class FinetuneStage(TaskStage):
         if self.cfg.probe:
             model.freeze_features()
 
-    def build_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
-        cfg = self.cfg
-        decay = None if cfg.probe else cfg.layer_decay  # a probe trains only the head: nothing to decay
-        return create_optimizer_v2(
-            model, "adamw", lr=cfg.lr, weight_decay=cfg.weight_decay, layer_decay=decay, betas=cfg.betas
-        )
+    @property
+    def layer_decay(self) -> float | None:
+        return None if self.cfg.probe else self.cfg.layer_decay  # a probe trains only the head: nothing to decay
 
     def build_ema(self, model: torch.nn.Module) -> ModelEmaV3 | None:
         return ModelEmaV3(model, decay=self.cfg.ema_decay) if self.cfg.ema_decay > 0 else None
@@ -72,7 +68,7 @@ class FinetuneStage(TaskStage):
         x, _, _ = self.train_inputs(events, epoch, step)
         logits = model(x)
         loss = F.cross_entropy(logits.float(), labels, label_smoothing=self.cfg.label_smoothing)
-        acc = (logits.argmax(-1) == labels).float().mean().item()
+        acc = (logits.argmax(-1) == labels).float().mean()
         return StepResult(loss, {"acc": acc}, x.shape[0])
 
     def evaluate(self, model: torch.nn.Module, loader) -> dict:
@@ -91,12 +87,12 @@ def run(cfg: FinetuneStageConfig, out: Path | str, *, init: Path | str | None = 
 @torch.no_grad()
 def evaluate_classifier(model, loader, spec, runtime: Runtime, num_classes: int) -> dict:
     """Top-1, mean loss and the confusion matrix (rows: true class) over the whole split, all processes."""
-    confusion = torch.zeros(num_classes, num_classes, dtype=torch.float64)
-    loss_sum = torch.zeros(1, dtype=torch.float64)
+    confusion = torch.zeros(num_classes, num_classes, dtype=torch.float64, device=runtime.device)
+    loss_sum = torch.zeros(1, dtype=torch.float64, device=runtime.device)  # sums stay on the device until the end
     for logits, labels, _ in eval_batches(model, loader, spec, runtime):
-        loss_sum += F.cross_entropy(logits.float(), labels, reduction="sum").item()
+        loss_sum += F.cross_entropy(logits.float(), labels, reduction="sum")
         pairs = labels * num_classes + logits.argmax(-1)
-        confusion += torch.bincount(pairs.cpu(), minlength=num_classes**2).view(num_classes, num_classes).double()
+        confusion += torch.bincount(pairs, minlength=num_classes**2).view(num_classes, num_classes)
     confusion = all_reduce_sum(confusion, runtime).cpu()
     loss_sum = all_reduce_sum(loss_sum, runtime).cpu()
     n = confusion.sum().item()

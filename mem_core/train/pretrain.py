@@ -82,7 +82,7 @@ class PretrainStage(Stage):
 
     def forward(self, model, x: torch.Tensor, mask_rng: np.random.Generator) -> dict[str, torch.Tensor]:
         """The model's outputs (loss, acc) on inputs ``x`` (B, C, H, W) with masks drawn from ``mask_rng``."""
-        mask = self.masks.batch(x.shape[0], mask_rng).to(self.runtime.device)
+        mask = self.masks.batch(x.shape[0], mask_rng)  # on the CPU: the models find the masked positions there
         if self.tokenizer is None:
             return model(x, mask)
         with torch.no_grad():
@@ -92,7 +92,7 @@ class PretrainStage(Stage):
     def step(self, model: torch.nn.Module, batch, epoch: int, step: int) -> StepResult:
         x, _, _ = self.train_inputs(batch[0], epoch, step)
         out = self.forward(model, x, np.random.default_rng([self.cfg.seed, epoch, step, self.runtime.rank]))
-        return StepResult(out["loss"], {"acc": out["acc"].item()} if "acc" in out else {}, x.shape[0])
+        return StepResult(out["loss"], {"acc": out["acc"]} if "acc" in out else {}, x.shape[0])
 
     @torch.no_grad()
     def evaluate(self, model: torch.nn.Module, loader) -> dict[str, float]:
@@ -103,7 +103,7 @@ class PretrainStage(Stage):
             x = batch_preprocess(events, self.cfg.input, train=False, device=self.runtime.device)
             with self.runtime.autocast():
                 out = self.forward(model, x, mask_rng)
-            meter.update({k: out[k].item() for k in ("loss", "acc") if k in out}, x.shape[0])
+            meter.update({k: out[k] for k in ("loss", "acc") if k in out}, x.shape[0])
         return meter.reduce(self.runtime)
 
     def after_validation(self, model: torch.nn.Module, loader) -> None:

@@ -57,7 +57,7 @@ class SegmentStage(TaskStage):
         logits = model(x)
         loss = F.cross_entropy(logits.float(), target, ignore_index=self.cfg.ignore_index)
         valid = target != self.cfg.ignore_index
-        acc = (logits.argmax(1)[valid] == target[valid]).float().mean().item()
+        acc = ((logits.argmax(1) == target) & valid).sum() / valid.sum().clamp(min=1)  # no boolean indexing: no sync
         return StepResult(loss, {"pixel_acc": acc}, x.shape[0])
 
     def evaluate(self, model: torch.nn.Module, loader) -> dict:

@@ -67,12 +67,23 @@ class Stage(ABC):
     def initialize(self, model: torch.nn.Module) -> None:  # noqa: B027
         """Prepare the model built for training (pretrained weights, frozen parts); optional."""
 
+    @property
+    def layer_decay(self) -> float | None:
+        """The layer-wise lr decay of ``build_optimizer``: the config's, where it has one."""
+        return getattr(self.cfg, "layer_decay", None)
+
     def build_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
-        """AdamW through timm, with layer-wise lr decay where the config has one."""
+        """AdamW through timm, with ``layer_decay``; on a GPU the fused kernel (one launch for all parameters)."""
         cfg = self.cfg
-        decay = getattr(cfg, "layer_decay", None)
+        fused = {"fused": True} if self.runtime.device.type == "cuda" else {}
         return create_optimizer_v2(
-            model, "adamw", lr=cfg.lr, weight_decay=cfg.weight_decay, layer_decay=decay, betas=cfg.betas
+            model,
+            "adamw",
+            lr=cfg.lr,
+            weight_decay=cfg.weight_decay,
+            layer_decay=self.layer_decay,
+            betas=cfg.betas,
+            **fused,
         )
 
     def build_ema(self, model: torch.nn.Module):

@@ -41,7 +41,7 @@ class TokenizerStage(Stage):
         x, _, g = self.train_inputs(batch[0], epoch, step)
         temperature = self.cfg.model.temperature(epoch * self.steps_per_epoch + step)
         out = model(x, temperature, generator=device_generator(g, self.runtime.device))  # Gumbel noise
-        metrics = {k: out[k].item() for k in ("recon_loss", "kl", "diversity")}
+        metrics = {k: out[k].detach() for k in ("recon_loss", "kl", "diversity")}
         return StepResult(out["loss"], {**metrics, "temperature": temperature}, x.shape[0])
 
     def evaluate(self, model: torch.nn.Module, loader) -> dict[str, float]:
@@ -73,18 +73,20 @@ def evaluate_tokenizer(model: DiscreteVAE, loader, spec, runtime: Runtime) -> di
     and one "empty" entry taking most cells hides whether the others are used."""
     model.eval()
     num_tokens, patch = model.config.num_tokens, model.config.patch_size
-    counts = torch.zeros(num_tokens, dtype=torch.float64)
-    active_counts = torch.zeros(num_tokens, dtype=torch.float64)
-    sq_err = torch.zeros(2, dtype=torch.float64)  # (sum of squared errors, number of values)
+    device = runtime.device  # the sums stay on the device until the end
+    counts = torch.zeros(num_tokens, dtype=torch.float64, device=device)
+    active_counts = torch.zeros(num_tokens, dtype=torch.float64, device=device)
+    sq_err = torch.zeros(2, dtype=torch.float64, device=device)  # (sum of squared errors, number of values)
     for events, _, _ in loader:
         x = batch_preprocess(events, spec, train=False, device=runtime.device)
         with runtime.autocast():
             ids = model.token_ids(x)
             recon = model.decode_ids(ids)
-        sq_err += torch.tensor([((recon.float() - x) ** 2).sum().item(), x.numel()], dtype=torch.float64)
-        counts += torch.bincount(ids.flatten().cpu(), minlength=num_tokens).double()
+        sq_err[0] += ((recon.float() - x) ** 2).sum()
+        sq_err[1] += x.numel()
+        counts += torch.bincount(ids.flatten(), minlength=num_tokens)
         active = F.avg_pool2d(x[:, : spec.count_channels].float().sum(1, keepdim=True), patch)[:, 0] > 0  # (B, h, w)
-        active_counts += torch.bincount(ids[active].cpu(), minlength=num_tokens).double()
+        active_counts += torch.bincount(ids[active], minlength=num_tokens)
     counts = all_reduce_sum(counts, runtime).cpu()
     active_counts = all_reduce_sum(active_counts, runtime).cpu()
     sq_err = all_reduce_sum(sq_err, runtime).cpu()
