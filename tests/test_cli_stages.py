@@ -85,6 +85,37 @@ def test_pretrain_method_comes_from_the_config_unless_given(tmp_path):
     assert r.returncode == 2 and "needs --tokenizer" in r.stderr  # the option still wins over the file
 
 
+def test_every_option_help_reaches_the_user_whole(monkeypatch, capsys):
+    """rich reads help text as markup: an unescaped ``[input]`` would vanish from ``--help``."""
+    import re
+
+    import click
+    from typer.main import get_command
+
+    from app.cli import app, main
+
+    def commands(command: click.Command, path: tuple[str, ...] = ()):
+        yield path, command
+        for name, sub in getattr(command, "commands", {}).items():
+            yield from commands(sub, (*path, name))
+
+    monkeypatch.setenv("COLUMNS", "400")  # one line per option
+    checked = 0
+    for path, command in commands(get_command(app)):
+        texts = [p.help for p in command.params if getattr(p, "help", None)]
+        if not texts:
+            continue
+        monkeypatch.setattr(sys, "argv", ["mem", *path, "--help"])
+        with pytest.raises(SystemExit):
+            main()
+        shown = " ".join(capsys.readouterr().out.split())
+        for text in texts:
+            expected = " ".join(text.replace("\\[", "[").split())
+            assert expected in shown, f"mem {' '.join(path)}: {text!r}"
+            checked += re.search(r"\[\w", text) is not None
+    assert checked >= 1  # --config's "[input], [data], [vit]" at least
+
+
 def test_command_defaults_are_the_config_dataclasses_defaults():
     """serve, view, record, ingest, demo and the experiment take their option defaults from their config, so the
     two never disagree."""

@@ -15,7 +15,7 @@ DataOpt = Annotated[Path | None, typer.Option("--data", help="Dataset root or co
 OutOpt = Annotated[Path, typer.Option("--out", help="Run directory to write.")]
 PresetOpt = Annotated[str | None, typer.Option("--preset", help="Bundled preset: cpu-tiny, paper-ncars, ...")]
 ConfigOpt = Annotated[
-    Path | None, typer.Option("--config", help="TOML config file ([input], [data], [vit] and per-stage tables).")
+    Path | None, typer.Option("--config", help="TOML config file (\\[input], \\[data], \\[vit] and per-stage tables).")
 ]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a config field: key=value (repeatable).")]
 ResumeOpt = Annotated[bool, typer.Option("--resume", help="Continue an interrupted run in --out.")]
