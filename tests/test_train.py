@@ -140,7 +140,9 @@ class Interrupted(Exception):
 
 
 def test_resume_reproduces_the_uninterrupted_run(tmp_path, monkeypatch):
-    full = finetune.run(config("finetune", "epochs=2"), tmp_path / "full")
+    """Bit-exact with the default loader workers (persistent worker processes started in a later epoch)."""
+    settings = ("epochs=2", "data.num_workers=2")
+    full = finetune.run(config("finetune", *settings), tmp_path / "full")
 
     import mem_core.train.fit as fit_module
 
@@ -149,9 +151,9 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, monkeypatch):
 
     monkeypatch.setattr(fit_module, "plot_curves", crash_after_first_epoch)
     with pytest.raises(Interrupted):
-        finetune.run(config("finetune", "epochs=2"), tmp_path / "interrupted")
+        finetune.run(config("finetune", *settings), tmp_path / "interrupted")
     monkeypatch.undo()
-    resumed = finetune.run(config("finetune", "epochs=2"), tmp_path / "interrupted", resume=True)
+    resumed = finetune.run(config("finetune", *settings), tmp_path / "interrupted", resume=True)
     a = load_checkpoint(full.path / "checkpoint.pt")["model"]
     b = load_checkpoint(resumed.path / "checkpoint.pt")["model"]
     assert a.keys() == b.keys()

@@ -50,6 +50,9 @@ def build_loader(
         collate_fn=_Collate(source.sensor),
         pin_memory=runtime.device.type == "cuda",
         persistent_workers=num_workers > 0,  # the sampler lives in this process: workers can stay
+        # Starting workers draws their base seed; from torch's global generator that draw would shift dropout, drop
+        # path and masking in the epoch the workers start - epoch 0 in a run, the resumed epoch after --resume.
+        generator=torch.Generator().manual_seed(seed),
     )
     return loader, sampler
 
