@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import tomllib
 import types
 import typing
@@ -25,6 +26,39 @@ PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 class ConfigError(MemError, ValueError):
     """A config key or value that does not fit the config's dataclass."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Interval:
+    """The values a numeric field may take: ``lo``/``hi`` (None = unbounded), each end closed unless ``*_open``."""
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def __contains__(self, x: float) -> bool:
+        if not math.isfinite(x):
+            return False
+        above = self.lo is None or (x > self.lo if self.lo_open else x >= self.lo)
+        below = self.hi is None or (x < self.hi if self.hi_open else x <= self.hi)
+        return above and below
+
+    def __str__(self) -> str:
+        if self.hi is None:
+            return f"a number {'>' if self.lo_open else '>='} {self.lo:g}" if self.lo is not None else "finite"
+        left = ("(" if self.lo_open else "[") + ("-inf" if self.lo is None else f"{self.lo:g}")
+        return f"in {left}, {self.hi:g}{')' if self.hi_open else ']'}"
+
+
+def check_ranges(config: Any, ranges: dict[str, Interval], prefix: str = "") -> None:
+    """Raise a ``ConfigError`` naming the first field of ``config`` (a number, a tuple of numbers or None) that lies
+    outside its interval; ``prefix`` is the field's path in the stage config (``data.``)."""
+    for name, interval in ranges.items():
+        value = getattr(config, name)
+        values = value if isinstance(value, tuple | list) else (value,)
+        if any(v is not None and v not in interval for v in values):
+            raise ConfigError(f"{prefix}{name} must be {interval}, got {value!r}")
 
 
 def preset_names() -> list[str]:

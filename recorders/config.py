@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from mem_core.configuration import Interval, check_ranges
+
+POSITIVE, AT_LEAST_0 = Interval(0, lo_open=True), Interval(0)
+
 SPECS = "camera[:SERIAL], sim, sim:fast, synthetic[:MEV_S], tcp://HOST:PORT or an event file"  # recorders.sources
 
 
@@ -25,6 +29,11 @@ class RecordConfig:
     shard_max_events: int = 1 << 26
     status: bool = True  # live status line on stderr (only when it is a terminal)
 
+    def __post_init__(self) -> None:
+        ranges = {"duration_s": POSITIVE, "segment_minutes": POSITIVE, "speed": AT_LEAST_0}
+        check_ranges(self, {**ranges, "flush_interval_s": POSITIVE, "min_free_bytes": AT_LEAST_0})
+        check_ranges(self, {"shard_max_events": Interval(1)})
+
 
 @dataclass(frozen=True)
 class IngestConfig:
@@ -37,3 +46,6 @@ class IngestConfig:
     progress: bool = True  # progress bar on stderr (only when it is a terminal)
     min_free_bytes: int = 256 << 20
     flush_interval_s: float = 1.0  # commit (shard + manifest) at least this often
+
+    def __post_init__(self) -> None:
+        check_ranges(self, {"workers": Interval(1), "flush_interval_s": POSITIVE, "min_free_bytes": AT_LEAST_0})

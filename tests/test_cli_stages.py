@@ -58,6 +58,10 @@ def test_tokenizer_pretrain_finetune_evaluate_export(tmp_path):
         (["finetune", "--dataset", "sim", "--out", "X", "--preset", "gpu-huge"], "unknown preset 'gpu-huge'"),
         (["pretrain", "--dataset", "sim", "--out", "X"], "needs --tokenizer"),
         (["evaluate", "--model", "nowhere", "--dataset", "sim"], "not a MEM run directory"),
+        (["finetune", "--dataset", "sim", "--out", "X", "--set", "batch_size=0"], "batch_size must be a number >= 1"),
+        (["finetune", "--dataset", "sim", "--out", "X", "--set", "lr=nan"], "lr must be a number >= 0, got nan"),
+        (["finetune", "--dataset", "sim", "--out", "X", "--set", "epochs=-1"], "epochs must be a number >= 1"),
+        (["record", "--source", "sim", "--out", "X", "--duration", "-5"], "duration_s must be a number > 0"),
     ],
 )
 def test_bad_arguments_are_one_clear_line(tmp_path, args, message, monkeypatch, capsys):
@@ -70,6 +74,7 @@ def test_bad_arguments_are_one_clear_line(tmp_path, args, message, monkeypatch, 
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+    assert not (tmp_path / "X").exists()  # nothing started
 
 
 def test_pretrain_method_comes_from_the_config_unless_given(tmp_path):

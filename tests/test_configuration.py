@@ -1,9 +1,11 @@
+import re
 from dataclasses import dataclass, field
 
 import pytest
 
 from mem_core.configuration import ConfigError, apply_overrides, load_preset, merge, preset_names, to_dict
 from mem_core.train.configs import STAGES, stage_config, stage_tables
+from recorders.config import IngestConfig, RecordConfig
 
 
 @dataclass
@@ -49,6 +51,32 @@ def test_paths_and_words_are_strings():
 def test_bad_overrides_name_the_key(override, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):
         apply_overrides(Stage(), [override])
+
+
+@pytest.mark.parametrize(
+    ("stage", "override", "message"),
+    [
+        ("finetune", "batch_size=0", "batch_size must be a number >= 1, got 0"),
+        ("finetune", "lr=nan", "lr must be a number >= 0, got nan"),
+        ("finetune", "epochs=-1", "epochs must be a number >= 1, got -1"),
+        ("finetune", "betas=[0.9, 1.0]", "betas must be in [0, 1), got (0.9, 1.0)"),
+        ("finetune", "data.labels=0", "data.labels must be in (0, 1], got 0.0"),
+        ("finetune", "data.num_workers=-1", "data.num_workers must be a number >= 0"),
+        ("pretrain", "mask_ratio=1.0", "mask_ratio must be in (0, 1), got 1.0"),
+        ("tokenizer", "grad_clip=inf", "grad_clip must be a number >= 0, got inf"),
+    ],
+)
+def test_values_outside_their_range_are_config_errors(stage, override, message):
+    """Caught when the config is built, naming the key: not a traceback, a NaN loss or a missing checkpoint later."""
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        stage_config(stage, preset="cpu-tiny", overrides=[override])
+
+
+def test_record_and_ingest_options_outside_their_range_are_errors(tmp_path):
+    with pytest.raises(ConfigError, match=re.escape("duration_s must be a number > 0, got -5")):
+        RecordConfig(source="sim", out=tmp_path, duration_s=-5)
+    with pytest.raises(ConfigError, match="workers must be a number >= 1"):
+        IngestConfig(paths=(tmp_path,), out=tmp_path, workers=0)
 
 
 def test_shared_tables_then_the_stage_table_then_options_then_overrides(tmp_path):

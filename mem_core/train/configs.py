@@ -12,7 +12,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from mem_core.configuration import ConfigError, apply_overrides, load_preset, load_toml, merge
+from mem_core.configuration import (
+    ConfigError,
+    Interval,
+    apply_overrides,
+    check_ranges,
+    load_preset,
+    load_toml,
+    merge,
+)
 from mem_core.models.tokenizer import TokenizerConfig
 from mem_core.models.vit import ViTConfig
 from mem_core.representation import InputSpec
@@ -31,6 +39,38 @@ class DataConfig:
     max_samples: int = 0  # cap the training set (0 = all), for quick runs
     num_workers: int = 2
     split_file: str = ""  # ncaltech101: where the fixed split is stored (default: inside the dataset root)
+
+    def __post_init__(self) -> None:
+        check_ranges(self, DATA_RANGES, "data.")
+
+
+AT_LEAST_0, AT_LEAST_1, FRACTION = Interval(0), Interval(1), Interval(0, 1, hi_open=True)
+DATA_RANGES = {"labels": Interval(0, 1, lo_open=True), "max_samples": AT_LEAST_0, "num_workers": AT_LEAST_0}
+# Bounds of the numeric fields of every stage config (those a subclass lacks are skipped): a value outside them is a
+# ConfigError at once, not a traceback (batch_size=0), a silent NaN (lr=nan) or a missing checkpoint (epochs=-1).
+STAGE_RANGES = {
+    "epochs": AT_LEAST_1,
+    "batch_size": AT_LEAST_1,
+    "lr": AT_LEAST_0,
+    "min_lr": AT_LEAST_0,
+    "betas": FRACTION,
+    "weight_decay": AT_LEAST_0,
+    "schedule_epochs": AT_LEAST_0,
+    "lr_gamma": Interval(0, 1, lo_open=True),
+    "warmup_epochs": AT_LEAST_0,
+    "warmup_steps": AT_LEAST_0,
+    "grad_clip": AT_LEAST_0,
+    "eval_every": AT_LEAST_1,
+    "layer_decay": Interval(0, 1, lo_open=True),
+    "mask_ratio": Interval(0, 1, lo_open=True, hi_open=True),
+    "mask_min_block": AT_LEAST_1,
+    "label_smoothing": FRACTION,
+    "dropout": FRACTION,
+    "head_dropout": FRACTION,
+    "head_init_scale": Interval(0, lo_open=True),
+    "ema_decay": FRACTION,
+    "head_channels": AT_LEAST_1,
+}
 
 
 @dataclass
@@ -56,6 +96,9 @@ class StageConfig:
     eval_every: int = 1
     data: DataConfig = field(default_factory=DataConfig)
     input: InputSpec = field(default_factory=InputSpec)
+
+    def __post_init__(self) -> None:
+        check_ranges(self, {k: v for k, v in STAGE_RANGES.items() if hasattr(self, k)})
 
 
 @dataclass

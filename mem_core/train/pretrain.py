@@ -31,6 +31,8 @@ from mem_core.train.runtime import Runtime
 from mem_core.train.stage import Stage, run_stage
 from mem_core.visualize import histogram_rgb, save_png, tile, upscale
 
+NEEDS_TOKENIZER = "MEM pretraining needs --tokenizer RUN (a trained tokenizer run directory)"
+
 
 class PretrainStage(Stage):
     """MEM: predict the frozen tokenizer's ids of masked patches; eMAE (``method = "emae"``): their histogram values."""
@@ -42,7 +44,7 @@ class PretrainStage(Stage):
         self.tokenizer = None
         if cfg.method == "mem":
             if tokenizer is None:
-                raise RunError("MEM pretraining needs --tokenizer RUN (a trained tokenizer run directory)")
+                raise RunError(NEEDS_TOKENIZER)
             self.tokenizer = load_tokenizer(tokenizer, runtime.device)
             tok = self.tokenizer.config
             if tok.grid_size != cfg.model.grid_size or tok.in_chans != cfg.model.in_chans:
@@ -113,6 +115,8 @@ class PretrainStage(Stage):
 
 def run(cfg: PretrainStageConfig, out: Path | str, *, tokenizer: Path | str | None, resume: bool = False) -> RunDir:
     """Pretrain into the run directory ``out``; MEM needs a ``tokenizer`` run for its targets."""
+    if cfg.method == "mem" and tokenizer is None:  # before the run directory exists
+        raise RunError(NEEDS_TOKENIZER)
     return run_stage(PretrainStage, cfg, out, resume=resume, tokenizer=tokenizer)
 
 
