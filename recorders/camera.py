@@ -64,8 +64,8 @@ class CameraBackend(Protocol):
     def open(self, serial: str) -> CameraHandle: ...
 
 
-class _DvHandle:
-    """A dv-processing ``CameraInputBase`` seen as a ``CameraHandle``."""
+class DvHandle:
+    """A dv-processing camera or network reader (an ``InputBase``) seen as a ``CameraHandle``."""
 
     def __init__(self, camera: Any) -> None:
         resolution = camera.getEventResolution()  # (width, height), None without an event stream
@@ -99,7 +99,7 @@ class DvCameraBackend:
     def open(self, serial: str) -> CameraHandle:
         import dv_processing as dv
 
-        return _DvHandle(dv.io.camera.open(serial))
+        return DvHandle(dv.io.camera.open(serial))
 
 
 class CameraSource(LiveSource):

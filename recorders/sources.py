@@ -5,6 +5,7 @@
 ``sim`` / ``sim:fast``   the built-in simulated camera (the ``sim`` dataset's camera / a denser scene)
 ``synthetic[:MEV_S]``    uniform random events at MEV_S million events/s (default 30), for load tests
 ``tcp://HOST:PORT``      event batches published by ``mem record --publish`` (also ``ipc://PATH``)
+``dv+tcp://HOST:PORT``   the event stream of iniVation DV's TCP output or a dv-processing ``NetworkWriter``
 any other string         an event file in a format ``mem_core.io.read_events`` reads, replayed
 =======================  ==============================================================================
 """
@@ -17,6 +18,8 @@ from mem_core.simulator import fast_config, task_config
 from recorders.base import LiveSource, RecorderError
 from recorders.camera import CameraSource
 from recorders.config import SPECS
+from recorders.dv_network import SCHEME as DV_TCP
+from recorders.dv_network import DvNetworkSource
 from recorders.replay import ReplaySource
 from recorders.simulated import SimulatorSource
 from recorders.synthetic import SyntheticSource
@@ -31,6 +34,8 @@ def open_source(spec: str, *, speed: float = 1.0, loop: bool = False, batch_us: 
     """
     if spec.startswith(("tcp://", "ipc://")):
         return ZmqEventSource(spec)
+    if spec.startswith(DV_TCP):
+        return DvNetworkSource(spec)
     kind, _, arg = spec.partition(":")
     if kind == "camera":
         return CameraSource(arg or None)

@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 from recorders_fakes import FakeRig, clock_batches
 
+from mem_core.corpus import Corpus
 from mem_core.events import EVENT_DTYPE, SensorSize, validate_events
 from mem_core.io import EventFileError, read_events, write_events
 from mem_core.representation import event_histogram
 from mem_core.simulator import EventSimulator, SimulatorConfig
 from recorders.base import Pacer, RecorderError
 from recorders.camera import CameraSource, DvCameraBackend, NoCameraError
+from recorders.dv_network import DvNetworkSource
 from recorders.replay import ReplaySource
 from recorders.simulated import SimulatorSource
 from recorders.sources import open_source
@@ -249,3 +256,105 @@ def test_replay_of_a_bad_file_names_it(tmp_path):
     bad.write_bytes(b"\x00\x01garbage" * 7)
     with pytest.raises(EventFileError, match=r"garbage\.dat"):
         ReplaySource(bad)
+
+
+# ---------------------------------------------------------------------------------------------- DV network stream
+
+WRITER = Path(__file__).with_name("dv_network_writer_child.py")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def dv_writer(port: int):
+    """A real dv-processing NetworkWriter in its own process (as DV would be), killed at the end."""
+    child = subprocess.Popen([sys.executable, str(WRITER), str(port)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "listening"
+        yield child
+    finally:
+        child.kill()
+        child.wait(timeout=10)
+
+
+def assert_streamed_pattern(events: np.ndarray, offset: int = 0) -> None:
+    """The events are exactly those the writer child sends (see its docstring), times shifted by ``offset``."""
+    t = events["t"].astype(np.int64) - offset
+    k, i = t // 10_000, (t % 10_000) // 100
+    assert np.all(t % 100 == 0) and np.all(i < 100)
+    np.testing.assert_array_equal(events["x"], (7 * i + k) % 120)
+    np.testing.assert_array_equal(events["y"], (3 * i + k) % 100)
+    np.testing.assert_array_equal(events["p"], i % 2)
+
+
+def take(source, n: int, timeout_s: float = 20) -> np.ndarray:
+    """Read batches from ``source`` until ``n`` events have arrived."""
+    batches, got, deadline = [], 0, time.monotonic() + timeout_s
+    for batch in source:
+        batches.append(batch.copy())
+        got += batch.size
+        if got >= n:
+            return concat(batches)
+        assert time.monotonic() < deadline, f"only {got} of {n} events arrived"
+    raise AssertionError("the source ended")
+
+
+def test_dv_network_stream_delivers_exactly_the_events_sent():
+    port = free_port()
+    with dv_writer(port), open_source(f"dv+tcp://127.0.0.1:{port}") as source:
+        assert source.sensor == SensorSize(100, 120)
+        assert source.metadata["kind"] == "dv-network" and source.metadata["model"] == "DVXplorer_test"
+        events = take(source, 1000)
+    validate_events(events, SensorSize(100, 120))
+    assert events["t"][0] == 0  # from the first batch on: nothing lost at the start
+    assert_streamed_pattern(events)
+
+
+def test_dv_network_stream_reconnects_when_the_server_restarts():
+    port = free_port()
+    with dv_writer(port):
+        source = DvNetworkSource(f"dv+tcp://127.0.0.1:{port}", retry_interval_s=0.05)
+        stream = iter(source)
+        before = take(stream, 500)
+    # The server is gone: the source waits (heartbeats), then picks up the restarted server's stream.
+    with dv_writer(port):
+        after = take(stream, 500)
+    source.close()
+    assert source.reconnects == 1
+    events = np.concatenate([before, after])
+    validate_events(events)  # time never goes back, although the new server starts its clock at 0
+    assert_streamed_pattern(before)
+    assert_streamed_pattern(after, offset=int(after["t"][0]))
+
+
+def test_dv_network_source_names_the_endpoint_when_nothing_serves_it():
+    port = free_port()
+    with pytest.raises(NoCameraError, match=f"nothing streams events at dv\\+tcp://127.0.0.1:{port}"):
+        open_source(f"dv+tcp://127.0.0.1:{port}")
+    for spec in ("dv+tcp://127.0.0.1", "dv+tcp://:5000", "dv+tcp://host:99999"):
+        with pytest.raises(RecorderError, match="expected dv\\+tcp://HOST:PORT"):
+            open_source(spec)
+
+
+def test_mem_record_records_a_dv_network_stream(tmp_path):
+    port = free_port()
+    out = tmp_path / "corpus"
+    with dv_writer(port):
+        r = subprocess.run(
+            [sys.executable, "-m", "app.cli", "record", "--source", f"dv+tcp://127.0.0.1:{port}", "--out", str(out)]
+            + ["--duration", "1.5"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert r.returncode == 0, r.stderr[-2000:]
+    with Corpus(out) as corpus:
+        (recording,) = corpus.recordings
+        assert recording.metadata["kind"] == "dv-network"
+        events = corpus.events(0)
+    assert events.size >= 1000  # ~100 events per 10 ms for most of 1.5 s
+    assert_streamed_pattern(events)
