@@ -344,9 +344,9 @@ def test_mem_record_records_a_dv_network_stream(tmp_path):
     port = free_port()
     out = tmp_path / "corpus"
     with dv_writer(port):
+        source = f"dv+tcp://127.0.0.1:{port}"
         r = subprocess.run(
-            [sys.executable, "-m", "app.cli", "record", "--source", f"dv+tcp://127.0.0.1:{port}", "--out", str(out)]
-            + ["--duration", "1.5"],
+            [sys.executable, "-m", "app.cli", "record", "--source", source, "--out", str(out), "--duration", "1.5"],
             capture_output=True,
             text=True,
             timeout=120,
