@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from pathlib import Path
 
@@ -63,7 +64,10 @@ class FileSource(EventSource):
 
 
 def sorted_files(folder: Path, suffixes: tuple[str, ...]) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if p.suffix.lower() in suffixes and p.is_file())
+    """The files of ``folder`` with one of ``suffixes``, in numeric order (``2.bin`` before ``10.bin``): sample ids
+    follow recording order, which the validation carve-out relies on (``datasets.splits``)."""
+    found = (p for p in folder.iterdir() if p.suffix.lower() in suffixes and p.is_file())
+    return sorted(found, key=lambda p: [int(s) if s.isdigit() else s for s in re.split(r"(\d+)", p.name)])
 
 
 def require_dir(path: Path, what: str) -> Path:

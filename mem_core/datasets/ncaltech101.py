@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from mem_core.datasets.base import DatasetError, EventSource, FileSource, require_dir, sorted_files
-from mem_core.datasets.splits import SPLIT_SEED, VAL_FRACTION, stratified_split
+from mem_core.datasets.splits import SPLIT_SEED, VAL_FRACTION, block_split, stratified_split
 from mem_core.events import SensorSize
 
 NCALTECH_SENSOR = SensorSize(180, 240)
@@ -19,7 +19,8 @@ NCALTECH_TEST_FRACTION = 0.2
 def ncaltech101_split(root: Path, split_file: Path | None = None) -> dict[str, list[list]]:
     """The fixed split ``{"train"|"val"|"test": [[relative path, class name], ...]}``: read, or made once and written.
 
-    Classes are the exact folder names (no substring matching); 20 % of every class is test, 10 % of the rest val.
+    Classes are the exact folder names (no substring matching); 20 % of every class is test (random, as it always
+    was), and val is the last 10 % of the rest of every class in file order (a block: see ``datasets.splits``).
     """
     root = Path(root)
     split_file = Path(split_file) if split_file else root / "mem-split.json"
@@ -35,7 +36,7 @@ def ncaltech101_split(root: Path, split_file: Path | None = None) -> dict[str, l
         labels += [label] * len(found)
     labels_arr = np.asarray(labels)
     trainval, test = stratified_split(labels_arr, NCALTECH_TEST_FRACTION, SPLIT_SEED)
-    train_rel, val_rel = stratified_split(labels_arr[trainval], VAL_FRACTION, SPLIT_SEED + 1)
+    train_rel, val_rel = block_split(labels_arr[trainval], VAL_FRACTION)  # trainval is in file order
     split = {
         name: [[str(files[i].relative_to(root)), classes[labels[i]]] for i in idx]
         for name, idx in (("train", trainval[train_rel]), ("val", trainval[val_rel]), ("test", test))
