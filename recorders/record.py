@@ -44,6 +44,17 @@ class RecordResult:
     published: int
     publish_dropped: int
     error: str | None = None
+    behind_s: float = 0.0  # how far the source's event time had fallen behind the wall clock at the end
+
+    @property
+    def lag_warning(self) -> str | None:
+        """A warning when the source could not keep up (a slow machine, a cold compile cache, a saturated link)."""
+        if self.behind_s <= max(0.5, 0.1 * self.seconds):
+            return None
+        return (
+            f"the source fell {self.behind_s:.1f} s behind real time in {self.seconds:.1f} s of recording: events "
+            "were produced slower than they happened (is the machine busy?)"
+        )
 
     @property
     def ok(self) -> bool:
@@ -148,12 +159,11 @@ def run(config: RecordConfig, *, source: LiveSource | None = None, stop: threadi
         )
         metadata = {**source.metadata, "start_utc": started.isoformat(timespec="milliseconds"), "source": config.source}
         writer.begin_recording(name, source.sensor, metadata=metadata)
-        t0 = time.monotonic()
+        clock = _Clock(config.speed)
         with _Signals(stop) as signals, _Status(config.status, config.out, name) as status:
-            total, reason, error = _record_loop(config, source, writer, publisher, stop, status)
+            total, reason, error = _record_loop(config, source, writer, publisher, stop, status, clock)
         if reason == "stopped" and signals.reason:
             reason = signals.reason
-        seconds = time.monotonic() - t0
     corpus = Corpus(config.out)
     session = [r for r in corpus.recordings if r.session == name]
     return RecordResult(
@@ -161,14 +171,36 @@ def run(config: RecordConfig, *, source: LiveSource | None = None, stop: threadi
         name=name,
         events=total,
         stored=sum(r.n_events for r in session),
-        seconds=seconds,
+        seconds=clock.seconds(),
         stop_reason=reason,
         segments=len(session),
         reconnects=getattr(source, "reconnects", 0),
         published=publisher.sent if publisher else 0,
         publish_dropped=publisher.dropped if publisher else 0,
         error=error,
+        behind_s=clock.behind_s,
     )
+
+
+class _Clock:
+    """Recording time, which starts when the source first delivers events (not while a camera opens or a compiler
+    warms up), and how far the source's event time lags the wall clock (at ``speed`` x real time; 0 = unpaced)."""
+
+    def __init__(self, speed: float) -> None:
+        self.speed = speed
+        self.start: float | None = None  # wall time of the first events
+        self._t_first = 0
+        self.behind_s = 0.0
+
+    def events(self, batch, now: float) -> None:
+        if self.start is None:
+            self.start, self._t_first = now, int(batch["t"][0])
+        if self.speed > 0:
+            event_s = (int(batch["t"][-1]) - self._t_first) / 1e6 / self.speed
+            self.behind_s = max(0.0, now - self.start - event_s)
+
+    def seconds(self, now: float | None = None) -> float:
+        return 0.0 if self.start is None else (now if now is not None else time.monotonic()) - self.start
 
 
 def _record_loop(
@@ -178,16 +210,20 @@ def _record_loop(
     publisher: EventPublisher | None,
     stop: threading.Event,
     status: _Status,
+    clock: _Clock,
 ) -> tuple[int, str, str | None]:
-    """Append batches until a stop condition: (events delivered, stop reason, error message or None)."""
-    t0 = time.monotonic()
+    """Append batches until a stop condition: (events delivered, stop reason, error message or None).
+    ``duration_s`` and segments count from the first events."""
     segment_s = None if config.segment_minutes is None else config.segment_minutes * 60
-    segment_start = last_flush = t0
+    segment_start = last_flush = time.monotonic()
     total = flushed = 0
     try:
         for batch in source:
             now = time.monotonic()
             if batch.size:
+                if clock.start is None:
+                    segment_start = now
+                clock.events(batch, now)
                 writer.append(batch)  # commits by itself at least every flush_interval_s
                 total += batch.size
                 if publisher is not None:
@@ -197,7 +233,7 @@ def _record_loop(
                 flushed, last_flush = total, now
             if stop.is_set():
                 return total, "stopped", None
-            if config.duration_s is not None and now - t0 >= config.duration_s:
+            if config.duration_s is not None and clock.seconds(now) >= config.duration_s:
                 return total, "duration", None
             if segment_s is not None and now - segment_start >= segment_s:
                 writer.rotate()

@@ -154,6 +154,45 @@ def test_source_end_and_stop_event_end_the_recording(tmp_path, events_factory):
     assert result.stop_reason == "stopped" and result.stored == 3000
 
 
+class TimedSource(LiveSource):
+    """Heartbeats for ``delay_s`` (a camera opening, a compiler warming up), then, like a camera, every event up to
+    the current time (one per ms) whenever it is read; ``rate`` < 1 is a source whose event time runs slow."""
+
+    def __init__(self, delay_s: float, rate: float = 1.0) -> None:
+        self.delay_s, self.rate = delay_s, rate
+        self.sensor, self.metadata = SensorSize(32, 48), {"kind": "test"}
+
+    def __iter__(self):
+        start = time.monotonic()
+        while time.monotonic() - start < self.delay_s:
+            time.sleep(0.01)
+            yield np.empty(0, dtype=EVENT_DTYPE)
+        start, sent = time.monotonic(), 0  # sent: events (= ms of event time) delivered so far
+        while True:
+            due = int((time.monotonic() - start) * self.rate * 1000)
+            batch = np.zeros(due - sent, dtype=EVENT_DTYPE)
+            batch["t"] = 1_000 * np.arange(sent, due)
+            sent = due
+            yield batch
+            time.sleep(0.01)
+
+
+def test_duration_counts_from_the_first_events_not_from_the_start(tmp_path):
+    config = RecordConfig(source="test", out=tmp_path / "c", duration_s=1.0, min_free_bytes=0, status=False)
+    result = run(config, source=TimedSource(delay_s=1.5))
+    events = session_events(tmp_path / "c", result.name)
+    assert result.stop_reason == "duration"
+    assert events["t"][-1] - events["t"][0] >= 800_000  # about 1 s of events, not the ~0 s left after the delay
+    assert result.lag_warning is None
+
+
+def test_a_source_that_cannot_keep_up_is_reported(tmp_path):
+    config = RecordConfig(source="test", out=tmp_path / "c", duration_s=1.5, min_free_bytes=0, status=False)
+    result = run(config, source=TimedSource(delay_s=0, rate=0.2))  # 0.2 s of events per second
+    assert result.behind_s > 1.0
+    assert "fell" in result.lag_warning and "behind real time" in result.lag_warning
+
+
 def test_quiet_source_is_still_committed_within_a_second(tmp_path, events_factory):
     out = tmp_path / "corpus"
     stop = threading.Event()

@@ -56,6 +56,8 @@ def record(
         f"recorded {result.stored:,} events in {result.seconds:.1f} s into {result.out} "
         f"(session {result.name}, {result.segments} segment(s), stopped: {result.stop_reason})"
     )
+    if result.lag_warning:
+        typer.echo(f"warning: {result.lag_warning}", err=True)
     if result.reconnects:
         typer.echo(f"camera reconnected {result.reconnects} time(s)")
     if publish:
