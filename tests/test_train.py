@@ -271,3 +271,23 @@ def test_every_paper_preset_runs_its_code_paths_at_tiny_size(tmp_path, preset, d
         assert RunDir(run.path).finished
     spec = json.loads((ft.path / "config.json").read_text())["config"]["input"]
     assert spec["randaug_ops"] == 2 and (preset != "paper-nimagenet" or spec["resize_to"] == [40, 52])
+
+
+def test_label_efficiency_experiment_reports_curves_and_both_columns(tmp_path):
+    from mem_core.train.experiment import LabelEfficiencyConfig
+    from mem_core.train.experiment import run as run_experiment
+
+    tiny = [*TINY_INPUT, "epochs=2", "batch_size=8", "data.max_samples=24"]
+    tok = ["model.num_layers=3", "model.num_tokens=64", "model.hidden_dim=16", "model.codebook_dim=8"]
+    overrides = {"all": tiny, "tokenizer": tok, "pretrain": TINY_VIT, "finetune": TINY_VIT}
+    cfg = LabelEfficiencyConfig(dataset="sim", out=str(tmp_path), fractions=(0.5, 1.0), seeds=(0,), overrides=overrides)
+    report = run_experiment(cfg)
+    assert report["plotted"] == "final"
+    for row in report["rows"]:  # equal steps: twice the epochs at half the labels, validated as often per sample
+        assert row["epochs"] == (4 if row["labels"] == 0.5 else 2) and len(row["val_curve"]) == 2
+        assert row["val_curve"][-1][0] == row["epochs"] - 1
+        assert row["final_top1"] == row["val_curve"][-1][1] and row["best_top1"] >= row["final_top1"]
+    table = (tmp_path / "results.md").read_text()
+    assert "top-1 final epoch" in table and "top-1 best epoch" in table and "per seed (final / best)" in table
+    for png in ("label_efficiency.png", "val_curves.png"):
+        assert (tmp_path / png).stat().st_size > 10_000
