@@ -492,6 +492,7 @@ _REPLY = {"command": _text, "ok": _flag, "error": _optional(_text), "state": _op
 
 CONTROL_COMMANDS = ("state", "play", "pause", "speed", "seek", "record_start", "record_stop")
 MAX_SPEED = 1000.0
+MAX_SEEK_S = 1e9  # 31 years: a position in microseconds stays a 64-bit integer
 
 
 def encode_control(seq: int, command: str, **args: Any) -> list[bytes]:
@@ -502,8 +503,8 @@ def encode_control(seq: int, command: str, **args: Any) -> list[bytes]:
 def decode_control(message: Message) -> tuple[str, dict[str, Any]]:
     """The command and its checked arguments of a ``control`` request; ``ProtocolError`` names what is wrong.
 
-    ``speed`` needs ``value`` in (0, MAX_SPEED]; ``seek`` needs ``position_s`` >= 0 (seconds from the start of
-    the file); ``record_start`` takes an optional ``name``; the other commands take no arguments.
+    ``speed`` needs ``value`` in (0, MAX_SPEED]; ``seek`` needs ``position_s`` in [0, MAX_SEEK_S] (seconds from
+    the start of the file); ``record_start`` takes an optional ``name``; the other commands take no arguments.
     """
     _expect_topic(message, "control")
     header = message.header
@@ -514,7 +515,7 @@ def decode_control(message: Message) -> tuple[str, dict[str, Any]]:
     if command == "speed":
         args["value"] = _number(header.get("value"), "control", "speed: value", lo=0.0, hi=MAX_SPEED, lo_open=True)
     elif command == "seek":
-        args["position_s"] = _number(header.get("position_s"), "control", "seek: position_s")
+        args["position_s"] = _number(header.get("position_s"), "control", "seek: position_s", hi=MAX_SEEK_S)
     elif command == "record_start" and header.get("name") is not None:
         name = header["name"]
         if not isinstance(name, str) or not 0 < len(name) <= MAX_TEXT or "/" in name or "\\" in name or "\x00" in name:

@@ -123,6 +123,7 @@ def test_control_requests_round_trip_and_are_checked():
         ("speed", {"value": 0}, "outside"),
         ("speed", {"value": True}, "number"),
         ("seek", {"position_s": -1.0}, "outside"),
+        ("seek", {"position_s": 1e308}, "outside"),  # in microseconds, an int() overflow in the control thread
         ("record_start", {"name": "a/b"}, "name"),
     ):
         with pytest.raises(ProtocolError, match=reason):
