@@ -313,9 +313,11 @@ def decode_events(message: Message) -> tuple[np.ndarray, SensorSize]:
 
 
 def decode_hist(message: Message) -> np.ndarray:
-    """The (2, H, W) float OFF / ON histogram of a ``hist`` message (finite values, sides <= MAX_IMAGE_SIDE)."""
+    """The (2, H, W) float16/32 OFF / ON histogram of a ``hist`` message (finite, sides <= MAX_IMAGE_SIDE)."""
     _expect_topic(message, "hist")
     hist = _array(message, "hist", "f", 3)
+    if hist.dtype.itemsize > 4:  # float64 values beyond float32 would overflow where the viewer draws them
+        raise ProtocolError("hist", f"hist must be float16 or float32, got {hist.dtype.str}")
     if hist.shape[0] != 2:
         raise ProtocolError("hist", f"hist must have 2 channels (OFF, ON), got shape {hist.shape}")
     _image_sides(message, "hist", hist.shape[1:])

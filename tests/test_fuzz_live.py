@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import time
 import tracemalloc
 from collections.abc import Callable
@@ -33,7 +34,9 @@ from mem_core.io import read_events
 from mem_core.models import TokenizerConfig, ViTConfig
 from mem_core.protocol import (
     MAX_ELEMENTS,
+    MAX_IMAGE_SIDE,
     MAX_JSON_DEPTH,
+    MAX_NUM_TOKENS,
     MAX_SENSOR_SIDE,
     TOPICS,
     ProtocolError,
@@ -54,7 +57,7 @@ from recorders.replay import ReplaySource
 from recorders.zmq_source import ZmqEventSource
 
 FUZZ = settings(
-    max_examples=300,
+    max_examples=200,  # per kind and receiver: about 3600 mutants in all
     derandomize=True,  # seeded: the same mutants on every run
     database=None,
     deadline=timedelta(seconds=2),  # the time bound (generous: a shared 2-core machine); decoding takes ~1 ms
@@ -131,19 +134,20 @@ def _capture(server: LiveServer) -> dict[str, list[bytes]]:
 
 # ---- mutants -----------------------------------------------------------------------------------------------------
 
+EXTREMES = [-1, 0, 2**31, 2**62, 2**63, 10**40, 10**4000, MAX_ELEMENTS + 1, MAX_SENSOR_SIDE + 1, 1e40, 1e308, 5e-324]
 HOSTILE_VALUES = st.one_of(
+    st.sampled_from(EXTREMES),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(),
     st.none(),
     st.booleans(),
-    st.integers(),
-    st.sampled_from([-1, 0, 2**31, 2**62, 2**63, 10**40, 10**4000, MAX_ELEMENTS + 1, MAX_SENSOR_SIDE + 1]),
-    st.floats(allow_nan=True, allow_infinity=True),
-    st.sampled_from([1e40, 1e308, -0.0, 5e-324]),
     st.text(max_size=20),
     st.text(min_size=2000, max_size=3000),
     st.lists(st.integers(-5, 5), max_size=5),
     st.dictionaries(st.text(max_size=5), st.integers(), max_size=3),
     st.integers(MAX_JSON_DEPTH - 2, MAX_JSON_DEPTH + 2).map(lambda d: json.loads("[" * d + "]" * d)),
 )
+NUMERIC_DTYPES = ["|b1", "|i1", "<i2", "<i4", "<i8", "|u1", "<u2", "<u4", "<u8", "<f2", "<f4", "<f8"]
 ABSURD_SHAPES = st.lists(st.sampled_from([0, 1, 2, 2**31, 2**62, 10**40, 1e40, -1]), min_size=1, max_size=10)
 
 
@@ -192,12 +196,35 @@ def garbage_buffers(data, frames):
     ]
 
 
-def hostile_field(data, frames):
+def retyped_buffers(data, frames):
+    """A buffer declared as another numeric dtype with content of the right length: valid sizes, any values
+    (random bytes, or the dtype's extremes everywhere: a u8 mask of class 2^64 - 1, NaN probabilities, ...)."""
     header = json.loads(frames[1])
-    paths = _paths(header)
-    if data.draw(st.booleans()) or not paths:
-        header[data.draw(st.sampled_from(["height", "width", "num_tokens", "classes", "top_k", "seq", "x"]))] = (
-            data.draw(HOSTILE_VALUES)
+    if not header["buffers"]:
+        return frames
+    i = data.draw(st.integers(0, len(header["buffers"]) - 1))
+    spec = header["buffers"][i]
+    dtype = np.dtype(data.draw(st.sampled_from(NUMERIC_DTYPES)))
+    spec["dtype"] = dtype.str
+    shape, size = spec["shape"], int(np.prod(spec["shape"])) * dtype.itemsize
+    frames = _with_header(frames, header)
+    if data.draw(st.booleans()):
+        frames[2 + i] = data.draw(st.binary(min_size=size, max_size=size))
+    else:
+        info = np.finfo(dtype) if dtype.kind == "f" else np.iinfo(dtype) if dtype.kind in "iu" else None
+        extremes = [0, 1] if info is None else [info.min, info.max, *([np.nan, np.inf] if dtype.kind == "f" else [])]
+        frames[2 + i] = np.full(shape, data.draw(st.sampled_from(extremes)), dtype).tobytes()
+    return frames
+
+
+def hostile_field(data, frames):
+    """A header field (any but the buffer table, which ``absurd_sizes`` and ``retyped_buffers`` take on) deleted
+    or set to a hostile value, or a field of another kind added."""
+    header = json.loads(frames[1])
+    paths = [path for path in _paths(header) if path[0] != "buffers"]
+    if data.draw(st.integers(0, 3)) == 0:
+        header[data.draw(st.sampled_from(["height", "width", "num_tokens", "classes", "top_k", "x"]))] = data.draw(
+            HOSTILE_VALUES
         )
     else:
         path = data.draw(st.sampled_from(paths))
@@ -215,11 +242,17 @@ def _get(value, path):
 
 
 def absurd_sizes(data, frames):
-    """Declared sizes far beyond what the frames hold or a receiver should allocate."""
+    """Declared sizes far beyond what the frames hold or a receiver should allocate; an empty frame for a shape
+    with a zero in it (the sizes then agree: only the shape itself is absurd)."""
     header = json.loads(frames[1])
-    for spec in header["buffers"]:
+    if not header["buffers"] or data.draw(st.booleans()):
+        header["buffers"].append({"name": "extra", "dtype": "<f4", "shape": [1]})
+        frames = [*frames, b"\0" * 4]
+    for i, spec in enumerate(header["buffers"]):
         if data.draw(st.booleans()):
             spec["shape"] = data.draw(ABSURD_SHAPES)
+            if 0 in spec["shape"]:
+                frames[2 + i] = b""
     for key in ("height", "width", "num_tokens"):
         if key in header:
             header[key] = data.draw(st.sampled_from([0, -1, 4097, 10**8, 10**12, 10**40, 2**64]))
@@ -239,7 +272,16 @@ def deep_json(data, frames):
     return [frames[0], (header[:-1] + ', "deep": ' + nested + "}").encode(), *frames[2:]]
 
 
-MUTATIONS = [hostile_field, absurd_sizes, deep_json, flip_bits, cut, drop_or_repeat_frames, garbage_buffers]
+MUTATIONS = [
+    hostile_field,
+    absurd_sizes,
+    retyped_buffers,
+    deep_json,
+    flip_bits,
+    cut,
+    drop_or_repeat_frames,
+    garbage_buffers,
+]
 
 
 def mutant(data, original: list[bytes]) -> list[bytes]:
@@ -274,7 +316,27 @@ VIEWER_DECODERS = {"hist": decode_hist, "tokens": decode_tokens, "pred": decode_
 
 def viewer_decode(frames: list[bytes]):
     message = decode(frames, expect=VIEW_TOPICS)
-    return message, VIEWER_DECODERS[message.topic](message)
+    return message.topic, VIEWER_DECODERS[message.topic](message)
+
+
+def assert_drawable(topic: str, content) -> None:
+    """What the viewer relies on in accepted content (docs/protocol.md), whatever the message held."""
+    if topic == "hist":
+        assert content.shape[0] == 2 and max(content.shape) <= MAX_IMAGE_SIDE and np.isfinite(content).all()
+    elif topic == "tokens":
+        tokens, num_tokens = content
+        assert num_tokens <= MAX_NUM_TOKENS and 0 <= tokens.min() <= tokens.max() < num_tokens
+    elif topic == "pred" and content.mask is not None:
+        assert content.mask.max() < len(content.classes) and max(content.mask.shape) <= MAX_IMAGE_SIDE
+    elif topic == "pred":
+        assert content.probs.shape == (len(content.classes),) and ((content.probs >= 0) & (content.probs <= 1)).all()
+        assert all(entry["id"] < len(content.classes) and 0 <= entry["prob"] <= 1 for entry in content.top_k)
+    else:  # stats: numbers where the status bar formats numbers, objects where it looks inside
+        objects = ("latency_ms", "stages_ms", "source", "recording")
+        numbers = [v for k, v in content.items() if k not in ("session", "task", "control", *objects)]
+        numbers += [*content.get("latency_ms", {}).values(), *content.get("stages_ms", {}).values()]
+        assert all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in numbers)
+        assert isinstance(content.get("source", {}), dict) and isinstance(content.get("recording") or {}, dict)
 
 
 @FUZZ
@@ -290,29 +352,34 @@ def test_tcp_source_accepts_valid_batches_and_drops_the_rest(messages, data):
         assert max(source.sensor) <= MAX_SENSOR_SIDE
 
 
+@pytest.mark.parametrize("command", [c for c, _ in CONTROL_REQUESTS])
 @FUZZ
 @given(data=st.data())
-def test_control_socket_answers_every_request_with_a_valid_reply(server, messages, data):
-    name = data.draw(st.sampled_from([f"control-{c}" for c, _ in CONTROL_REQUESTS]))
-    frames = mutant(data, messages[name])
-    request = received(lambda f: decode_control(decode(f, expect=("control",))), frames, "control", messages[name])
+def test_control_socket_answers_every_request_with_a_valid_reply(server, messages, command, data):
+    original = messages[f"control-{command}"]
+    frames = mutant(data, original)
+    request = received(lambda f: decode_control(decode(f, expect=("control",))), frames, "control", original)
     reply = decode_reply(decode(server.reply_frames(frames, 0), expect=("control",)))
     if request is None:
         assert reply["ok"] is False and reply["error"].startswith("control message: ")
-    else:
-        assert reply["command"] == request[0]
+    else:  # carried out, or refused for a reason that is not the message's fault (no recording from a file)
+        assert reply["command"] == request[0] and (reply["ok"] or "live source" in reply["error"]), reply
 
 
+VIEWER_MESSAGES = ["hist", "tokens", "pred", "pred-segmentation", "stats"]
+
+
+@pytest.mark.parametrize("name", [*VIEWER_MESSAGES, "control-reply"])
 @FUZZ
 @given(data=st.data())
-def test_viewer_decoders_accept_valid_content_and_refuse_the_rest(messages, data):
-    name = data.draw(st.sampled_from(["hist", "tokens", "pred", "pred-segmentation", "stats", "control-reply"]))
-    kind = name.split("-")[0] if name != "control-reply" else "control"
+def test_viewer_decoders_accept_valid_content_and_refuse_the_rest(messages, name, data):
+    kind = "control" if name == "control-reply" else name.split("-")[0]
     frames = mutant(data, messages[name])
     if kind == "control":
-        received(lambda f: decode_reply(decode(f, expect=("control",))), frames, kind, messages[name])
-    else:
-        received(viewer_decode, frames, kind, messages[name])
+        reply = received(lambda f: decode_reply(decode(f, expect=("control",))), frames, kind, messages[name])
+        assert reply is None or (isinstance(reply["ok"], bool) and isinstance(reply.get("state") or {}, dict))
+    elif (decoded := received(viewer_decode, frames, kind, messages[name])) is not None:
+        assert_drawable(*decoded)
 
 
 @pytest.fixture(scope="module")
@@ -323,10 +390,10 @@ def window(qapp):
     w.close()
 
 
+@pytest.mark.parametrize("name", VIEWER_MESSAGES)
 @FUZZ
 @given(data=st.data())
-def test_viewer_drops_and_counts_bad_messages_and_draws_the_next_good_frame(window, messages, data):
-    name = data.draw(st.sampled_from(["hist", "tokens", "pred", "pred-segmentation", "stats"]))
+def test_viewer_drops_and_counts_bad_messages_and_draws_the_next_good_frame(window, messages, name, data):
     try:  # what the client does: a message that is not even a live message never reaches the window
         message = decode(mutant(data, messages[name]), expect=VIEW_TOPICS)
     except ProtocolError:
@@ -350,7 +417,7 @@ def test_viewer_drops_and_counts_bad_messages_and_draws_the_next_good_frame(wind
 def test_real_messages_are_accepted_as_they_are(server, messages):
     """The fuzz starts from valid messages: each receiver takes the originals without complaint."""
     assert ZmqEventSource("tcp://127.0.0.1:1").accept(messages["events"]) is not None
-    for name in ("hist", "tokens", "pred", "pred-segmentation", "stats"):
+    for name in VIEWER_MESSAGES:
         viewer_decode(messages[name])
     assert decode_reply(decode(messages["control-reply"]))["ok"] is True
     for command, _ in CONTROL_REQUESTS:

@@ -248,6 +248,7 @@ DECODERS = {"hist": decode_hist, "tokens": decode_tokens, "pred": decode_pred, "
         ("hist", {"hist": np.zeros((2, 0, 8), np.float16)}, {}, "side"),
         ("hist", {"hist": np.full((2, 8, 8), np.nan, np.float32)}, {}, "NaN"),
         ("hist", {"hist": np.zeros((3, 8, 8), np.float16)}, {}, "channels"),
+        ("hist", {"hist": np.full((2, 8, 8), 1e300)}, {}, "float16 or float32"),
         ("hist", {"hist": np.zeros((2, 4096, 1), np.float16)}, {}, "side"),
         ("tokens", {"tokens": GRID}, {"num_tokens": 10**8}, "num_tokens"),  # took the viewer to 2.8 GB
         ("tokens", {"tokens": np.zeros((0, 4), np.int32)}, {"num_tokens": 64}, "side"),
