@@ -2,8 +2,8 @@
 
 Receivers: the server's control socket (``LiveServer.reply_frames``), ``--source tcp://`` (``ZmqEventSource.accept``),
 the viewer's decoders (``hist``, ``tokens``, ``pred``, ``stats``, control replies) and its window. Mutants: cut
-frames, flipped bits, dropped or repeated frames, garbage buffers behind a valid header, hostile header values,
-absurd declared sizes and deeply nested JSON. The property: a mutant is accepted as valid data or refused with a
+frames, flipped bits, dropped or repeated frames, garbage buffers behind a valid header, buffers retyped to another
+dtype, hostile header values, absurd declared sizes and deeply nested JSON. The property: a mutant is accepted as valid data or refused with a
 ``ProtocolError`` naming the message kind, within a time bound (the deadline) and a memory bound (the tracemalloc
 peak); the receiver then goes on with the next good message. Seeded (``derandomize``): CI runs the same examples.
 """
@@ -293,22 +293,30 @@ def mutant(data, original: list[bytes]) -> list[bytes]:
 # ---- the property --------------------------------------------------------------------------------------------------
 
 
-def received(receiver: Callable[[list[bytes]], object], frames: list[bytes], kind: str, original: list[bytes]):
-    """``receiver(frames)``: its result, or None after a ``ProtocolError`` naming ``kind`` (or, when the topic
-    frame itself was damaged, the kind the receiver expected); at most ``MEMORY_BOUND`` bytes allocated."""
+@contextlib.contextmanager
+def bounded_memory():
+    """Fails when the body allocates ``MEMORY_BOUND`` bytes or more (numpy's buffers included) at any moment."""
     tracemalloc.start()
     try:
-        return receiver(frames)
-    except ProtocolError as exc:
-        event(f"refused: {exc.reason[:25]}")
-        damaged_topic = frames[:1] != original[:1]
-        assert exc.kind == kind or (damaged_topic and exc.kind in (*TOPICS, "live")), exc
-        assert str(exc).startswith(f"{exc.kind} message: ")
-        return None
-    finally:
+        yield
         peak = tracemalloc.get_traced_memory()[1]
+    finally:
         tracemalloc.stop()
-        assert peak < MEMORY_BOUND, f"decoding took {peak / 2**20:.0f} MiB"
+    assert peak < MEMORY_BOUND, f"{peak / 2**20:.0f} MiB for one message"
+
+
+def received(receiver: Callable[[list[bytes]], object], frames: list[bytes], kind: str, original: list[bytes]):
+    """``receiver(frames)``: its result, or None after a ``ProtocolError`` naming ``kind`` (or, when the topic
+    frame itself was damaged, the kind the receiver expected), within the memory bound."""
+    with bounded_memory():
+        try:
+            return receiver(frames)
+        except ProtocolError as exc:
+            event(f"refused: {exc.reason[:25]}")
+            damaged_topic = frames[:1] != original[:1]
+            assert exc.kind == kind or (damaged_topic and exc.kind in (*TOPICS, "live")), exc
+            assert str(exc).startswith(f"{exc.kind} message: ")
+            return None
 
 
 VIEWER_DECODERS = {"hist": decode_hist, "tokens": decode_tokens, "pred": decode_pred, "stats": decode_stats}
@@ -404,7 +412,8 @@ def test_viewer_drops_and_counts_bad_messages_and_draws_the_next_good_frame(wind
     except ProtocolError:
         valid = False
     bad, frames = window.bad_messages, window.frames_shown
-    received(lambda _: window.apply({message.topic: message}), [], message.topic, [])
+    with bounded_memory():
+        window.apply({message.topic: message})
     assert window.bad_messages == bad + (not valid)
     drawn = int(valid and message.topic == "hist")
     good = decode(messages["hist"])

@@ -353,6 +353,12 @@ def test_a_bad_message_is_dropped_counted_shown_and_the_next_frame_drawn(window,
     assert window.status_labels["dropped"].text() == "dropped 4"  # 1 here + the 3 the server reports in stats
 
 
+def test_a_bad_message_from_another_session_does_not_reset_the_history(window):
+    window.apply({"pred": pred([0.1, 0.7, 0.2], session="A")})
+    window.apply({"pred": message("pred", 1, {"probs": np.ones(2, np.float32)}, session="B", task="classification")})
+    assert window.session == "A" and len(window.timeline.history) == 1 and window.bad_messages == 1
+
+
 def test_an_extreme_but_finite_replay_position_puts_the_slider_at_the_end(window):
     window.apply({"stats": stats(source={"replay": {"position_s": 1e308, "duration_s": 1e-300}})})
     assert window.bad_messages == 0 and window.replay.seek.value() == 1000

@@ -26,10 +26,19 @@ from app.viewer.widgets import (
     class_colors,
     dark_palette,
 )
-from mem_core.protocol import Message, ProtocolError, decode_hist, decode_pred, decode_stats, decode_tokens
+from mem_core.protocol import (
+    Message,
+    Prediction,
+    ProtocolError,
+    decode_hist,
+    decode_pred,
+    decode_stats,
+    decode_tokens,
+)
 
 STALE_S = 2.0  # no message for this long: the status bar says so
 STATUS_MS = 250
+CHECKS = {"hist": decode_hist, "tokens": decode_tokens, "pred": decode_pred, "stats": decode_stats}  # in drawing order
 
 
 class ViewerWindow(QtWidgets.QMainWindow):
@@ -132,27 +141,28 @@ class ViewerWindow(QtWidgets.QMainWindow):
 
     def apply(self, messages: dict[str, Message]) -> None:
         """Draw the newest message of each topic (one drain of the client). A message whose content does not fit
-        its topic is dropped and counted, and changes nothing on screen."""
+        its topic is dropped and counted, and changes nothing on screen (its session included)."""
         if self._first_message is None:
             self._first_message = (time.monotonic(), time.thread_time())
-        session = next((m.header.get("session") for m in messages.values() if m.header.get("session")), None)
-        if isinstance(session, str) and session != self.session:
-            self._new_session(session)
-        applied = set()
-        for topic, handler in (
-            ("hist", self._apply_hist),
-            ("tokens", self._apply_tokens),
-            ("pred", self._apply_prediction),
-            ("stats", self._apply_stats),
-        ):
+        checked = {}
+        for topic, check in CHECKS.items():
             if topic in messages:
-                try:  # each handler checks the whole message before it changes anything
-                    handler(messages[topic])
+                try:
+                    checked[topic] = check(messages[topic])
                 except ProtocolError as exc:
                     self._drop(str(exc))
-                else:
-                    applied.add(topic)
-        if applied & {"hist", "tokens", "pred"} and self._render() and "hist" in applied:
+        session = next((s for t in checked if isinstance(s := messages[t].header.get("session"), str) and s), None)
+        if session is not None and session != self.session:
+            self._new_session(session)
+        draw = {
+            "hist": self._apply_hist,
+            "tokens": self._apply_tokens,
+            "pred": self._apply_pred,
+            "stats": self._apply_stats,
+        }
+        for topic, content in checked.items():
+            draw[topic](content)
+        if checked.keys() & {"hist", "tokens", "pred"} and self._render() and "hist" in checked:
             # a frame is a new window on screen (its overlays may come in the next drain)
             self.frames_shown += 1
             self._frame_times.append(time.monotonic())
@@ -172,11 +182,11 @@ class ViewerWindow(QtWidgets.QMainWindow):
             return False
         return True
 
-    def _apply_hist(self, hist: Message) -> None:
-        self.view.set_histogram(decode_hist(hist))
+    def _apply_hist(self, hist: np.ndarray) -> None:
+        self.view.set_histogram(hist)
 
-    def _apply_tokens(self, tokens: Message) -> None:
-        self.view.set_tokens(*decode_tokens(tokens))
+    def _apply_tokens(self, tokens: tuple[np.ndarray, int]) -> None:
+        self.view.set_tokens(*tokens)
         self.tokens_box.setVisible(True)
 
     def _set_brightness(self, value: int) -> None:
@@ -191,8 +201,7 @@ class ViewerWindow(QtWidgets.QMainWindow):
         self.view.set_mask(None, [])
         self.tokens_box.setVisible(False)
 
-    def _apply_prediction(self, message: Message) -> None:
-        pred = decode_pred(message)
+    def _apply_pred(self, pred: Prediction) -> None:
         self.task, self.classes = pred.task, pred.classes
         if pred.probs is not None:
             colors = class_colors(len(self.classes))
@@ -209,8 +218,7 @@ class ViewerWindow(QtWidgets.QMainWindow):
         self.legend.setVisible(segmentation)
         self.mask_box.setVisible(segmentation)
 
-    def _apply_stats(self, message: Message) -> None:
-        stats = decode_stats(message)
+    def _apply_stats(self, stats: dict[str, Any]) -> None:
         self.last_stats = stats
         source = stats.get("source") or {}
         replay = source.get("replay")
