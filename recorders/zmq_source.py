@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import zmq
 
-from mem_core.events import validate_events
 from mem_core.protocol import ProtocolError, decode, decode_events
 from recorders.base import LiveSource, empty_batch
 
@@ -41,17 +40,22 @@ class ZmqEventSource(LiveSource):
                     yield empty_batch()
                     continue
                 frames = socket.recv_multipart(copy=False)
-                try:
-                    events, sensor = decode_events(decode([f.buffer for f in frames]))
-                    validate_events(events, sensor)
-                except (ProtocolError, ValueError):
-                    self.malformed += 1
-                    continue
-                self.sensor = sensor
-                self.metadata.update(height=sensor.height, width=sensor.width)
-                yield events
+                events = self.accept([f.buffer for f in frames])
+                if events is not None:
+                    yield events
         finally:
             socket.close(0)
+
+    def accept(self, frames: Sequence[bytes] | Sequence[memoryview]) -> np.ndarray | None:
+        """The checked batch of one received message, or None when it is malformed (then counted, never raised)."""
+        try:
+            events, sensor = decode_events(decode(frames, expect=("events",)))
+        except ProtocolError:
+            self.malformed += 1
+            return None
+        self.sensor = sensor
+        self.metadata.update(height=sensor.height, width=sensor.width)
+        return events
 
     def close(self) -> None:
         self._closed = True

@@ -107,3 +107,15 @@ def test_view_shows_the_histogram_and_prediction_of_a_served_file(tmp_path, data
     red = (pixels[..., 0] > pixels[..., 2] + 60).mean()  # ON events
     blue = (pixels[..., 2] > pixels[..., 0] + 60).mean()  # OFF events
     assert red > 0.01 and blue > 0.01, f"the snapshot shows too few events: {red:.3f} red, {blue:.3f} blue"
+
+
+def test_view_refuses_a_bad_endpoint_in_one_line():
+    view = subprocess.run(
+        [sys.executable, "-m", "app.cli", "view", "--connect", "garbage", "--quit-after", "1"],
+        env={**os.environ, "QT_QPA_PLATFORM": "offscreen"},
+        capture_output=True,
+        text=True,
+        timeout=START_S,
+    )
+    assert view.returncode == 2
+    assert view.stderr.strip() == "error: --connect 'garbage': expected tcp://HOST:PORT or ipc://PATH"

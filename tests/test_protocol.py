@@ -9,15 +9,21 @@ import pytest
 
 from mem_core.events import SensorSize
 from mem_core.protocol import (
+    MAX_SENSOR_SIDE,
     PROTOCOL_VERSION,
     ProtocolError,
     SeqTracker,
     decode,
     decode_control,
     decode_events,
+    decode_hist,
+    decode_pred,
+    decode_stats,
+    decode_tokens,
     encode,
     encode_control,
     encode_events,
+    endpoint_problem,
 )
 
 
@@ -78,7 +84,7 @@ def _with_header(**changes) -> list[bytes]:
         ([b"hist"], "frame"),
         ([b"hist", b"{not json", b""], "JSON"),
         ([b"hist", b"[1, 2]"], "object"),
-        ([b"\xff\xfe", _good()[1], _good()[2]], "ASCII"),
+        ([b"\xff\xfe", _good()[1], _good()[2]], "topic frame"),
         (_with_header(version=99), "version"),
         (_with_header(topic="pred"), "topic"),
         (_with_header(seq=-1), "seq"),
@@ -117,6 +123,7 @@ def test_control_requests_round_trip_and_are_checked():
         ("speed", {"value": 0}, "outside"),
         ("speed", {"value": True}, "number"),
         ("seek", {"position_s": -1.0}, "outside"),
+        ("seek", {"position_s": 1e308}, "outside"),  # in microseconds, an int() overflow in the control thread
         ("record_start", {"name": "a/b"}, "name"),
     ):
         with pytest.raises(ProtocolError, match=reason):
@@ -135,3 +142,167 @@ def test_seq_tracker_counts_gaps_per_topic_and_restarts_without_gaps():
     # without a session field, a seq that goes back marks a restart
     assert tracker.update(decode(encode("hist", 0, session="B"))) == 0
     assert tracker.restarts == 2
+
+
+# ---- hostile messages: each ends in ProtocolError naming its kind, before anything big is allocated -----------
+
+
+def _header_of(frames: list[bytes], **changes) -> list[bytes]:
+    header = json.loads(frames[1])
+    header.update(changes)
+    return [frames[0], json.dumps(header).encode(), *frames[2:]]
+
+
+def _events_frames(events_factory, **changes) -> list[bytes]:
+    return _header_of(encode_events(0, events_factory(10), SensorSize(32, 48)), **changes)
+
+
+@pytest.mark.parametrize(
+    ("frames", "reason"),
+    [
+        ([b"events", b"[" * 100_000], "nests deeper"),  # was a RecursionError that ended `mem serve`
+        ([b"events", b'{"a":' * 10_000], "nests deeper"),
+        (
+            [
+                b"events",
+                json.dumps(
+                    {"version": 1, "topic": "events", "seq": 0, "x": [[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]}
+                ).encode(),
+            ],
+            "nests deeper",
+        ),
+        ([b"events", b'{"version": 1, "seq": ' + b"1" * 5000 + b"}"], "JSON"),  # int() refuses > 4300 digits
+        ([b"events", b'{"version": NaN}'], "JSON"),
+        ([b"events", b'{"version": 1e999}'], "JSON"),
+        ([b"events", b"\xff"], "UTF-8"),
+        ([b"histogram", b"{}"], "topic frame"),
+    ],
+)
+def test_hostile_headers_are_protocol_errors_naming_the_kind(frames, reason):
+    with pytest.raises(ProtocolError, match=reason) as caught:
+        decode(frames, expect=("events",))
+    assert caught.value.kind == "events" and str(caught.value).startswith("events message: ")
+
+
+@pytest.mark.parametrize("shape", [[10**40, 0], [1e40, 0], [2**31] * 7 + [0], [0] * 9, [True, 0], [2**62, 0]])
+def test_absurd_buffer_shapes_are_protocol_errors(shape):
+    """An empty frame may not declare an absurd shape (``[10**40, 0]`` ended the server's control thread)."""
+    frames = [b"control", *_with_header(topic="control", buffers=[{"name": "a", "dtype": "<f4", "shape": shape}])[1:2]]
+    with pytest.raises(ProtocolError, match="shape") as caught:
+        decode([*frames, b""])
+    assert caught.value.kind == "control"
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"height": 10**12}, "height"),  # a sensor this size made the server allocate its histogram
+        ({"width": 4097}, "width"),
+        ({"width": 0}, "width"),
+        ({"height": 32.0}, "height"),
+        ({"height": True}, "height"),
+        ({"height": None}, "height"),
+    ],
+)
+def test_events_sensor_sizes_are_bounded(events_factory, changes, reason):
+    with pytest.raises(ProtocolError, match=reason) as caught:
+        decode_events(decode(_events_frames(events_factory, **changes)))
+    assert caught.value.kind == "events"
+
+
+def test_events_columns_must_convert_without_loss_and_lie_on_the_sensor(events_factory):
+    events = events_factory(10)
+    frames = encode(
+        "events",
+        0,
+        {"t": events["t"].astype(np.float64), "x": events["x"], "y": events["y"], "p": events["p"]},
+        height=32,
+        width=48,
+    )
+    with pytest.raises(ProtocolError, match="column 't'"):
+        decode_events(decode(frames))
+    off_sensor = events.copy()
+    off_sensor["x"] = 999
+    with pytest.raises(ProtocolError, match="outside the sensor"):
+        decode_events(decode(encode_events(0, off_sensor, SensorSize(32, 48))))
+
+
+def test_the_largest_real_sensors_fit_the_limit(events_factory):
+    events = events_factory(10)
+    for sensor in (SensorSize(720, 1280), SensorSize(MAX_SENSOR_SIDE, MAX_SENSOR_SIDE)):
+        assert decode_events(decode(encode_events(0, events, sensor)))[1] == sensor
+
+
+HIST = np.full((2, 8, 8), 0.5, np.float16)
+GRID = np.arange(16, dtype=np.int32).reshape(4, 4)
+MASK = np.zeros((8, 8), np.uint8)
+PROBS = np.array([0.25, 0.75], np.float32)
+TOP_K = [{"id": 1, "name": "car", "prob": 0.75}, {"id": 0, "name": "background", "prob": 0.25}]
+CLASSES = ["background", "car"]
+DECODERS = {"hist": decode_hist, "tokens": decode_tokens, "pred": decode_pred, "stats": decode_stats}
+
+
+@pytest.mark.parametrize(
+    ("topic", "arrays", "fields", "reason"),
+    [
+        ("hist", {"hist": np.zeros((2, 0, 8), np.float16)}, {}, "side"),
+        ("hist", {"hist": np.full((2, 8, 8), np.nan, np.float32)}, {}, "NaN"),
+        ("hist", {"hist": np.zeros((3, 8, 8), np.float16)}, {}, "channels"),
+        ("hist", {"hist": np.full((2, 8, 8), 1e300)}, {}, "float16 or float32"),
+        ("hist", {"hist": np.zeros((2, 4096, 1), np.float16)}, {}, "side"),
+        ("tokens", {"tokens": GRID}, {"num_tokens": 10**8}, "num_tokens"),  # took the viewer to 2.8 GB
+        ("tokens", {"tokens": np.zeros((0, 4), np.int32)}, {"num_tokens": 64}, "side"),
+        ("tokens", {"tokens": GRID}, {"num_tokens": 8}, "token ids"),
+        ("tokens", {"tokens": GRID.astype(np.float32)}, {"num_tokens": 64}, "kind"),
+        ("pred", {"mask": np.full((8, 8), 2**62, np.uint64)}, {"task": "segmentation", "classes": CLASSES}, "class id"),
+        ("pred", {"mask": MASK}, {"task": "segmentation", "classes": []}, "classes"),
+        ("pred", {"probs": PROBS}, {"task": "classification", "classes": ["a", "b", "c"]}, "probs"),
+        ("pred", {"probs": PROBS * np.nan}, {"task": "classification", "classes": CLASSES}, "probs"),
+        ("pred", {"probs": PROBS}, {"task": "classification", "classes": CLASSES, "top_k": [{"id": "1"}]}, "top_k id"),
+        ("pred", {"probs": PROBS}, {"task": "classification", "classes": CLASSES, "top_k": TOP_K * 2}, "top_k"),
+        ("pred", {"probs": PROBS}, {"task": "detection", "classes": CLASSES}, "task"),
+        ("stats", {}, {"events_per_s": "fast"}, "events_per_s"),
+        ("stats", {}, {"latency_ms": [1, 2]}, "latency_ms"),
+        ("stats", {}, {"source": {"replay": {"duration_s": -1}}}, "source.replay.duration_s"),
+        ("stats", {}, {"control": "garbage"}, "control"),
+        ("stats", {}, {"malformed": 1.5}, "malformed"),
+    ],
+)
+def test_content_that_does_not_fit_the_topic_is_a_protocol_error_naming_it(topic, arrays, fields, reason):
+    message = decode(encode(topic, 0, arrays, **fields))
+    with pytest.raises(ProtocolError, match=reason) as caught:
+        DECODERS[topic](message)
+    assert caught.value.kind == topic
+
+
+def test_what_the_server_sends_is_accepted_as_it_is():
+    assert decode_hist(decode(encode("hist", 0, {"hist": HIST}))) is not None
+    tokens, num_tokens = decode_tokens(decode(encode("tokens", 0, {"tokens": GRID}, num_tokens=64)))
+    assert num_tokens == 64 and tokens.shape == (4, 4)
+    pred = decode_pred(decode(encode("pred", 0, {"probs": PROBS}, task="classification", classes=CLASSES, top_k=TOP_K)))
+    assert pred.top_k == TOP_K and pred.classes == CLASSES
+    assert decode_pred(decode(encode("pred", 0, {"mask": MASK}, task="segmentation", classes=CLASSES))).mask is not None
+    replay = {"playing": True, "speed": 1.0, "position_s": 0.5, "duration_s": 2.0}
+    stats = {"events_per_s": 2.5e6, "control": "tcp://0.0.0.0:5558", "recording": None, "source": {"replay": replay}}
+    assert decode_stats(decode(encode("stats", 0, **stats, unknown_field=[1]))) == stats
+
+
+@pytest.mark.parametrize(
+    "endpoint", ["tcp://127.0.0.1:5557", "tcp://localhost:5557", "tcp://[::1]:5557", "ipc:///tmp/mem"]
+)
+def test_endpoints_a_client_can_connect_to_are_accepted(endpoint):
+    assert endpoint_problem(endpoint) is None
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "problem"),
+    [
+        ("garbage", "expected tcp://HOST:PORT"),
+        ("tcp://127.0.0.1", "expected tcp://HOST:PORT"),
+        ("tcp://127.0.0.1:*", "expected tcp://HOST:PORT"),
+        ("tcp://127.0.0.1:99999", "port 99999"),
+        ("ipc://", "ipc://PATH"),
+    ],
+)
+def test_endpoints_a_client_cannot_connect_to_are_named(endpoint, problem):
+    assert problem in endpoint_problem(endpoint)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 
 import numpy as np
@@ -12,6 +13,7 @@ import zmq
 from app.config import ServeConfig
 from app.live.ring import EventRing
 from app.live.server import LiveServer, control_endpoint_for
+from mem_core.configuration import ConfigError
 from mem_core.corpus import Corpus
 from mem_core.events import SensorSize
 from mem_core.export import export_random
@@ -129,7 +131,7 @@ def test_control_endpoint_defaults_to_the_next_port():
     assert control_endpoint_for("tcp://127.0.0.1:5557") == "tcp://127.0.0.1:5558"
     assert control_endpoint_for("tcp://127.0.0.1:*") == "tcp://127.0.0.1:*"
     assert control_endpoint_for("ipc:///tmp/mem") == "ipc:///tmp/mem-control"
-    with pytest.raises(ValueError, match="port"):
+    with pytest.raises(ConfigError, match="port"):  # a MemError: `mem serve --pub` says so in one line
         control_endpoint_for("tcp://127.0.0.1")
 
 
@@ -317,3 +319,88 @@ def test_record_start_and_stop_write_a_corpus_of_the_live_source(export, tmp_pat
     with Corpus(tmp_path / "corpus") as corpus:
         events = corpus.events(corpus.index("take1"))
     assert len(events) == recorded and events["x"].max() < SENSOR.width
+
+
+HOSTILE_REQUESTS = [
+    [b"control", b"[" * 100_000],  # a RecursionError in the control thread
+    [b"control", b"[1, 2]"],
+    [
+        b"control",
+        b'{"version": 1, "topic": "control", "seq": 0, "buffers": [{"name": "a", "dtype": "<f4", '
+        b'"shape": [10000000000000000000000000000000000000000, 0]}]}',
+        b"",
+    ],  # shape [1e40, 0] ended the thread
+    [b"control", b'{"version": NaN}'],
+    [b"\xff" * 100, b"{}"],
+]
+
+
+def test_control_answers_every_hostile_request_and_then_the_next_good_one(export):
+    source = SyntheticSource(100_000, SENSOR, batch_us=5000)
+    with serving(export, source) as server:
+        socket = zmq.Context.instance().socket(zmq.REQ)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.connect(server.control_endpoint)
+        try:
+            for frames in HOSTILE_REQUESTS:
+                socket.send_multipart(frames)
+                assert socket.poll(WAIT_S * 1000), f"no reply to {frames[1][:40]!r}"
+                reply = decode(socket.recv_multipart()).header
+                assert reply["ok"] is False and reply["error"].startswith("control message: ")
+        finally:
+            socket.close(0)
+        assert request(server.control_endpoint, "state")["ok"] is True
+        assert server.stats()["malformed"] == len(HOSTILE_REQUESTS)
+
+
+def test_a_failing_command_is_answered_and_the_control_thread_goes_on(export, data_dir, monkeypatch):
+    from recorders.replay import ReplaySource
+
+    source = ReplaySource(sorted((data_dir / "ncars-dev" / "val" / "cars").glob("*.dat"))[0], loop=True)
+
+    def broken() -> None:
+        raise RuntimeError("the replay broke")
+
+    monkeypatch.setattr(source, "pause", broken)
+    with serving(export, source) as server:
+        reply = request(server.control_endpoint, "pause")
+        assert reply["ok"] is False and "RuntimeError: the replay broke" in reply["error"]
+        assert request(server.control_endpoint, "speed", value=2.0)["ok"] is True
+
+
+def test_tcp_source_drops_hostile_messages_and_keeps_serving(export, events_factory):
+    publisher = zmq.Context.instance().socket(zmq.PUB)
+    publisher.setsockopt(zmq.LINGER, 0)
+    port = publisher.bind_to_random_port("tcp://127.0.0.1")
+    good = events_factory(500, SENSOR)
+    hostile = [
+        [b"events", b"[" * 100_000],  # ended `mem serve --source tcp://...` with a RecursionError
+        [
+            b"events",
+            json.dumps({**json.loads(encode_events(0, good, SENSOR)[1]), "height": 10**12}).encode(),
+            *encode_events(0, good, SENSOR)[2:],
+        ],  # a sensor of 10^12 rows
+        [
+            b"events",
+            b'{"version": 1, "topic": "events", "seq": 0, "buffers": [{"name": "t", "dtype": "<i8", '
+            b'"shape": [10000000000000000000000000000000000000000, 0]}]}',
+            b"",
+        ],
+    ]
+    try:
+        source = open_source(f"tcp://127.0.0.1:{port}")
+        with serving(export, source) as server:
+            deadline, seq = time.monotonic() + WAIT_S, 0
+            while source.malformed < len(hostile) or server.frames < 2:
+                assert time.monotonic() < deadline, f"{server.frames} predictions, {source.malformed} dropped"
+                for frames in hostile if source.malformed < len(hostile) else []:
+                    publisher.send_multipart(frames)
+                publisher.send_multipart(
+                    encode_events(seq, events_factory(500, SENSOR, seed=seq, t0=seq * 10**5), SENSOR)
+                )
+                seq += 1
+                time.sleep(0.05)
+            assert server.stats()["malformed"] >= len(hostile)
+            assert server._runner.is_alive()
+    finally:
+        publisher.close(0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -319,3 +320,109 @@ def test_client_sends_control_requests_to_the_advertised_endpoint(qtbot, publish
 def test_control_endpoint_uses_the_host_the_viewer_connected_to():
     assert control_endpoint("tcp://10.0.0.5:5557", "tcp://0.0.0.0:5558") == "tcp://10.0.0.5:5558"
     assert control_endpoint("ipc:///tmp/a", "ipc:///tmp/a-control") == "ipc:///tmp/a-control"
+
+
+# ---- hostile messages: dropped, counted, shown; the next good frame is drawn ------------------------------------
+
+BAD_MESSAGES = {
+    # each of these used to raise on every later frame (tokens, mask, stats), or take gigabytes (num_tokens)
+    "empty token grid": lambda: message("tokens", 0, {"tokens": np.zeros((0, 4), np.int32)}, num_tokens=64),
+    "mask id 2^62": lambda: message(
+        "pred", 0, {"mask": np.full((16, 16), 2**62, np.uint64)}, task="segmentation", classes=CLASSES
+    ),
+    "stats of wrong types": lambda: stats(events_per_s="fast", latency_ms=[1], source=[1]),
+    "stats with a garbage control endpoint": lambda: stats(control="garbage"),
+    "empty histogram": lambda: message("hist", 0, {"hist": np.zeros((2, 0, 16), np.float16)}),
+    "10^8 tokens": lambda: message("tokens", 0, {"tokens": np.zeros((4, 4), np.int32)}, num_tokens=10**8),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_MESSAGES))
+def test_a_bad_message_is_dropped_counted_shown_and_the_next_frame_drawn(window, case):
+    bad = BAD_MESSAGES[case]()
+    window.apply({"hist": message("hist", 0, {"hist": hist_with_on_and_off()}), "stats": stats()})
+    window.apply({bad.topic: bad})
+    assert window.bad_messages == 1
+    assert window.statusBar().currentMessage().startswith(f"dropped {bad.topic} message: ")
+    nxt = hist_with_on_and_off() * np.float16(0.5)
+    window.apply({"hist": message("hist", 1, {"hist": nxt}), "stats": stats()})
+    np.testing.assert_array_equal(window.view.hist, nxt)
+    assert window.frames_shown == 2
+    np.testing.assert_array_equal(window.view.composite(), histogram_rgb(nxt, level=window.view.level))
+    window.update_status()
+    assert window.status_labels["dropped"].text() == "dropped 4"  # 1 here + the 3 the server reports in stats
+
+
+def test_a_bad_message_from_another_session_does_not_reset_the_history(window):
+    window.apply({"pred": pred([0.1, 0.7, 0.2], session="A")})
+    window.apply({"pred": message("pred", 1, {"probs": np.ones(2, np.float32)}, session="B", task="classification")})
+    assert window.session == "A" and len(window.timeline.history) == 1 and window.bad_messages == 1
+
+
+def test_an_extreme_but_finite_replay_position_puts_the_slider_at_the_end(window):
+    window.apply({"stats": stats(source={"replay": {"position_s": 1e308, "duration_s": 1e-300}})})
+    assert window.bad_messages == 0 and window.replay.seek.value() == 1000
+
+
+def test_a_huge_declared_codebook_costs_the_viewer_no_memory(window):
+    tracemalloc.start()
+    try:
+        window.apply({"tokens": BAD_MESSAGES["10^8 tokens"]()})
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert window.bad_messages == 1 and peak < 10 * 2**20
+
+
+def test_a_frame_that_cannot_be_drawn_is_dropped_and_the_next_one_drawn(window, monkeypatch):
+    """The last line of defence behind the message checks: a drawing failure forgets that frame's layers."""
+    window.apply({"hist": message("hist", 0, {"hist": hist_with_on_and_off()})})
+    monkeypatch.setattr(window.view, "composite", lambda: np.zeros((1, 1, 3), np.int64)[5])
+    window.apply({"tokens": message("tokens", 0, {"tokens": np.zeros((4, 4), np.int32)}, num_tokens=64)})
+    assert window.bad_messages == 1 and "could not be drawn" in window.statusBar().currentMessage()
+    monkeypatch.undo()
+    window.apply({"hist": message("hist", 1, {"hist": hist_with_on_and_off()})})
+    assert window.frames_shown == 2 and window.view.tokens is None
+
+
+def test_client_keeps_delivering_after_a_stats_message_with_a_garbage_control_endpoint(qtbot, publisher, client):
+    """A bad advertised endpoint used to raise inside every drain: nothing was drawn any more."""
+    socket, _ = publisher
+    window = ViewerWindow(client)
+    qtbot.addWidget(window)
+    wait_until_connected(qtbot, socket, client)
+    socket.send_multipart(encode("stats", 1, session="S", control="garbage"))
+    for seq in range(3):
+        socket.send_multipart(encode("hist", seq, {"hist": hist_with_on_and_off()}, session="S"))
+        qtbot.wait(20)
+    qtbot.waitUntil(lambda: window.frames_shown > 0, timeout=WAIT_MS)
+    assert window.bad_messages == 1 and client._control is None
+
+
+def test_client_drops_and_counts_a_malformed_control_reply(qtbot, publisher, client):
+    socket, _ = publisher
+    rep = zmq.Context.instance().socket(zmq.REP)
+    rep.setsockopt(zmq.LINGER, 0)
+    port = rep.bind_to_random_port("tcp://127.0.0.1")
+    replies = []
+    client.control_reply.connect(replies.append)
+    try:
+        deadline = time.monotonic() + WAIT_MS / 1000
+        while client.tracker.received == 0:
+            assert time.monotonic() < deadline
+            socket.send_multipart(encode("stats", 0, session="S", control=f"tcp://127.0.0.1:{port}"))
+            qtbot.wait(50)
+        for reply in (
+            encode_control(0, "state", ok=True, error=None, state={"source": {"replay": {"speed": "fast"}}}),
+            encode_control(1, "state", ok=True, error=None, state={"classes": ["a"]}),
+        ):
+            qtbot.waitUntil(lambda: client.send_control("state"), timeout=WAIT_MS)
+            assert rep.poll(WAIT_MS)
+            rep.recv_multipart()
+            rep.send_multipart(reply)
+        qtbot.waitUntil(lambda: len(replies) == 1, timeout=WAIT_MS)
+    finally:
+        rep.close(0)
+    assert client.malformed == 1 and replies == [
+        {"command": "state", "ok": True, "error": None, "state": {"classes": ["a"]}}
+    ]

@@ -86,6 +86,17 @@ def view(
     quit_after: Annotated[float | None, typer.Option("--quit-after", help="Quit after S seconds.")] = _V.quit_after_s,
 ) -> None:
     """The live viewer: histogram, token grid, predictions, controls. Starts before or after the server."""
+    from mem_core.protocol import endpoint_problem
+
+    problem = endpoint_problem(connect)
+    if problem is not None:  # checked before Qt starts: a bad endpoint is one line, not a traceback
+        raise fail(f"--connect {connect!r}: {problem}")
+    import zmq
+
     from app.viewer.window import run
 
-    raise typer.Exit(run(ViewConfig(connect=connect, snapshot=snapshot, quit_after_s=quit_after)))
+    try:
+        status = run(ViewConfig(connect=connect, snapshot=snapshot, quit_after_s=quit_after))
+    except zmq.ZMQError as exc:  # an endpoint ZMQ still refuses
+        raise fail(f"--connect {connect!r}: {exc}") from None
+    raise typer.Exit(status)

@@ -26,9 +26,10 @@ import zmq
 
 from app.config import ServeConfig
 from app.live.ring import EventRing
+from mem_core.configuration import ConfigError
 from mem_core.events import SensorSize
 from mem_core.inference import Output, Predictor
-from mem_core.protocol import ProtocolError, decode, decode_control, encode, encode_control
+from mem_core.protocol import MAX_TEXT, ProtocolError, decode, decode_control, encode, encode_control
 from recorders.base import LiveSource, RecorderError
 from recorders.live_recorder import LiveRecorder
 from recorders.publish import CLOSE_LINGER_MS
@@ -44,11 +45,11 @@ def control_endpoint_for(pub: str) -> str:
         return pub + "-control"
     host, sep, port = pub.rpartition(":")
     if not sep or host == "tcp":
-        raise ValueError(f"endpoint {pub!r} has no port (expected tcp://HOST:PORT)")
+        raise ConfigError(f"endpoint {pub!r} has no port (expected tcp://HOST:PORT)")
     if port == "*":
         return pub
     if not port.isdigit():
-        raise ValueError(f"endpoint {pub!r} has a bad port {port!r}")
+        raise ConfigError(f"endpoint {pub!r} has a bad port {port!r}")
     return f"{host}:{int(port) + 1}"
 
 
@@ -342,21 +343,28 @@ class LiveServer:
             if not self._control.poll(100, zmq.POLLIN):
                 continue
             frames = self._control.recv_multipart()
-            reply = self.handle_control(frames)
-            self._control.send_multipart(encode_control(seq, **reply))
+            self._control.send_multipart(self.reply_frames(frames, seq))
             seq += 1
+
+    def reply_frames(self, frames: list[bytes], seq: int) -> list[bytes]:
+        """The encoded reply to one request. Never raises: a REP socket that does not answer never hears again."""
+        try:
+            return encode_control(seq, **self.handle_control(frames))
+        except Exception as exc:  # a bug in a command must not end the control thread
+            error = f"{type(exc).__name__}: {exc}"[:MAX_TEXT]
+            return encode_control(seq, "error", ok=False, error=error, state=None)
 
     def handle_control(self, frames: list[bytes]) -> dict[str, Any]:
         """The reply fields for one request: ``command``, ``ok``, ``error`` (or None) and ``state``."""
         try:
-            command, args = decode_control(decode(frames))
+            command, args = decode_control(decode(frames, expect=("control",)))
         except ProtocolError as exc:
             self.control_malformed += 1
-            return {"command": "error", "ok": False, "error": str(exc), "state": None}
+            return {"command": "error", "ok": False, "error": str(exc)[:MAX_TEXT], "state": None}
         try:
             self._apply_control(command, args)
         except (ControlError, RecorderError, ValueError, OSError) as exc:
-            return {"command": command, "ok": False, "error": str(exc), "state": self.control_state()}
+            return {"command": command, "ok": False, "error": str(exc)[:MAX_TEXT], "state": self.control_state()}
         return {"command": command, "ok": True, "error": None, "state": self.control_state()}
 
     def control_state(self) -> dict[str, Any]:

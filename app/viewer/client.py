@@ -14,9 +14,17 @@ from typing import Any
 import zmq
 from PySide6 import QtCore
 
-from mem_core.protocol import Message, ProtocolError, SeqTracker, decode, encode_control
+from mem_core.protocol import (
+    Message,
+    ProtocolError,
+    SeqTracker,
+    decode,
+    decode_reply,
+    encode_control,
+    endpoint_problem,
+)
 
-LIVE_TOPICS = (b"hist", b"tokens", b"pred", b"stats")
+VIEW_TOPICS = ("hist", "tokens", "pred", "stats")
 MAX_DRAIN = 2000  # messages read per activation before yielding to the event loop
 FALLBACK_POLL_MS = 100
 
@@ -33,8 +41,8 @@ class LiveClient(QtCore.QObject):
     """Subscribes to the live topics at ``endpoint``; connects before or after the server starts, and again
     after a server restart (ZMQ reconnects by itself).
 
-    Signals: ``messages(dict)`` topic -> newest ``Message`` of one drain; ``control_reply(dict)`` the header
-    of a reply to ``send_control``.
+    Signals: ``messages(dict)`` topic -> newest ``Message`` of one drain (its content is checked by the window);
+    ``control_reply(dict)`` the checked fields of a reply to ``send_control`` (``decode_reply``).
     """
 
     messages = QtCore.Signal(dict)
@@ -55,8 +63,8 @@ class LiveClient(QtCore.QObject):
             (zmq.RECONNECT_IVL_MAX, 1000),
         ):
             self._sub.setsockopt(option, value)
-        for topic in LIVE_TOPICS:
-            self._sub.setsockopt(zmq.SUBSCRIBE, topic)
+        for topic in VIEW_TOPICS:
+            self._sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
         self._sub.connect(endpoint)
         self._sub_notifier = self._notifier(self._sub, self.drain)
         self._control: zmq.Socket | None = None
@@ -86,7 +94,7 @@ class LiveClient(QtCore.QObject):
             except zmq.Again:
                 break
             try:
-                message = decode(frames)
+                message = decode(frames, expect=VIEW_TOPICS)
             except ProtocolError:
                 self.malformed += 1
                 continue
@@ -98,20 +106,29 @@ class LiveClient(QtCore.QObject):
         if newest:
             self.last_message = time.monotonic()
             stats = newest.get("stats")
-            if stats is not None and isinstance(stats.header.get("control"), str):
-                self._use_control(control_endpoint(self.endpoint, stats.header["control"]))
+            if stats is not None:
+                self._follow_control(stats.header.get("control"))
             self.messages.emit(newest)
 
     # ---- control channel -----------------------------------------------------------------------------------
 
-    def _use_control(self, endpoint: str) -> None:
+    def _follow_control(self, advertised: Any) -> None:
+        """Connect to the control endpoint a ``stats`` message advertises (a bad one is ignored here; the window
+        drops and counts that message)."""
+        if not isinstance(advertised, str) or endpoint_problem(advertised) is not None:
+            return
+        endpoint = control_endpoint(self.endpoint, advertised)
         if endpoint == self._control_endpoint:
             return
         self._close_control()
         socket = self._context.socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.IMMEDIATE, 1)  # queue nothing for a server that is not there (no stale commands)
-        socket.connect(endpoint)
+        try:
+            socket.connect(endpoint)
+        except zmq.ZMQError:  # e.g. a host name ZMQ refuses: no control, but the data keeps coming
+            socket.close(0)
+            return
         self._control, self._control_endpoint = socket, endpoint
         self._control_notifier = self._notifier(socket, self._drain_control)
 
@@ -135,12 +152,12 @@ class LiveClient(QtCore.QObject):
                 frames = self._control.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            try:
-                reply = decode(frames[1:])  # DEALER sees the REP envelope's empty delimiter first
+            try:  # DEALER sees the REP envelope's empty delimiter first
+                reply = decode_reply(decode(frames[1:], expect=("control",)))
             except ProtocolError:
                 self.malformed += 1
                 continue
-            self.control_reply.emit(reply.header)
+            self.control_reply.emit(reply)
 
     def _close_control(self) -> None:
         if self._control_notifier is not None:

@@ -96,6 +96,11 @@ class EventView(pg.GraphicsLayoutWidget):
         if mask is not None and len(self._mask_colors) < max(len(classes), int(mask.max()) + 1):
             self._mask_colors = mask_colors(max(len(classes), int(mask.max()) + 1))
 
+    def forget_layers(self) -> None:
+        """Forget every layer (the image on screen stays until the next ``render`` with a histogram). Not named
+        ``clear``: pyqtgraph sets its layout's ``clear`` on the instance, which would hide such a method."""
+        self.hist = self.tokens = self.mask = None
+
     def set_overlays(self, tokens: bool, mask: bool) -> None:
         """Toggle the token and mask overlays."""
         self.show_tokens, self.show_mask = tokens, mask
@@ -360,7 +365,7 @@ class ReplayControls(QtWidgets.QGroupBox):
         position = float(replay.get("position_s", 0.0))
         self.position.setText(f"{position:.2f} / {self.duration_s:.2f} s")
         if not self.seek.isSliderDown() and self.duration_s > 0:
-            self.seek.setValue(round(1000 * position / self.duration_s))
+            self.seek.setValue(round(1000 * min(position / self.duration_s, 1.0)))  # (a huge ratio is inf)
 
 
 class RecordControls(QtWidgets.QGroupBox):

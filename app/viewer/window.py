@@ -26,10 +26,19 @@ from app.viewer.widgets import (
     class_colors,
     dark_palette,
 )
-from mem_core.protocol import Message
+from mem_core.protocol import (
+    Message,
+    Prediction,
+    ProtocolError,
+    decode_hist,
+    decode_pred,
+    decode_stats,
+    decode_tokens,
+)
 
 STALE_S = 2.0  # no message for this long: the status bar says so
 STATUS_MS = 250
+CHECKS = {"hist": decode_hist, "tokens": decode_tokens, "pred": decode_pred, "stats": decode_stats}  # in drawing order
 
 
 class ViewerWindow(QtWidgets.QMainWindow):
@@ -131,34 +140,53 @@ class ViewerWindow(QtWidgets.QMainWindow):
     # ---- incoming -----------------------------------------------------------------------------------------
 
     def apply(self, messages: dict[str, Message]) -> None:
-        """Draw the newest message of each topic (one drain of the client)."""
+        """Draw the newest message of each topic (one drain of the client). A message whose content does not fit
+        its topic is dropped and counted, and changes nothing on screen (its session included)."""
         if self._first_message is None:
             self._first_message = (time.monotonic(), time.thread_time())
-        session = next((m.header.get("session") for m in messages.values() if m.header.get("session")), None)
-        if session is not None and session != self.session:
-            self._new_session(session)
-        for topic, handler in (
-            ("hist", self._apply_hist),
-            ("tokens", self._apply_tokens),
-            ("pred", self._apply_prediction),
-            ("stats", self._apply_stats),
-        ):
+        checked = {}
+        for topic, check in CHECKS.items():
             if topic in messages:
                 try:
-                    handler(messages[topic])
-                except (KeyError, ValueError, TypeError, IndexError):  # well-formed, but not what the topic holds
-                    self.bad_messages += 1
-        if messages.keys() & {"hist", "tokens", "pred"}:
-            self.view.render()
-        if "hist" in messages:  # a frame is a new window on screen (its overlays may come in the next drain)
+                    checked[topic] = check(messages[topic])
+                except ProtocolError as exc:
+                    self._drop(str(exc))
+        session = next((s for t in checked if isinstance(s := messages[t].header.get("session"), str) and s), None)
+        if session is not None and session != self.session:
+            self._new_session(session)
+        draw = {
+            "hist": self._apply_hist,
+            "tokens": self._apply_tokens,
+            "pred": self._apply_pred,
+            "stats": self._apply_stats,
+        }
+        for topic, content in checked.items():
+            draw[topic](content)
+        if checked.keys() & {"hist", "tokens", "pred"} and self._render() and "hist" in checked:
+            # a frame is a new window on screen (its overlays may come in the next drain)
             self.frames_shown += 1
             self._frame_times.append(time.monotonic())
 
-    def _apply_hist(self, hist: Message) -> None:
-        self.view.set_histogram(hist.arrays["hist"])
+    def _drop(self, reason: str) -> None:
+        self.bad_messages += 1
+        self.statusBar().showMessage(f"dropped {reason}", 5000)
 
-    def _apply_tokens(self, tokens: Message) -> None:
-        self.view.set_tokens(tokens.arrays["tokens"], int(tokens.header["num_tokens"]))
+    def _render(self) -> bool:
+        """Draw the layers. A frame that cannot be drawn is dropped and counted, and its layers forgotten, so it
+        cannot stop the drawing of the next ones (the messages were checked: this is the last line of defence)."""
+        try:
+            self.view.render()
+        except (ValueError, TypeError, IndexError, MemoryError) as exc:
+            self.view.forget_layers()
+            self._drop(f"a frame that could not be drawn ({type(exc).__name__}: {exc})")
+            return False
+        return True
+
+    def _apply_hist(self, hist: np.ndarray) -> None:
+        self.view.set_histogram(hist)
+
+    def _apply_tokens(self, tokens: tuple[np.ndarray, int]) -> None:
+        self.view.set_tokens(*tokens)
         self.tokens_box.setVisible(True)
 
     def _set_brightness(self, value: int) -> None:
@@ -173,22 +201,16 @@ class ViewerWindow(QtWidgets.QMainWindow):
         self.view.set_mask(None, [])
         self.tokens_box.setVisible(False)
 
-    def _apply_prediction(self, pred: Message) -> None:
-        header = pred.header
-        self.task = header.get("task")
-        self.classes = [str(c) for c in header.get("classes", [])]
-        if self.task == "classification" and "probs" in pred.arrays:
-            if pred.arrays["probs"].shape != (len(self.classes),):
-                raise ValueError(f"{len(self.classes)} classes but probabilities of shape {pred.arrays['probs'].shape}")
+    def _apply_pred(self, pred: Prediction) -> None:
+        self.task, self.classes = pred.task, pred.classes
+        if pred.probs is not None:
             colors = class_colors(len(self.classes))
-            self.top_k.set_top_k(list(header.get("top_k", [])), colors)
-            self.timeline.add(time.monotonic(), pred.arrays["probs"], self.classes, colors)
-            self.last_pred = {"task": self.task, "top_k": header.get("top_k", [])}
-        elif self.task == "segmentation" and "mask" in pred.arrays:
-            mask = pred.arrays["mask"]
-            self.view.set_mask(mask, self.classes)
-            present = np.unique(mask).tolist()
-            self.legend.set_classes(present, self.classes)
+            self.top_k.set_top_k(pred.top_k, colors)
+            self.timeline.add(time.monotonic(), pred.probs, self.classes, colors)
+            self.last_pred = {"task": self.task, "top_k": pred.top_k}
+        else:
+            self.view.set_mask(pred.mask, self.classes)
+            self.legend.set_classes(np.unique(pred.mask).tolist(), self.classes)
             self.last_pred = {"task": self.task, "present": self.legend.labels}
         segmentation = self.task == "segmentation"
         self.top_k.setVisible(not segmentation)
@@ -196,8 +218,7 @@ class ViewerWindow(QtWidgets.QMainWindow):
         self.legend.setVisible(segmentation)
         self.mask_box.setVisible(segmentation)
 
-    def _apply_stats(self, message: Message) -> None:
-        stats = message.header
+    def _apply_stats(self, stats: dict[str, Any]) -> None:
         self.last_stats = stats
         source = stats.get("source") or {}
         replay = source.get("replay")
@@ -256,7 +277,7 @@ class ViewerWindow(QtWidgets.QMainWindow):
         """What the window shows, as JSON-able data (written next to snapshots; used by tests and the bench)."""
         view = self.view
         hist = None
-        if view.shape is not None:
+        if view.shape is not None and view.hist is not None:
             rect = view.mapFromScene(view.image.sceneBoundingRect()).boundingRect()
             top_left = view.viewport().mapTo(self, rect.topLeft())
             hist = {

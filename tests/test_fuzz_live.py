@@ -1,0 +1,434 @@
+"""Fuzzing the live message path with mutants of real messages of every kind, at every receiver.
+
+Receivers: the server's control socket (``LiveServer.reply_frames``), ``--source tcp://`` (``ZmqEventSource.accept``),
+the viewer's decoders (``hist``, ``tokens``, ``pred``, ``stats``, control replies) and its window. Mutants: cut
+frames, flipped bits, dropped or repeated frames, garbage buffers behind a valid header, buffers retyped to another
+dtype, hostile header values, absurd declared sizes and deeply nested JSON. The property: a mutant is accepted as valid data or refused with a
+``ProtocolError`` naming the message kind, within a time bound (the deadline) and a memory bound (the tracemalloc
+peak); the receiver then goes on with the next good message. Seeded (``derandomize``): CI runs the same examples.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+import tracemalloc
+from collections.abc import Callable
+from datetime import timedelta
+
+import numpy as np
+import pytest
+import zmq
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from app.config import ServeConfig
+from app.live.server import LiveServer
+from app.viewer.client import VIEW_TOPICS
+from app.viewer.window import ViewerWindow
+from mem_core.events import validate_events
+from mem_core.export import export_random
+from mem_core.io import read_events
+from mem_core.models import TokenizerConfig, ViTConfig
+from mem_core.protocol import (
+    MAX_ELEMENTS,
+    MAX_IMAGE_SIDE,
+    MAX_JSON_DEPTH,
+    MAX_NUM_TOKENS,
+    MAX_SENSOR_SIDE,
+    TOPICS,
+    ProtocolError,
+    decode,
+    decode_control,
+    decode_events,
+    decode_hist,
+    decode_pred,
+    decode_reply,
+    decode_stats,
+    decode_tokens,
+    encode,
+    encode_control,
+    encode_events,
+)
+from mem_core.representation import InputSpec
+from recorders.replay import ReplaySource
+from recorders.zmq_source import ZmqEventSource
+
+FUZZ = settings(
+    max_examples=200,  # per kind and receiver: about 3600 mutants in all
+    derandomize=True,  # seeded: the same mutants on every run
+    database=None,
+    deadline=timedelta(seconds=2),  # the time bound (generous: a shared 2-core machine); decoding takes ~1 ms
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+MEMORY_BOUND = 16 * 2**20  # bytes a receiver may allocate for one message (the real ones are a few kB)
+WAIT_S = 30.0
+CONTROL_REQUESTS = [("state", {}), ("pause", {}), ("speed", {"value": 2.0}), ("seek", {"position_s": 0.5}),
+                    ("record_start", {"name": "take1"}), ("record_stop", {})]  # fmt: skip
+
+
+# ---- real messages -----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def recording(data_dir):
+    return sorted((data_dir / "ncars-dev" / "val" / "cars").glob("*.dat"))[0]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, recording):
+    """A tiny classifier with a tokenizer serving a real N-Cars recording (stopped after the capture)."""
+    export = export_random(
+        tmp_path_factory.mktemp("export"),
+        architecture=ViTConfig(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, drop_path=0.0),
+        input_spec=InputSpec(n_max=2000, size=(32, 32)),
+        tokenizer=TokenizerConfig(img_size=32, num_layers=3, num_tokens=64, hidden_dim=16),
+    )
+    config = ServeConfig(model=export, pub="tcp://127.0.0.1:*", stats_interval_s=0.2)
+    return LiveServer(config, source=ReplaySource(recording, loop=True, batch_us=5000))
+
+
+@pytest.fixture(scope="module")
+def messages(server, recording) -> dict[str, list[bytes]]:
+    """One real message of each kind: what the server publishes and replies, what ``mem record --publish`` sends."""
+    captured = _capture(server)
+    events, sensor = read_events(recording)
+    mask = np.zeros((32, 32), np.uint8)
+    mask[8:24, 8:24] = 2
+    return {
+        **captured,
+        "events": encode_events(0, events[:300], sensor),
+        "pred-segmentation": encode(
+            "pred", 0, {"mask": mask}, task="segmentation", classes=["background", "disc", "square"], latency_ms=3.0
+        ),
+        **{f"control-{c}": encode_control(0, c, **args) for c, args in CONTROL_REQUESTS},
+    }
+
+
+def _capture(server: LiveServer) -> dict[str, list[bytes]]:
+    context = zmq.Context.instance()
+    captured: dict[str, list[bytes]] = {}
+    with contextlib.ExitStack() as stack:
+        sub = stack.enter_context(context.socket(zmq.SUB))
+        req = stack.enter_context(context.socket(zmq.REQ))
+        for socket in (sub, req):
+            socket.setsockopt(zmq.LINGER, 0)
+        server.start()
+        stack.callback(server.stop)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(server.pub_endpoint)
+        deadline = time.monotonic() + WAIT_S
+        while set(captured) < {"hist", "tokens", "pred", "stats"}:
+            assert time.monotonic() < deadline, f"the server sent only {sorted(captured)}"
+            if sub.poll(100):
+                frames = sub.recv_multipart()
+                captured[frames[0].decode()] = frames
+        req.connect(server.control_endpoint)
+        req.send_multipart(encode_control(0, "state"))
+        assert req.poll(WAIT_S * 1000), "no control reply"
+        captured["control-reply"] = req.recv_multipart()
+    return captured
+
+
+# ---- mutants -----------------------------------------------------------------------------------------------------
+
+EXTREMES = [-1, 0, 2**31, 2**62, 2**63, 10**40, 10**4000, MAX_ELEMENTS + 1, MAX_SENSOR_SIDE + 1, 1e40, 1e308, 5e-324]
+HOSTILE_VALUES = st.one_of(
+    st.sampled_from(EXTREMES),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(),
+    st.none(),
+    st.booleans(),
+    st.text(max_size=20),
+    st.text(min_size=2000, max_size=3000),
+    st.lists(st.integers(-5, 5), max_size=5),
+    st.dictionaries(st.text(max_size=5), st.integers(), max_size=3),
+    st.integers(MAX_JSON_DEPTH - 2, MAX_JSON_DEPTH + 2).map(lambda d: json.loads("[" * d + "]" * d)),
+)
+NUMERIC_DTYPES = ["|b1", "|i1", "<i2", "<i4", "<i8", "|u1", "<u2", "<u4", "<u8", "<f2", "<f4", "<f8"]
+ABSURD_SHAPES = st.lists(st.sampled_from([0, 1, 2, 2**31, 2**62, 10**40, 1e40, -1]), min_size=1, max_size=10)
+
+
+def _paths(value, prefix=()) -> list[tuple]:
+    """Every key path into a JSON value."""
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    return [path for key, child in items for path in [(*prefix, key), *_paths(child, (*prefix, key))]]
+
+
+def _set(value, path: tuple, new) -> None:
+    for key in path[:-1]:
+        value = value[key]
+    value[path[-1]] = new
+
+
+def _with_header(frames: list[bytes], header) -> list[bytes]:
+    return [frames[0], json.dumps(header).encode(), *frames[2:]]
+
+
+def cut(data, frames):
+    i = data.draw(st.integers(0, len(frames) - 1))
+    return [*frames[:i], frames[i][: data.draw(st.integers(0, max(len(frames[i]) - 1, 0)))], *frames[i + 1 :]]
+
+
+def flip_bits(data, frames):
+    """1 to 8 bits flipped anywhere in the message (each byte equally likely: mostly the header and buffers)."""
+    raw, ends = bytearray(b"".join(frames)), np.cumsum([len(f) for f in frames])
+    for _ in range(data.draw(st.integers(1, 8))):
+        raw[data.draw(st.integers(0, len(raw) - 1))] ^= 1 << data.draw(st.integers(0, 7))
+    return [bytes(raw[start:end]) for start, end in zip([0, *ends[:-1]], ends, strict=True)]
+
+
+def drop_or_repeat_frames(data, frames):
+    i = data.draw(st.integers(0, len(frames) - 1))
+    choice = data.draw(st.sampled_from(["drop", "repeat", "append"]))
+    if choice == "drop":
+        return frames[:i] + frames[i + 1 :]
+    return [*frames, frames[i] if choice == "repeat" else data.draw(st.binary(max_size=64))]
+
+
+def garbage_buffers(data, frames):
+    """A valid header, then random bytes: of the declared lengths (valid sizes, random content) or any length."""
+    same = data.draw(st.booleans())
+    return frames[:2] + [
+        data.draw(st.binary(min_size=len(f), max_size=len(f)) if same else st.binary()) for f in frames[2:]
+    ]
+
+
+def retyped_buffers(data, frames):
+    """A buffer declared as another numeric dtype with content of the right length: valid sizes, any values
+    (random bytes, or the dtype's extremes everywhere: a u8 mask of class 2^64 - 1, NaN probabilities, ...)."""
+    header = json.loads(frames[1])
+    if not header["buffers"]:
+        return frames
+    i = data.draw(st.integers(0, len(header["buffers"]) - 1))
+    spec = header["buffers"][i]
+    dtype = np.dtype(data.draw(st.sampled_from(NUMERIC_DTYPES)))
+    spec["dtype"] = dtype.str
+    shape, size = spec["shape"], int(np.prod(spec["shape"])) * dtype.itemsize
+    frames = _with_header(frames, header)
+    if data.draw(st.booleans()):
+        frames[2 + i] = data.draw(st.binary(min_size=size, max_size=size))
+    else:
+        info = np.finfo(dtype) if dtype.kind == "f" else np.iinfo(dtype) if dtype.kind in "iu" else None
+        extremes = [0, 1] if info is None else [info.min, info.max, *([np.nan, np.inf] if dtype.kind == "f" else [])]
+        frames[2 + i] = np.full(shape, data.draw(st.sampled_from(extremes)), dtype).tobytes()
+    return frames
+
+
+def hostile_field(data, frames):
+    """A header field (any but the buffer table, which ``absurd_sizes`` and ``retyped_buffers`` take on) deleted
+    or set to a hostile value, or a field of another kind added."""
+    header = json.loads(frames[1])
+    paths = [path for path in _paths(header) if path[0] != "buffers"]
+    if data.draw(st.integers(0, 3)) == 0:
+        header[data.draw(st.sampled_from(["height", "width", "num_tokens", "classes", "top_k", "x"]))] = data.draw(
+            HOSTILE_VALUES
+        )
+    else:
+        path = data.draw(st.sampled_from(paths))
+        if data.draw(st.integers(0, 4)) == 0 and isinstance(parent := _get(header, path[:-1]), dict):
+            del parent[path[-1]]
+        else:
+            _set(header, path, data.draw(HOSTILE_VALUES))
+    return _with_header(frames, header)
+
+
+def _get(value, path):
+    for key in path:
+        value = value[key]
+    return value
+
+
+def absurd_sizes(data, frames):
+    """Declared sizes far beyond what the frames hold or a receiver should allocate; an empty frame for a shape
+    with a zero in it (the sizes then agree: only the shape itself is absurd)."""
+    header = json.loads(frames[1])
+    if not header["buffers"] or data.draw(st.booleans()):
+        header["buffers"].append({"name": "extra", "dtype": "<f4", "shape": [1]})
+        frames = [*frames, b"\0" * 4]
+    for i, spec in enumerate(header["buffers"]):
+        if data.draw(st.booleans()):
+            spec["shape"] = data.draw(ABSURD_SHAPES)
+            if 0 in spec["shape"]:
+                frames[2 + i] = b""
+    for key in ("height", "width", "num_tokens"):
+        if key in header:
+            header[key] = data.draw(st.sampled_from([0, -1, 4097, 10**8, 10**12, 10**40, 2**64]))
+    if "classes" in header and data.draw(st.booleans()):
+        header["classes"] = ["c"] * data.draw(st.sampled_from([0, 70_000]))
+    return _with_header(frames, header)
+
+
+def deep_json(data, frames):
+    """A header that nests deeper than any receiver should follow, as the whole header or inside a field."""
+    depth = data.draw(st.sampled_from([MAX_JSON_DEPTH + 1, 1000, 100_000]))
+    opener, closer = data.draw(st.sampled_from([("[", "]"), ('{"a":', "}")]))
+    nested = opener * depth + ("" if data.draw(st.booleans()) else "0" + closer * depth)
+    if data.draw(st.booleans()):
+        return [frames[0], nested.encode(), *frames[2:]]
+    header = frames[1].decode()
+    return [frames[0], (header[:-1] + ', "deep": ' + nested + "}").encode(), *frames[2:]]
+
+
+MUTATIONS = [
+    hostile_field,
+    absurd_sizes,
+    retyped_buffers,
+    deep_json,
+    flip_bits,
+    cut,
+    drop_or_repeat_frames,
+    garbage_buffers,
+]
+
+
+def mutant(data, original: list[bytes]) -> list[bytes]:
+    mutation = data.draw(st.sampled_from(MUTATIONS))
+    event(mutation.__name__)
+    return mutation(data, [bytes(f) for f in original])
+
+
+# ---- the property --------------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def bounded_memory():
+    """Fails when the body allocates ``MEMORY_BOUND`` bytes or more (numpy's buffers included) at any moment."""
+    tracemalloc.start()
+    try:
+        yield
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < MEMORY_BOUND, f"{peak / 2**20:.0f} MiB for one message"
+
+
+def received(receiver: Callable[[list[bytes]], object], frames: list[bytes], kind: str, original: list[bytes]):
+    """``receiver(frames)``: its result, or None after a ``ProtocolError`` naming ``kind`` (or, when the topic
+    frame itself was damaged, the kind the receiver expected), within the memory bound."""
+    with bounded_memory():
+        try:
+            return receiver(frames)
+        except ProtocolError as exc:
+            event(f"refused: {exc.reason[:25]}")
+            damaged_topic = frames[:1] != original[:1]
+            assert exc.kind == kind or (damaged_topic and exc.kind in (*TOPICS, "live")), exc
+            assert str(exc).startswith(f"{exc.kind} message: ")
+            return None
+
+
+VIEWER_DECODERS = {"hist": decode_hist, "tokens": decode_tokens, "pred": decode_pred, "stats": decode_stats}
+
+
+def viewer_decode(frames: list[bytes]):
+    message = decode(frames, expect=VIEW_TOPICS)
+    return message.topic, VIEWER_DECODERS[message.topic](message)
+
+
+def assert_drawable(topic: str, content) -> None:
+    """What the viewer relies on in accepted content (docs/protocol.md), whatever the message held."""
+    if topic == "hist":
+        assert content.shape[0] == 2 and max(content.shape) <= MAX_IMAGE_SIDE and np.isfinite(content).all()
+    elif topic == "tokens":
+        tokens, num_tokens = content
+        assert num_tokens <= MAX_NUM_TOKENS and 0 <= tokens.min() <= tokens.max() < num_tokens
+    elif topic == "pred" and content.mask is not None:
+        assert content.mask.max() < len(content.classes) and max(content.mask.shape) <= MAX_IMAGE_SIDE
+    elif topic == "pred":
+        assert content.probs.shape == (len(content.classes),) and ((content.probs >= 0) & (content.probs <= 1)).all()
+        assert all(entry["id"] < len(content.classes) and 0 <= entry["prob"] <= 1 for entry in content.top_k)
+    else:  # stats: numbers where the status bar formats numbers, objects where it looks inside
+        objects = ("latency_ms", "stages_ms", "source", "recording")
+        numbers = [v for k, v in content.items() if k not in ("session", "task", "control", *objects)]
+        numbers += [*content.get("latency_ms", {}).values(), *content.get("stages_ms", {}).values()]
+        assert all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in numbers)
+        assert isinstance(content.get("source", {}), dict) and isinstance(content.get("recording") or {}, dict)
+
+
+@FUZZ
+@given(data=st.data())
+def test_tcp_source_accepts_valid_batches_and_drops_the_rest(messages, data):
+    frames = mutant(data, messages["events"])
+    decoded = received(lambda f: decode_events(decode(f, expect=("events",))), frames, "events", messages["events"])
+    source = ZmqEventSource("tcp://127.0.0.1:1")  # its socket opens only when iterated
+    batch = source.accept(frames)
+    assert (batch is None) == (decoded is None) and source.malformed == (batch is None)
+    if batch is not None:
+        validate_events(batch, source.sensor)
+        assert max(source.sensor) <= MAX_SENSOR_SIDE
+
+
+@pytest.mark.parametrize("command", [c for c, _ in CONTROL_REQUESTS])
+@FUZZ
+@given(data=st.data())
+def test_control_socket_answers_every_request_with_a_valid_reply(server, messages, command, data):
+    original = messages[f"control-{command}"]
+    frames = mutant(data, original)
+    request = received(lambda f: decode_control(decode(f, expect=("control",))), frames, "control", original)
+    reply = decode_reply(decode(server.reply_frames(frames, 0), expect=("control",)))
+    if request is None:
+        assert reply["ok"] is False and reply["error"].startswith("control message: ")
+    else:  # carried out, or refused for a reason that is not the message's fault (no recording from a file)
+        assert reply["command"] == request[0] and (reply["ok"] or "live source" in reply["error"]), reply
+
+
+VIEWER_MESSAGES = ["hist", "tokens", "pred", "pred-segmentation", "stats"]
+
+
+@pytest.mark.parametrize("name", [*VIEWER_MESSAGES, "control-reply"])
+@FUZZ
+@given(data=st.data())
+def test_viewer_decoders_accept_valid_content_and_refuse_the_rest(messages, name, data):
+    kind = "control" if name == "control-reply" else name.split("-")[0]
+    frames = mutant(data, messages[name])
+    if kind == "control":
+        reply = received(lambda f: decode_reply(decode(f, expect=("control",))), frames, kind, messages[name])
+        assert reply is None or (isinstance(reply["ok"], bool) and isinstance(reply.get("state") or {}, dict))
+    elif (decoded := received(viewer_decode, frames, kind, messages[name])) is not None:
+        assert_drawable(*decoded)
+
+
+@pytest.fixture(scope="module")
+def window(qapp):
+    w = ViewerWindow()
+    w.show()
+    yield w
+    w.close()
+
+
+@pytest.mark.parametrize("name", VIEWER_MESSAGES)
+@FUZZ
+@given(data=st.data())
+def test_viewer_drops_and_counts_bad_messages_and_draws_the_next_good_frame(window, messages, name, data):
+    try:  # what the client does: a message that is not even a live message never reaches the window
+        message = decode(mutant(data, messages[name]), expect=VIEW_TOPICS)
+    except ProtocolError:
+        return
+    try:
+        VIEWER_DECODERS[message.topic](message)
+        valid = True
+    except ProtocolError:
+        valid = False
+    bad, frames = window.bad_messages, window.frames_shown
+    with bounded_memory():
+        window.apply({message.topic: message})
+    assert window.bad_messages == bad + (not valid)
+    drawn = int(valid and message.topic == "hist")
+    good = decode(messages["hist"])
+    window.apply({"hist": good, "pred": decode(messages["pred"]), "stats": decode(messages["stats"])})
+    window.update_status()
+    assert window.frames_shown == frames + drawn + 1 and window.bad_messages == bad + (not valid)
+    np.testing.assert_array_equal(window.view.hist, good.arrays["hist"])
+
+
+def test_real_messages_are_accepted_as_they_are(server, messages):
+    """The fuzz starts from valid messages: each receiver takes the originals without complaint."""
+    assert ZmqEventSource("tcp://127.0.0.1:1").accept(messages["events"]) is not None
+    for name in VIEWER_MESSAGES:
+        viewer_decode(messages[name])
+    assert decode_reply(decode(messages["control-reply"]))["ok"] is True
+    for command, _ in CONTROL_REQUESTS:
+        reply = decode_reply(decode(server.reply_frames(messages[f"control-{command}"], 0)))
+        assert reply["command"] == command and (reply["ok"] or "live source" in reply["error"])
