@@ -276,9 +276,13 @@ def _live_summary(state: dict) -> list[str]:
 
 
 def has_display() -> bool:
-    if sys.platform.startswith("linux"):
-        return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
-    return True
+    """Whether the viewer can open a window here; says why not (then the demo runs headless)."""
+    from app.qt_platform import window_problem
+
+    problem = window_problem()
+    if problem is not None and (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        _say(f"no live window: {problem}")
+    return problem is None
 
 
 def run(cfg: DemoConfig) -> Path:

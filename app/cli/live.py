@@ -86,11 +86,15 @@ def view(
     quit_after: Annotated[float | None, typer.Option("--quit-after", help="Quit after S seconds.")] = _V.quit_after_s,
 ) -> None:
     """The live viewer: histogram, token grid, predictions, controls. Starts before or after the server."""
+    from app.qt_platform import window_problem
     from mem_core.protocol import endpoint_problem
 
     problem = endpoint_problem(connect)
     if problem is not None:  # checked before Qt starts: a bad endpoint is one line, not a traceback
         raise fail(f"--connect {connect!r}: {problem}")
+    problem = window_problem()
+    if problem is not None:  # Qt itself would abort the process (exit 134) with a raw message
+        raise fail(f"mem view cannot open a window: {problem}")
     import zmq
 
     from app.viewer.window import run
