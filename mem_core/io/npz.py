@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import struct
+import tokenize
 import zipfile
 import zlib
 from pathlib import Path
@@ -22,9 +23,12 @@ NIMAGENET_SENSOR = SensorSize(480, 640)
 KEY = "event_data"
 FIELDS = ("x", "y", "t", "p")
 FILE_DTYPE = np.dtype([("x", "<u2"), ("y", "<u2"), ("t", "<i8"), ("p", "?")])
-# What zipfile and numpy's npy parsing raise on a damaged archive (RuntimeError: an encrypted member).
+# What zipfile and numpy's npy parsing raise on a damaged archive (RuntimeError: an encrypted member;
+# TokenError, SyntaxError: a damaged array header, which numpy parses as Python source).
 _DECODE_ERRORS = (
     OSError,
+    SyntaxError,
+    tokenize.TokenError,
     ValueError,
     EOFError,
     KeyError,
