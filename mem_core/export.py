@@ -73,14 +73,8 @@ def load_model(path: Path | str, device: torch.device | str = "cpu") -> tuple[to
         weights = _checkpoint_model(weights_file)
     else:
         raise RunError(f"{path}: not a MEM run directory (no config.json) nor an export directory (no {MODEL_JSON})")
-
-    def build() -> torch.nn.Module:
-        return build_task_model(meta)
-
-    def adapt(model: torch.nn.Module, tensors: dict[str, Any]) -> dict[str, Any]:
-        return _from_legacy_layout(model, tensors)
-
-    return _load_checked(build, weights, weights_file, adapt).to(device).eval(), meta
+    model = _load_checked(lambda: build_task_model(meta), weights, weights_file, _from_legacy_layout)
+    return model.to(device).eval(), meta
 
 
 def _from_legacy_layout(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -98,7 +92,7 @@ def _from_legacy_layout(model: torch.nn.Module, weights: dict[str, torch.Tensor]
 def _run_model(run: RunDir) -> tuple[dict[str, Any], Path]:
     """The meta of a finetune / segment run (checked) and its best checkpoint."""
     info = run.read_config()
-    stage = info.get("stage") if isinstance(info, dict) else None
+    stage = info.get("stage")
     if stage not in TASKS:
         raise RunError(f"{run.path} is a {stage!r} run: a model comes from a finetune or segment run")
     config = info.get("config")
@@ -227,9 +221,7 @@ def _mismatch(expected: dict[str, torch.Tensor], weights: dict[str, Any]) -> str
     missing = sorted(expected.keys() - weights.keys())
     unexpected = sorted(weights.keys() - expected.keys())
     if missing or unexpected:
-        return f"missing {missing[:3]}{'...' if len(missing) > 3 else ''}, unexpected {unexpected[:3]}" + (
-            "..." if len(unexpected) > 3 else ""
-        )
+        return f"missing {missing[:3]}{'...' * (len(missing) > 3)}, unexpected {unexpected[:3]}{'...' * (len(unexpected) > 3)}"
     for key, want in expected.items():
         got = weights[key]
         if not isinstance(got, torch.Tensor):
@@ -250,10 +242,10 @@ def load_tokenizer(path: Path | str, device: torch.device | str = "cpu") -> Disc
     elif (path / "config.json").is_file():
         run = RunDir(path)
         info = run.read_config()
-        stage = info.get("stage") if isinstance(info, dict) else None
-        if stage != "tokenizer":
-            raise RunError(f"{run.path} is a {stage!r} run, not a tokenizer run")
-        config = _tokenizer_config((info.get("config") or {}).get("model"), run.config_path)
+        if info.get("stage") != "tokenizer":
+            raise RunError(f"{run.path} is a {info.get('stage')!r} run, not a tokenizer run")
+        stored = info.get("config")
+        config = _tokenizer_config(stored.get("model") if isinstance(stored, dict) else None, run.config_path)
         weights_file = run.checkpoint_path
         weights = _checkpoint_model(weights_file)
     else:

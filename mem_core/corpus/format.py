@@ -20,7 +20,9 @@ Crash safety (measured on HDF5 2.0 / h5py 3.16, not assumed):
   file on disk between flushes (metadata and rewritten chunks are written back in cache order).
 - A killed SWMR writer leaves the superblock marked "open for write": the file opens for reading with
   ``swmr=True`` only, and never again for writing. So a shard is written by one writer session only; re-opening
-  a corpus starts a new shard, and readers always open shards with ``swmr=True``.
+  a corpus starts a new shard. Readers open a shard left open (``sealed: false`` in the manifest) with SWMR and
+  few metadata retries, a sealed one without SWMR (``shard.py`` says why: damaged metadata made SWMR hang).
+- Every chunk carries a Fletcher-32 checksum (shards written since November 2026): a damaged chunk fails to read.
 - The manifest is the commit record. Events are buffered in memory, written to the shard when the buffer fills,
   and committed at least every ``flush_interval_s`` (checked inside ``append``) and on close: shard flush + fsync,
   then the manifest (tmp + fsync + ``os.replace``). Readers trust only the counts in the manifest, so whatever
@@ -132,8 +134,8 @@ def _shard_info(entry: Any, where: str) -> ShardInfo:
     return ShardInfo(file, events, sealed)
 
 
-def recording_info(entry: Any, where: str, shards: dict[str, ShardInfo] | None = None) -> RecordingInfo:
-    """One recording entry, checked; with ``shards`` also that it lies inside the events its shard committed."""
+def recording_info(entry: Any, where: str, shards: dict[str, ShardInfo]) -> RecordingInfo:
+    """One recording entry, checked, down to its lying inside the events its shard committed."""
     _require(isinstance(entry, dict), where, "not an object")
     missing = [f.name for f in fields(RecordingInfo) if f.name not in entry]
     _require(not missing, where, f"missing {', '.join(missing)}")
@@ -154,12 +156,11 @@ def recording_info(entry: Any, where: str, shards: dict[str, ShardInfo] | None =
     _require(e["label"] is None or isinstance(e["label"], str) or _is_int(e["label"]), where, f"label {e['label']!r}")
     _require(isinstance(e["metadata"], dict), where, "metadata is not an object")
     _require(isinstance(e["complete"], bool), where, f"complete {e['complete']!r}")
-    _require(isinstance(e["shard"], str), where, f"shard {e['shard']!r}")
-    if shards is not None:
-        shard = shards.get(e["shard"])
-        _require(shard is not None, where, f"shard {e['shard']!r} is not listed in the manifest's shards")
-        end = e["offset"] + e["n_events"]
-        _require(end <= shard.events, where, f"events {e['offset']}..{end} beyond the {shard.events} of {shard.file}")
+    _require(isinstance(e["shard"], str), where, f"shard {e['shard']!r}")  # (a list is no dict key)
+    shard = shards.get(e["shard"])
+    _require(shard is not None, where, f"shard {e['shard']!r} is not listed in the manifest's shards")
+    end = e["offset"] + e["n_events"]
+    _require(end <= shard.events, where, f"events {e['offset']}..{end} beyond the {shard.events} of {shard.file}")
     return RecordingInfo(**{**{f.name: e[f.name] for f in fields(RecordingInfo)}, "sensor": SensorSize(*sensor)})
 
 
