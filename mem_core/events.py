@@ -12,6 +12,9 @@ from typing import NamedTuple
 import numpy as np
 
 EVENT_DTYPE = np.dtype([("t", "<i8"), ("x", "<u2"), ("y", "<u2"), ("p", "u1")])
+# The largest sensor side MEM accepts from a file, a corpus or a message: several times the largest event sensor
+# made (1280 x 960), and small enough that one (2, H, W) float32 histogram stays within 512 MiB.
+MAX_SENSOR_SIDE = 8192
 
 
 class SensorSize(NamedTuple):
@@ -19,6 +22,16 @@ class SensorSize(NamedTuple):
 
     height: int
     width: int
+
+
+def sensor_problem(sensor: SensorSize) -> str | None:
+    """Why ``sensor`` cannot be a real sensor (a side below 1 or above ``MAX_SENSOR_SIDE``), or None."""
+    if 1 <= sensor.height <= MAX_SENSOR_SIDE and 1 <= sensor.width <= MAX_SENSOR_SIDE:
+        return None
+    return (
+        f"implausible sensor {sensor.width}x{sensor.height} (width x height): "
+        f"sides must lie in 1..{MAX_SENSOR_SIDE} pixels"
+    )
 
 
 def make_events(t, x, y, p) -> np.ndarray:

@@ -6,18 +6,27 @@ input spec, head width) and, when the model was pretrained with MEM, ``tokenizer
 
 ``load_model`` takes an export directory or a finetune / segment run directory (the run's best checkpoint);
 ``load_tokenizer`` a tokenizer run or an export directory that carries one.
+
+Loading trusts nothing in the files: the JSON is read only up to ``MAX_JSON_BYTES`` and every value is checked,
+the architecture is first built on PyTorch's "meta" device (no memory) with at most ``MAX_DEPTH`` blocks, and the
+weights file must hold exactly the tensors (names, shapes) of that model, so the model that is then built is no
+larger than its weights file, plus the buffers it computes itself (relative position indices), which may take at
+most ``MAX_DERIVED_BYTES``. Every failure is a ``RunError`` naming the file.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from mem_core.configuration import from_dict, to_dict
+from mem_core.errors import MemError
 from mem_core.models import DiscreteVAE, MEMViT, SegmentationModel, TokenizerConfig, ViTConfig
 from mem_core.representation import InputSpec
 from mem_core.train.rundir import RunDir, RunError, atomic_write_bytes, json_safe, load_checkpoint
@@ -26,6 +35,14 @@ EXPORT_VERSION = 1
 MODEL_FILE, MODEL_JSON = "model.safetensors", "model.json"
 TOKENIZER_FILE, TOKENIZER_JSON = "tokenizer.safetensors", "tokenizer.json"
 TASKS = {"finetune": "classification", "segment": "segmentation"}  # training stage -> task of its model
+# Limits on what a model file may describe (the paper's models are far inside them).
+MAX_JSON_BYTES = 1 << 20  # model.json / tokenizer.json / classes.json: a few kB in practice
+MAX_DEPTH = 256  # transformer blocks, tokenizer layers and residual blocks: bounds the time to build the skeleton
+MAX_CLASSES = 100_000
+MAX_INPUT_SIDE = 4096  # pixels of the model input (the paper: 224)
+MAX_N_MAX = 1 << 24  # events per input window (the paper: 30 000)
+MAX_DERIVED_BYTES = 2 << 30  # buffers a model computes itself: ViT-B/16 at 224 px needs 4 MB, at 512 px 100 MB
+_BUILD_ERRORS = (MemError, ValueError, TypeError, ZeroDivisionError, OverflowError, RuntimeError, KeyError)
 
 
 def build_task_model(meta: dict[str, Any]) -> torch.nn.Module:
@@ -45,16 +62,18 @@ def load_model(path: Path | str, device: torch.device | str = "cpu") -> tuple[to
     """
     path = Path(path)
     if (path / MODEL_JSON).is_file():
-        meta = json.loads((path / MODEL_JSON).read_text())
+        meta = read_json(path / MODEL_JSON)
         if meta.get("format_version") != EXPORT_VERSION:
             raise RunError(f"{path / MODEL_JSON}: unsupported export format {meta.get('format_version')!r}")
-        weights = load_file(str(path / MODEL_FILE))
+        check_meta(meta, path / MODEL_JSON)
+        weights_file = path / MODEL_FILE
+        weights = _read_safetensors(weights_file)
     elif (path / "config.json").is_file():
-        meta, weights = _run_model(RunDir(path))
+        meta, weights_file = _run_model(RunDir(path))
+        weights = _checkpoint_model(weights_file)
     else:
         raise RunError(f"{path}: not a MEM run directory (no config.json) nor an export directory (no {MODEL_JSON})")
-    model = build_task_model(meta)
-    model.load_state_dict(_from_legacy_layout(model, weights))
+    model = _load_checked(lambda: build_task_model(meta), weights, weights_file, _from_legacy_layout)
     return model.to(device).eval(), meta
 
 
@@ -70,46 +89,183 @@ def _from_legacy_layout(model: torch.nn.Module, weights: dict[str, torch.Tensor]
     return weights
 
 
-def _run_model(run: RunDir) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """The meta and best weights of a finetune / segment run."""
+def _run_model(run: RunDir) -> tuple[dict[str, Any], Path]:
+    """The meta of a finetune / segment run (checked) and its best checkpoint."""
     info = run.read_config()
     stage = info.get("stage")
     if stage not in TASKS:
         raise RunError(f"{run.path} is a {stage!r} run: a model comes from a finetune or segment run")
-    config = info["config"]
+    config = info.get("config")
+    if not isinstance(config, dict):
+        raise RunError(f"{run.config_path}: no 'config' object")
+    classes = read_json(run.path / "classes.json")
     meta = {
         "task": TASKS[stage],
-        "architecture": config["model"],
-        "classes": json.loads((run.path / "classes.json").read_text())["classes"],
-        "input": config["input"],
+        "architecture": config.get("model"),
+        "classes": classes.get("classes"),
+        "input": config.get("input"),
         "head_channels": config.get("head_channels"),
     }
-    path = run.best_path if run.best_path.exists() else run.checkpoint_path
-    return meta, load_checkpoint(path)["model"]
+    check_meta(meta, run.config_path)
+    return meta, run.best_path if run.best_path.exists() else run.checkpoint_path
+
+
+def _checkpoint_model(path: Path) -> dict[str, Any]:
+    """The model weights a checkpoint holds (``RunError`` naming it when there are none)."""
+    weights = load_checkpoint(path).get("model")
+    if not isinstance(weights, dict):
+        raise RunError(f"{path}: the checkpoint holds no model weights (no 'model' dict)")
+    return weights
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from a model file, at most ``MAX_JSON_BYTES`` (``RunError`` naming the file otherwise)."""
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_JSON_BYTES + 1)
+    except OSError as e:
+        raise RunError(f"{path}: cannot read ({e.strerror or e})") from e
+    if len(data) > MAX_JSON_BYTES:
+        raise RunError(f"{path}: larger than {MAX_JSON_BYTES} bytes, not a MEM model description")
+    try:
+        value = json.loads(data)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise RunError(f"{path}: not valid JSON ({e})") from e
+    if not isinstance(value, dict):
+        raise RunError(f"{path}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def check_meta(meta: dict[str, Any], where: Path) -> None:
+    """Raise ``RunError`` naming ``where`` unless ``meta`` describes a model MEM can build within its limits."""
+
+    def require(ok: bool, problem: str) -> None:
+        if not ok:
+            raise RunError(f"{where}: {problem}")
+
+    task, classes, head = meta.get("task"), meta.get("classes"), meta.get("head_channels")
+    require(task in TASKS.values(), f"task must be classification or segmentation, got {task!r}")
+    require(
+        isinstance(classes, list) and 1 <= len(classes) <= MAX_CLASSES and all(isinstance(c, str) for c in classes),
+        f"classes must be a list of 1..{MAX_CLASSES} names",
+    )
+    if task == "segmentation":
+        require(_is_int(head) and 1 <= head <= 1 << 16, f"head_channels must be an integer in 1..65536, got {head!r}")
+    vit = _parse(ViTConfig, meta.get("architecture"), where, "architecture")
+    sizes = (vit.img_size, vit.patch_size, vit.embed_dim, vit.num_heads, vit.depth, vit.in_chans)
+    require(min(sizes) >= 1, f"architecture sizes must be >= 1, got {sizes}")
+    require(vit.depth <= MAX_DEPTH, f"architecture depth {vit.depth} > {MAX_DEPTH}")
+    require(vit.img_size <= MAX_INPUT_SIDE, f"architecture img_size {vit.img_size} > {MAX_INPUT_SIDE}")
+    spec = _parse(InputSpec, meta.get("input"), where, "input")
+    sides = (*spec.size, *(spec.resize_to or ()))
+    require(
+        max(sides) <= MAX_INPUT_SIDE and spec.n_max <= MAX_N_MAX,
+        f"input beyond {MAX_INPUT_SIDE} px or {MAX_N_MAX} events",
+    )
+    require(spec.temporal_bins <= 64, f"input temporal_bins {spec.temporal_bins} > 64")
+
+
+def _parse(cls: type, values: Any, where: Path, what: str) -> Any:
+    if not isinstance(values, dict):
+        raise RunError(f"{where}: {what} must be an object, got {type(values).__name__}")
+    try:
+        return from_dict(cls, values, f"{what}.")
+    except ZeroDivisionError as e:  # a 0 where the config divides (patch size, heads)
+        raise RunError(f"{where}: {what} sizes must be >= 1 ({e})") from e
+    except (MemError, ValueError, TypeError, OverflowError) as e:
+        raise RunError(f"{where}: {e}") from e
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise RunError(f"{path}: not a readable safetensors file ({type(e).__name__}: {e})") from e
+
+
+def _load_checked(
+    build: Callable[[], torch.nn.Module],
+    weights: dict[str, Any],
+    weights_file: Path,
+    adapt: Callable[[torch.nn.Module, dict[str, Any]], dict[str, Any]] = lambda model, weights: weights,
+) -> torch.nn.Module:
+    """``build()`` with ``weights`` loaded, once a skeleton on the meta device shows they fit it exactly.
+
+    ``adapt(model, weights)`` may rename the weights (and change the model) for an older layout.
+    """
+    try:
+        with torch.device("meta"):
+            skeleton = build()
+    except _BUILD_ERRORS as e:
+        raise RunError(f"{weights_file}: the model it belongs to cannot be built ({type(e).__name__}: {e})") from e
+    adapted = adapt(skeleton, weights)  # may add modules to the skeleton (the legacy token norm)
+    expected = skeleton.state_dict()
+    problem = _mismatch(expected, adapted)
+    if problem is None:
+        derived = sum(b.numel() * b.element_size() for n, b in skeleton.named_buffers() if n not in expected)
+        if derived > MAX_DERIVED_BYTES:
+            problem = f"its model would compute {derived} bytes of buffers (limit {MAX_DERIVED_BYTES})"
+    if problem is not None:
+        raise RunError(f"{weights_file}: the weights do not fit the model described beside them: {problem}")
+    model = build()
+    model.load_state_dict(adapt(model, weights))
+    return model
+
+
+def _mismatch(expected: dict[str, torch.Tensor], weights: dict[str, Any]) -> str | None:
+    """What keeps ``weights`` from loading into a model with state ``expected`` (names, shapes, kinds), or None."""
+    missing = sorted(expected.keys() - weights.keys())
+    unexpected = sorted(weights.keys() - expected.keys())
+    if missing or unexpected:
+        return f"missing {missing[:3]}{'...' * (len(missing) > 3)}, unexpected {unexpected[:3]}{'...' * (len(unexpected) > 3)}"
+    for key, want in expected.items():
+        got = weights[key]
+        if not isinstance(got, torch.Tensor):
+            return f"{key} is a {type(got).__name__}, not a tensor"
+        if got.shape != want.shape or got.is_floating_point() != want.is_floating_point():
+            return f"{key} is {got.dtype} {tuple(got.shape)}, the model needs {want.dtype} {tuple(want.shape)}"
+    return None
 
 
 def load_tokenizer(path: Path | str, device: torch.device | str = "cpu") -> DiscreteVAE:
     """A frozen tokenizer (eval mode) from a tokenizer run directory or an export directory that carries one."""
     path = Path(path)
     if (path / TOKENIZER_JSON).is_file():
-        meta = json.loads((path / TOKENIZER_JSON).read_text())
-        model = DiscreteVAE(_tokenizer_config(meta["architecture"]))
-        model.load_state_dict(load_file(str(path / TOKENIZER_FILE)))
+        where = path / TOKENIZER_JSON
+        config = _tokenizer_config(read_json(where).get("architecture"), where)
+        weights_file = path / TOKENIZER_FILE
+        weights = _read_safetensors(weights_file)
     elif (path / "config.json").is_file():
         run = RunDir(path)
         info = run.read_config()
         if info.get("stage") != "tokenizer":
             raise RunError(f"{run.path} is a {info.get('stage')!r} run, not a tokenizer run")
-        model = DiscreteVAE(_tokenizer_config(info["config"]["model"]))
-        model.load_state_dict(load_checkpoint(run.checkpoint_path)["model"])
+        stored = info.get("config")
+        config = _tokenizer_config(stored.get("model") if isinstance(stored, dict) else None, run.config_path)
+        weights_file = run.checkpoint_path
+        weights = _checkpoint_model(weights_file)
     else:
         raise RunError(f"{path}: neither a tokenizer run nor an export directory with a tokenizer")
+    model = _load_checked(lambda: DiscreteVAE(config), weights, weights_file)
     return model.to(device).eval().requires_grad_(False)
 
 
-def _tokenizer_config(values: dict[str, Any]) -> TokenizerConfig:
-    """A stored tokenizer architecture (runs and exports before November 2026 call ``img_size`` ``image_size``)."""
-    return from_dict(TokenizerConfig, {("img_size" if k == "image_size" else k): v for k, v in values.items()})
+def _tokenizer_config(values: Any, where: Path) -> TokenizerConfig:
+    """A stored tokenizer architecture, checked (runs and exports before November 2026 call ``img_size``
+    ``image_size``)."""
+    if isinstance(values, dict):
+        values = {("img_size" if k == "image_size" else k): v for k, v in values.items()}
+    config = _parse(TokenizerConfig, values, where, "architecture")
+    counts = (config.num_layers, config.num_resnet_blocks, config.num_tokens, config.codebook_dim, config.hidden_dim)
+    if min(*counts, config.in_chans) < 1 or max(config.num_layers, config.num_resnet_blocks) > MAX_DEPTH:
+        raise RunError(f"{where}: tokenizer architecture sizes must be >= 1 with at most {MAX_DEPTH} layers")
+    if config.img_size > MAX_INPUT_SIDE:
+        raise RunError(f"{where}: tokenizer img_size {config.img_size} > {MAX_INPUT_SIDE}")
+    return config
 
 
 def tokenizer_of(path: Path | str) -> Path | None:
@@ -118,11 +274,19 @@ def tokenizer_of(path: Path | str) -> Path | None:
     path = Path(path)
     if (path / TOKENIZER_JSON).is_file():
         return path
-    try:
-        init = Path(json.loads((path / "init.json").read_text())["path"])
-        return Path(json.loads((init / "tokenizer.json").read_text())["path"])
-    except (FileNotFoundError, KeyError, json.JSONDecodeError):
+    link = path / "init.json"
+    if not link.is_file():
         return None
+    init = read_json(link).get("path")
+    if not isinstance(init, str):
+        raise RunError(f"{link}: no 'path' of the pretraining run")
+    link = Path(init) / "tokenizer.json"
+    if not link.is_file():
+        return None
+    tokenizer = read_json(link).get("path")
+    if not isinstance(tokenizer, str):
+        raise RunError(f"{link}: no 'path' of the tokenizer run")
+    return Path(tokenizer)
 
 
 def export_model(

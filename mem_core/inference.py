@@ -17,6 +17,7 @@ from mem_core.configuration import from_dict
 from mem_core.events import SensorSize, make_events
 from mem_core.export import load_model, load_tokenizer, tokenizer_of
 from mem_core.representation import InputSpec, histograms_to_input, input_histogram
+from mem_core.train.rundir import RunError
 
 
 @dataclass
@@ -48,9 +49,9 @@ class Predictor:
         self.task: str = self.meta["task"]
         self.classes: list[str] = [str(c) for c in self.meta["classes"]]
         if self.tokenizer is not None and self.tokenizer.config.in_chans != self.spec.in_chans:
-            raise ValueError(
-                f"the tokenizer takes {self.tokenizer.config.in_chans} input channels but the model input "
-                f"({self.spec.channels}) has {self.spec.in_chans}"
+            raise RunError(
+                f"{tokenizer}: the tokenizer takes {self.tokenizer.config.in_chans} input channels but the model "
+                f"input ({self.spec.channels}) of {model} has {self.spec.in_chans}"
             )
 
     @property

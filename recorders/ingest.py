@@ -3,7 +3,9 @@
 Reader processes (``workers``) decode files; this process is the single corpus writer and appends each file as one
 recording, in a fixed order. A bad file (truncated, garbage, empty, unknown format) never stops the run: it is
 listed with its reason in the returned report and in ``ingest-report-<UTC time>.json`` inside the corpus. A full
-disk does stop it (everything committed stays). Re-running skips files already ingested, recognised by the source
+disk does stop it (everything committed stays). ``IngestReport.failure`` says when the run as a whole failed: an
+input path that gave nothing to ingest (missing, no event files, not the dataset's layout), no file that could be
+read at all, or a stop. Re-running skips files already ingested, recognised by the source
 path, size and mtime kept in each recording's metadata.
 """
 
@@ -59,11 +61,25 @@ class IngestReport:
     events: int = 0
     seconds: float = 0.0
     stopped: str | None = None  # why the run ended early (disk full), else None
+    unusable_inputs: list[str] = field(default_factory=list)  # input paths that gave nothing to ingest (in failed)
     report_path: str | None = None
 
     @property
     def ok(self) -> bool:
         return not self.failed and self.stopped is None
+
+    def failure(self) -> str | None:
+        """Why the run as a whole failed, in one line, or None (a run with some bad files among good ones is no
+        failure: its bad files are listed in ``failed``)."""
+        if self.stopped is not None:
+            return f"ingest stopped early: {self.stopped}"
+        if self.unusable_inputs:
+            first = next(e for e in self.failed if e["path"] == self.unusable_inputs[0])
+            more = f" (and {len(self.unusable_inputs) - 1} more inputs)" if len(self.unusable_inputs) > 1 else ""
+            return f"{first['path']}: {first['reason']}{more}"
+        if self.failed and not self.ingested and not self.skipped:
+            return f"none of the {len(self.failed)} files could be ingested (first: {self.failed[0]['path']})"
+        return None
 
 
 def _file_key(path: Path) -> tuple[str, int, int]:
@@ -100,9 +116,14 @@ def collect(config: IngestConfig) -> tuple[list[IngestItem], list[dict[str, Any]
         elif root.is_file():
             items.append(IngestItem(root, root.name))
         else:
-            for path in sorted(root.rglob("*")):
-                if path.suffix.lower() in EVENT_SUFFIXES and path.is_file() and out not in path.resolve().parents:
-                    items.append(IngestItem(path, _name_for(path, root)))
+            found = [
+                IngestItem(path, _name_for(path, root))
+                for path in sorted(root.rglob("*"))
+                if path.suffix.lower() in EVENT_SUFFIXES and path.is_file() and out not in path.resolve().parents
+            ]
+            if not found:
+                failed.append({"path": str(root), "reason": f"no event files ({', '.join(EVENT_SUFFIXES)}) in it"})
+            items += found
     return items, failed
 
 
@@ -252,6 +273,7 @@ def run(config: IngestConfig) -> IngestReport:
     t0 = time.perf_counter()
     report = IngestReport(str(config.out), started.isoformat(timespec="seconds"), config.dataset)
     items, report.failed = collect(config)
+    report.unusable_inputs = [e["path"] for e in report.failed]
     done_keys, names = _ingested_keys(config.out)
     todo = []
     for item in items:

@@ -279,6 +279,13 @@ def test_failed_shard_write_surfaces_as_corpus_error(tmp_path, events_factory, m
     np.testing.assert_array_equal(Corpus(tmp_path).events(0), ev[:500])
 
 
+def edit_manifest(root: Path, old: str, new: str) -> None:
+    manifest = root / "manifest.json"
+    text = manifest.read_text()
+    assert text.count(old) == 1, old
+    manifest.write_text(text.replace(old, new))
+
+
 def _corpus_with_one_recording(root: Path, events: np.ndarray) -> None:
     with CorpusWriter(root) as w:
         w.add_recording("a", events, SENSOR)
@@ -296,12 +303,22 @@ def _corpus_with_one_recording(root: Path, events: np.ndarray) -> None:
             ),
             "format_version 99",
         ),
+        (lambda root: edit_manifest(root, '"offset"', '"offst"'), "recording entry 0 is malformed: missing offset"),
+        (lambda root: edit_manifest(root, '"n_events": 100', '"n_events": -1'), "n_events -1 not in 0..2"),
+        (lambda root: edit_manifest(root, '"n_events": 100', '"n_events": 5000'), r"events 0..5000 beyond the 100"),
+        (lambda root: edit_manifest(root, '"n_events": 100', '"n_events": "100"'), "n_events '100'"),
+        (lambda root: edit_manifest(root, '"t_min": ', '"t_min": "a", "was": '), "t_min/t_max"),
+        (lambda root: edit_manifest(root, "32,\n    48", "32,\n    4294967295"), "implausible sensor 4294967295x32"),
         (
-            lambda root: (root / "manifest.json").write_text(
-                (root / "manifest.json").read_text().replace('"offset"', '"offst"')
-            ),
-            "malformed recording entry",
+            lambda root: edit_manifest(root, '"shard-00000.h5",\n   "offset"', '"../x.h5",\n   "offset"'),
+            "'../x.h5' is not",
         ),
+        (
+            lambda root: edit_manifest(root, '"file": "shard-00000.h5"', '"file": "/etc/passwd"'),
+            "shard entry 0 is malformed",
+        ),
+        (lambda root: edit_manifest(root, '"events": 100', '"events": 1e300'), "shard entry 0 is malformed: events"),
+        (lambda root: edit_manifest(root, '"recordings": [', '"recordings": 7, "x": ['), "recordings must be a list"),
     ],
 )
 def test_damaged_manifest_is_a_clear_error(tmp_path, events_factory, damage, message):
@@ -328,12 +345,67 @@ def test_damaged_shard_is_a_clear_error(tmp_path, events_factory, damage, messag
     assert "shard-00000.h5" in str(info.value)
 
 
+def flip(path: Path, start: int, stop: int) -> None:
+    """Invert bytes ``[start, stop)`` of ``path``."""
+    data = bytearray(path.read_bytes())
+    data[start:stop] = bytes(b ^ 0xFF for b in data[start:stop])
+    path.write_bytes(data)
+
+
+def test_damaged_shard_metadata_fails_at_once_instead_of_hanging(tmp_path, events_factory):
+    # HDF5 with SWMR retries a block whose checksum fails, waiting twice as long each time: these damages kept a
+    # reader waiting for hours. A sealed shard is read without SWMR, an unsealed one with few retries.
+    roots = []
+    for where in (40, 200, 1600):
+        for sealed in (True, False):
+            root = tmp_path / f"at{where}-{'sealed' if sealed else 'open'}"
+            _corpus_with_one_recording(root, events_factory(3000))
+            flip(root / "shard-00000.h5", where, where + 8)
+            if not sealed:  # as a shard left by a writer that died
+                edit_manifest(root, '"sealed": true', '"sealed": false')
+            roots.append(str(root))
+    code = (
+        "import sys\nfrom mem_core.corpus import Corpus, CorpusError\n"
+        "for root in sys.argv[1:]:\n"
+        "    try: Corpus(root).events(0)\n"
+        "    except CorpusError as e: print(e, flush=True)\n"
+    )
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", code, *roots], capture_output=True, text=True, timeout=120)
+    lines = done.stdout.splitlines()
+    assert len(lines) == len(roots), done.stderr
+    for root, line in zip(roots, lines, strict=True):
+        assert line.startswith(f"{root}/shard-00000.h5: "), line
+    assert time.monotonic() - started < 30
+
+
+def test_check_opens_every_shard_and_full_check_reads_every_event(tmp_path, events_factory):
+    with CorpusWriter(tmp_path) as w:
+        for k in range(3):
+            w.add_recording(f"r{k}", events_factory(20_000, seed=k), SENSOR)
+            w.rotate()
+    assert sorted(Corpus(tmp_path).shards) == ["shard-00000.h5", "shard-00001.h5", "shard-00002.h5"]
+    assert Corpus(tmp_path).check(full=True) == {}
+    shards = [tmp_path / f"shard-0000{k}.h5" for k in range(3)]
+    shards[0].write_bytes(shards[0].read_bytes()[:5000])  # cut short
+    with h5py.File(shards[1], "r+") as f:  # valid HDF5 (checksums rewritten), events out of order
+        f["t"][100] = 0
+    flip(shards[2], shards[2].stat().st_size // 2, shards[2].stat().st_size // 2 + 64)  # a damaged chunk
+    quick = Corpus(tmp_path).check()
+    assert list(quick) == ["shard-00000.h5"] and str(shards[0]) in quick["shard-00000.h5"]
+    full = Corpus(tmp_path).check(full=True)
+    assert sorted(full) == ["shard-00000.h5", "shard-00001.h5", "shard-00002.h5"]
+    assert "recording 'r1': event 100 (t=0," in full["shard-00001.h5"]
+    assert "cannot read events" in full["shard-00002.h5"]
+
+
 def test_manifest_claiming_more_events_than_the_shard_holds_is_a_clear_error(tmp_path, events_factory):
     _corpus_with_one_recording(tmp_path, events_factory(100))
-    manifest = tmp_path / "manifest.json"
-    manifest.write_text(manifest.read_text().replace('"n_events": 100', '"n_events": 5000'))
-    with pytest.raises(CorpusError, match=r"shard-00000\.h5: holds 100 events"):
-        Corpus(tmp_path).events(0)
+    edit_manifest(tmp_path, '"n_events": 100', '"n_events": 500000000000')
+    edit_manifest(tmp_path, '"events": 100', '"events": 500000000000')  # consistent, so only the shard can tell
+    corpus = Corpus(tmp_path)
+    with pytest.raises(CorpusError, match=r"shard-00000\.h5: holds 100 events, the manifest needs 500000000000"):
+        corpus.events(0)  # refused before 6.5 TB are allocated
 
 
 def test_corpus_reads_in_dataloader_workers_and_after_pickling(tmp_path, events_factory):

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import synthetic_events
 
-from mem_core.corpus import CorpusWriter
+from mem_core.corpus import CorpusError, CorpusWriter
 from mem_core.datasets import DatasetError, WindowDataset, collate_windows, label_subset, open_source
 from mem_core.events import SensorSize
 from mem_core.io import write_events
@@ -158,6 +159,53 @@ def test_corpus_epoch_reads_every_event_once_in_model_windows(tmp_path):
     for i in range(6):
         window = train.load_window(i, 5000, rng)["t"]
         assert first_train_t <= window[0] and window[-1] <= last_train_t
+
+
+def corpus_with_a_damaged_shard(root: Path) -> Path:
+    """Three shards of two recordings each; the middle shard's metadata is damaged. Returns that shard."""
+    sensor = SensorSize(32, 48)
+    with CorpusWriter(root) as writer:
+        for k in range(6):
+            writer.add_recording(f"r{k}", synthetic_events(5000, sensor, seed=k), sensor)
+            if k % 2:
+                writer.rotate()
+    shard = root / "shard-00001.h5"
+    data = bytearray(shard.read_bytes())
+    data[200:208] = bytes(8)
+    shard.write_bytes(data)
+    return shard
+
+
+def test_a_damaged_corpus_shard_stops_before_training_or_is_skipped(tmp_path, caplog):
+    shard = corpus_with_a_damaged_shard(tmp_path)
+    with pytest.raises(CorpusError, match=rf"^{shard}: damaged shard .*--skip-bad") as info:
+        open_source("corpus", tmp_path, "all")
+    assert "\n" not in str(info.value)
+    source = open_source("corpus", tmp_path, "all", skip_bad=True)
+    assert "left out the recordings of 1 damaged shard(s): " + str(shard) in caplog.text
+    assert list(source.skipped) == ["shard-00001.h5"] and len(source) == 4
+    read = {source.corpus.recordings[int(source.samples[i, 0])].name for i in range(len(source))}
+    assert read == {"r0", "r1", "r4", "r5"}
+    assert all(len(source.load(i)) == 5000 for i in range(len(source)))
+
+
+def test_training_on_a_damaged_corpus_stops_at_once_unless_told_to_skip_bad_shards(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from app.cli import app
+    from mem_core.train import tokenizer
+    from mem_core.train.common import open_split
+
+    shard = corpus_with_a_damaged_shard(tmp_path)
+    args = ["tokenizer", "--dataset", "corpus", "--data", str(tmp_path), "--out", str(tmp_path / "run")]
+    stopped = CliRunner().invoke(app, args)
+    assert isinstance(stopped.exception, CorpusError) and str(stopped.exception).startswith(f"{shard}: damaged shard")
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()
+    configs = []
+    monkeypatch.setattr(tokenizer, "run", lambda cfg, out, resume: configs.append(cfg))
+    CliRunner().invoke(app, [*args, "--skip-bad", "--verify"])
+    assert configs[0].data.skip_bad and configs[0].data.verify
+    assert list(open_split(configs[0], "train").skipped) == ["shard-00001.h5"]
 
 
 def test_unknown_names_and_bad_roots_are_clear_errors(tmp_path):

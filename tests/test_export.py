@@ -1,14 +1,24 @@
-"""Model files: exports round-trip, and models saved before the timm pooling head still load and predict the same."""
+"""Model files: exports round-trip, models saved before the timm pooling head still load and predict the same, and
+damaged or tampered exports, runs and checkpoints are one error naming the file."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
 import torch
+from safetensors.torch import save_file
 
 from mem_core.configuration import to_dict
-from mem_core.export import export_random, load_model
-from mem_core.models import MEMViT, ViTConfig
+from mem_core.export import build_task_model, export_random, load_model, load_tokenizer
+from mem_core.inference import Predictor
+from mem_core.models import MEMViT, TokenizerConfig, ViTConfig
 from mem_core.representation import InputSpec
-from mem_core.train.rundir import RunDir
+from mem_core.train.rundir import RunDir, RunError
 
 ARCH = ViTConfig(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, drop_path=0.0)
 
@@ -41,3 +51,140 @@ def test_a_classifier_saved_in_the_old_layout_loads_and_predicts_as_it_was_train
     x = torch.rand(4, 2, 32, 32)
     with torch.no_grad():
         assert torch.allclose(model(x), old(x), atol=1e-6)
+
+
+TOKENIZER = TokenizerConfig(img_size=32, num_layers=2, num_tokens=16, hidden_dim=8, codebook_dim=8, num_resnet_blocks=1)
+
+
+@pytest.fixture(scope="module")
+def export_dir(tmp_path_factory) -> Path:
+    return export_random(
+        tmp_path_factory.mktemp("export") / "e",
+        architecture=ARCH,
+        input_spec=InputSpec(size=(32, 32)),
+        tokenizer=TOKENIZER,
+    )
+
+
+def edit_json(name: str, change: Callable[[dict], object]) -> Callable[[Path], None]:
+    def damage(folder: Path) -> None:
+        meta = json.loads((folder / name).read_text())
+        change(meta)
+        (folder / name).write_text(json.dumps(meta))
+
+    return damage
+
+
+def write(name: str, content: bytes) -> Callable[[Path], None]:
+    return lambda folder: (folder / name).write_bytes(content)
+
+
+def cut(name: str, keep: float) -> Callable[[Path], None]:
+    return lambda folder: (folder / name).write_bytes(
+        (folder / name).read_bytes()[: int((folder / name).stat().st_size * keep)]
+    )
+
+
+def rename_tensor(folder: Path) -> None:
+    model, _ = load_model(folder)
+    weights = {k.replace("head.", "header."): v.contiguous() for k, v in model.state_dict().items()}
+    save_file(weights, str(folder / "model.safetensors"))
+
+
+@pytest.mark.parametrize(
+    ("damage", "file", "message"),
+    [
+        (write("model.json", b"{not json"), "model.json", "not valid JSON"),
+        (write("model.json", b"[1, 2]"), "model.json", "expected a JSON object"),
+        (write("model.json", b" " * (2 << 20)), "model.json", "larger than 1048576 bytes"),
+        (write("model.json", bytes(range(256))), "model.json", "not valid JSON"),
+        (edit_json("model.json", lambda m: m.update(task="detection")), "model.json", "task must be"),
+        (edit_json("model.json", lambda m: m.update(classes="cars")), "model.json", "classes must be a list"),
+        (edit_json("model.json", lambda m: m["architecture"].update(depth=10**6)), "model.json", "depth 1000000 > 256"),
+        (edit_json("model.json", lambda m: m["architecture"].update(patch_size=0)), "model.json", "sizes must be >= 1"),
+        (edit_json("model.json", lambda m: m["architecture"].update(embed_dim="wide")), "model.json", "embed_dim"),
+        (
+            edit_json("model.json", lambda m: m["architecture"].update(embed_dim=100_000, num_heads=1)),
+            "model.safetensors",
+            "do not fit",
+        ),
+        (edit_json("model.json", lambda m: m["input"].update(n_max=10**12)), "model.json", "events"),
+        (edit_json("model.json", lambda m: m.pop("architecture")), "model.json", "architecture must be an object"),
+        (write("model.safetensors", b"garbage" * 10), "model.safetensors", "not a readable safetensors file"),
+        (cut("model.safetensors", 0.5), "model.safetensors", "not a readable safetensors file"),
+        (rename_tensor, "model.safetensors", r"missing \['head.bias', 'head.weight'\], unexpected \['header"),
+        (edit_json("tokenizer.json", lambda m: m["architecture"].update(num_layers=0)), "tokenizer.json", "num_layers"),
+        (cut("tokenizer.safetensors", 0.9), "tokenizer.safetensors", "not a readable safetensors file"),
+    ],
+)
+def test_a_damaged_export_is_one_error_naming_the_file(export_dir, tmp_path, damage, file, message):
+    folder = tmp_path / "export"
+    folder.mkdir()
+    for path in export_dir.iterdir():
+        (folder / path.name).write_bytes(path.read_bytes())
+    damage(folder)
+    with pytest.raises(RunError, match=message) as info:
+        Predictor(folder)  # what mem serve does: the model, then its tokenizer
+    assert str(info.value).startswith(f"{folder / file}: ")
+
+
+def test_an_architecture_whose_derived_buffers_would_not_fit_is_refused_before_building(tmp_path):
+    # 4096 px in 16 px patches: each block would compute a 65 537^2 relative position index (34 GB) that no file stores
+    arch = to_dict(ViTConfig(img_size=4096, patch_size=16, embed_dim=8, depth=1, num_heads=1, drop_path=0.0))
+    meta = {"task": "classification", "architecture": arch, "classes": ["a", "b"], "head_channels": None}
+    with torch.device("meta"):
+        skeleton = build_task_model(meta).state_dict()
+    tmp_path.joinpath("model.json").write_text(
+        json.dumps({**meta, "format_version": 1, "input": to_dict(InputSpec(size=(4096, 4096)))})
+    )
+    save_file(
+        {k: torch.zeros(v.shape, dtype=v.dtype) for k, v in skeleton.items()}, str(tmp_path / "model.safetensors")
+    )
+    with pytest.raises(RunError, match=r"model\.safetensors: .*would compute \d+ bytes of buffers"):
+        load_model(tmp_path)
+
+
+def finetune_run(folder: Path) -> Path:
+    run = RunDir.create(
+        folder, "finetune", {"model": to_dict(ARCH), "input": to_dict(InputSpec(size=(32, 32)))}, resume=False
+    )
+    run.write_json("classes.json", {"classes": ["a", "b", "c"]})
+    run.save_checkpoint({"model": MEMViT(ARCH, 3).state_dict(), "epoch": 0}, best=True)
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("damage", "file", "message"),
+    [
+        (cut("best.pt", 0.5), "best.pt", "not a readable MEM checkpoint"),
+        (lambda run: torch.save([1, 2], run / "best.pt"), "best.pt", "not a MEM checkpoint .*list"),
+        (lambda run: torch.save({"epoch": 1}, run / "best.pt"), "best.pt", "no model weights"),
+        (lambda run: (run / "classes.json").unlink(), "classes.json", "cannot read"),
+        (write("config.json", b"\xff\xfe"), "config.json", "corrupt"),
+        (edit_json("config.json", lambda c: c["config"].pop("model")), "config.json", "architecture must be an object"),
+        (write("init.json", b'{"path": 7}'), "init.json", "no 'path'"),
+    ],
+)
+def test_a_damaged_run_is_one_error_naming_the_file(tmp_path, damage, file, message):
+    run = finetune_run(tmp_path / "run")
+    damage(run)
+    with pytest.raises(RunError, match=message) as info:
+        Predictor(run)
+    assert str(info.value).startswith(f"{run / file}: ")
+
+
+def test_a_tokenizer_run_with_a_damaged_checkpoint_names_it(tmp_path):
+    run = RunDir.create(tmp_path / "tok", "tokenizer", {"model": to_dict(TOKENIZER)}, resume=False)
+    run.save_checkpoint({"model": {"encoder.0.weight": torch.zeros(3)}})
+    with pytest.raises(RunError, match=r"checkpoint\.pt: the weights do not fit .*missing"):
+        load_tokenizer(run.path)
+
+
+def test_cli_export_reports_a_damaged_checkpoint_in_one_line(tmp_path):
+    run = finetune_run(tmp_path / "run")
+    (run / "best.pt").write_bytes(b"PK\x03\x04 not a checkpoint")
+    args = ["export", "--model", str(run), "--out", str(tmp_path / "x")]
+    done = subprocess.run([sys.executable, "-m", "app.cli", *args], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {run / 'best.pt'}: not a readable MEM checkpoint"), lines

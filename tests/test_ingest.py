@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 
@@ -121,6 +122,42 @@ def test_wrong_dataset_layout_is_reported_and_unknown_dataset_refused(tmp_path):
         ingest([tmp_path], tmp_path / "corpus", dataset="ncras")
 
 
+def test_random_bytes_behind_a_dat_header_are_a_bad_file_not_a_recording(data_dir, tmp_path):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    real = sorted((data_dir / "ncars-dev" / "train" / "cars").glob("*.dat"))[0]
+    (folder / "real.dat").symlink_to(real)
+    header = real.read_bytes()[: real.read_bytes().index(b"\n% Date") + 1] + b"% Date 2017-10-31 11:27:54\n"
+    noise = np.random.default_rng(3).integers(0, 256, 8 * 5000, dtype=np.uint8).tobytes()
+    (folder / "noise.dat").write_bytes(header + bytes([0, 8]) + noise)
+    report = ingest([folder], tmp_path / "corpus")
+    assert [e["path"] for e in report.ingested] == [str(folder / "real.dat")]
+    assert [e["path"] for e in report.failed] == [str(folder / "noise.dat")]
+    assert "time steps back" in report.failed[0]["reason"] and report.failure() is None
+
+
+def test_an_ingest_that_gives_nothing_is_a_failure_and_a_partial_one_is_not(mixed_folder, tmp_path):
+    folder, _, bad = mixed_folder
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "bad").mkdir()
+    for path in bad:
+        path.rename(tmp_path / "bad" / path.name)
+    missing = tmp_path / "missing"
+    assert ingest([missing], tmp_path / "c1").failure() == f"{missing}: no such file or directory"
+    empty = ingest([tmp_path / "empty"], tmp_path / "c2").failure()
+    assert empty.startswith(f"{tmp_path / 'empty'}: no event files (.dat, .bin")
+    assert ingest([tmp_path / "bad"], tmp_path / "c3").failure().startswith("none of the 3 files could be ingested")
+    assert (
+        ingest([tmp_path / "bad"], tmp_path / "c4", dataset="ncars")
+        .failure()
+        .startswith(f"{tmp_path / 'bad'}: no ncars")
+    )
+    assert ingest([folder, missing], tmp_path / "c5").failure() == f"{missing}: no such file or directory"
+    partial = ingest([folder, tmp_path / "bad"], tmp_path / "c6")
+    assert partial.failure() is None and len(partial.ingested) == 3 and len(partial.failed) == 3
+    assert ingest([folder], tmp_path / "c6").failure() is None  # everything already ingested: nothing went wrong
+
+
 def test_worker_processes_give_the_same_corpus(mixed_folder, tmp_path):
     folder, _, _ = mixed_folder
     one = ingest([folder], tmp_path / "one")
@@ -169,6 +206,16 @@ def test_cli_lists_bad_files_and_exits_nonzero_only_with_strict(mixed_folder, tm
     assert len(Corpus(out).recordings) == 3
 
 
+@pytest.mark.parametrize("what", ["missing", "empty folder"])
+def test_cli_exits_nonzero_when_an_input_gives_nothing(tmp_path, what):
+    path = tmp_path / "input"
+    if what == "empty folder":
+        path.mkdir()
+    done = mem("ingest", str(path), "--out", str(tmp_path / "corpus"), "--min-free-mb", "0")
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1].startswith(f"error: {path}: "), done.stderr
+
+
 def test_inspect_reports_an_ingested_corpus(mixed_folder, tmp_path):
     folder, _, _ = mixed_folder
     out = tmp_path / "corpus"
@@ -180,3 +227,24 @@ def test_inspect_reports_an_ingested_corpus(mixed_folder, tmp_path):
     assert summary["recordings"] == 3
     for key in ("recordings", "events", "t_min", "t_max"):
         assert summary[key] == described[key]
+
+
+def test_inspect_opens_every_shard_and_verify_reads_every_event(mixed_folder, tmp_path):
+    folder, _, _ = mixed_folder
+    out = tmp_path / "corpus"
+    ingest([folder], out)
+    shard = out / "shard-00000.h5"
+    with h5py.File(shard, "r+") as f:  # still valid HDF5, but the events go back in time
+        f["t"][10] = f["t"][9] - 5000
+    quick = mem("inspect", str(out), "--json")
+    assert quick.returncode == 0, quick.stderr  # the counts agree: only reading the events tells
+    full = mem("inspect", str(out), "--verify", "--json")
+    assert full.returncode == 1
+    assert json.loads(full.stdout.strip().splitlines()[-1])["damaged_shards"].keys() == {"shard-00000.h5"}
+    assert f"{shard}: recording 'in:a.dat': event 10 " in full.stderr
+    data = bytearray(shard.read_bytes())
+    data[200:208] = bytes(8)
+    shard.write_bytes(data)
+    damaged = mem("inspect", str(out))
+    assert damaged.returncode == 1 and f"{shard}: damaged shard" in damaged.stderr
+    assert damaged.stderr.strip().splitlines()[-1] == f"error: 1 of 1 shards of {out} are damaged"

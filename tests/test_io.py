@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import json
 import pickle
 import struct
+import zipfile
 from pathlib import Path
 
 import h5py
@@ -362,8 +364,8 @@ def test_evt3_vectors_and_time_base_wrap():
     )
     from mem_core.io.evt import decode_evt3
 
-    events, bad = decode_evt3(np.frombuffer(words, dtype="<u2", offset=10))
-    assert bad == 0
+    events, beyond_x, time_back = decode_evt3(np.frombuffer(words, dtype="<u2", offset=10))
+    assert beyond_x == 0 and time_back == 0
     assert events["x"].tolist() == [5, 100, 102, 111, 112, 119, 9]
     assert events["y"].tolist() == [7] * 7
     assert events["p"].tolist() == [1, 0, 0, 0, 0, 0, 0]
@@ -411,9 +413,13 @@ def test_error_names_the_path_and_reason_and_survives_pickling(tmp_path):
     ("name", "content", "message"),
     [
         ("empty.bin", b"", "empty file"),
-        ("cut.bin", bytes(12), "12 bytes is not a whole number of 5-byte events"),
-        ("cut.dat", b"% Version 2\n" + bytes([0, 8]) + bytes(19), r"19 bytes of events .*\(3 trailing bytes\)"),
-        ("headless.dat", bytes(13), "13 bytes of events"),
+        ("cut.bin", bytes(12), r"12 bytes is not a whole number of 5-byte events \(2 trailing bytes after 2 whole"),
+        (
+            "cut.dat",
+            b"% Version 2\n" + bytes([0, 8]) + bytes(19),
+            r"19 bytes of events .*\(3 trailing bytes after 2 whole records\)",
+        ),
+        ("headless.dat", bytes(16), "no '%' header"),
         ("noeol.dat", b"% Data file containing", "header ends without a newline"),
         ("notype.dat", b"% Version 2\n", "not followed by the event type"),
         ("v1.dat", b"% Version 1\n" + bytes([0, 8]), "version '1'"),
@@ -454,6 +460,82 @@ def test_content_wins_over_extension(tmp_path, events_factory):
 def test_directory_is_not_an_event_file(tmp_path):
     with pytest.raises(EventFileError, match="directory"):
         read_events(tmp_path)
+
+
+# ------------------------------------------------------------------------------------------ implausible files
+# Files that decode without a format error but cannot be recordings: random bytes behind a valid header, absurd
+# geometry, declared sizes the file does not hold. Each is refused before it costs memory.
+
+NCARS_HEADER = b"% Data file containing Event2d events.\n% Version 2\n% Date 2017-10-31 11:27:54\n" + bytes([0, 8])
+
+
+@pytest.mark.parametrize(
+    ("name", "head", "message"),
+    [
+        ("noise.dat", NCARS_HEADER, "time steps back by"),
+        ("noise.bin", b"", "time steps back by"),
+        ("noise.raw", b"% evt 2.0\n", "time-high words step back"),
+        ("noise3.raw", b"% evt 3.0\n", "corrupt: "),
+    ],
+)
+def test_random_bytes_behind_a_valid_header_are_refused(tmp_path, name, head, message):
+    rng = np.random.default_rng(7)
+    path = tmp_path / name
+    path.write_bytes(head + rng.integers(0, 256, 40_000, dtype=np.uint8).tobytes())
+    with pytest.raises(EventFileError, match=message) as info:
+        read_events(path)
+    assert info.value.path == str(path)
+
+
+def test_dat_with_a_huge_declared_sensor_is_refused(tmp_path, events_factory):
+    good = write_events(tmp_path / "a.dat", events_factory(100), SensorSize(32, 48)).read_bytes()
+    path = tmp_path / "huge.dat"
+    path.write_bytes(good.replace(b"% Width 48\n% Height 32", b"% Width 4294967295\n% Height 4294967295"))
+    with pytest.raises(EventFileError, match=r"corrupt header: implausible sensor 4294967295x4294967295"):
+        read_events(path)
+
+
+def test_events_far_off_any_real_sensor_are_refused(tmp_path):
+    # .npz stores no geometry: one event at x = 65535 would otherwise make a 65536-pixel-wide sensor
+    path = tmp_path / "far.npz"
+    write_events(path, make_events([0, 1], [0, 65535], [0, 3], [1, 0]), SensorSize(4, 65536))
+    with pytest.raises(EventFileError, match=r"implausible sensor 65536x4 .* 1\.\.8192"):
+        read_events(path)
+
+
+def test_npz_declaring_more_events_than_it_holds_is_refused_before_allocating(tmp_path, events_factory):
+    array = np.zeros(100, dtype=[("x", "<u2"), ("y", "<u2"), ("t", "<i8"), ("p", "?")])
+    npy = io.BytesIO()
+    np.save(npy, array)
+    header = b"(100,), }" + b" " * 11  # the same length: the header keeps its size and alignment
+    assert npy.getvalue().count(header) == 1
+    path = tmp_path / "lying.npz"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("event_data.npy", npy.getvalue().replace(header, b"(10000000000000,), }"))
+    with pytest.raises(EventFileError, match=r"declares shape \(10000000000000,\)"):
+        read_events(path)
+
+
+def test_h5_declaring_more_events_than_it_stores_is_refused_before_allocating(tmp_path):
+    path = tmp_path / "events.h5"
+    with h5py.File(path, "w") as f:
+        for name, dtype in (("x", "<u2"), ("y", "<u2"), ("t", "<u4"), ("p", "u1")):
+            f.create_dataset(f"events/{name}", shape=(1 << 40,), chunks=(1 << 16,), dtype=dtype)  # nothing written
+    assert path.stat().st_size < 100_000
+    with pytest.raises(EventFileError, match=r"declare 9895604649984 bytes .* stores 0 bytes"):
+        read_events(path)
+
+
+def test_a_reader_running_out_of_memory_names_the_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(registry, "_READERS", list(registry._READERS))
+
+    def greedy(path: Path) -> EventFile:
+        raise MemoryError("Unable to allocate 12.0 TiB")
+
+    register_reader("greedy", None, greedy, (".greedy",))
+    (tmp_path / "x.greedy").write_bytes(b"tiny")
+    with pytest.raises(EventFileError, match=r"x\.greedy: decoding needs more memory .*12\.0 TiB"):
+        read_events(tmp_path / "x.greedy")
 
 
 # ------------------------------------------------------------------------------------------ describe, plug-ins

@@ -81,7 +81,11 @@ def ingest(
         float, typer.Option("--min-free-mb", help="Stop before the disk has less than this free.")
     ] = _I.min_free_bytes / MB,
 ) -> None:
-    """Ingest event files into a corpus; bad files are listed (and written to an ingest report), not fatal."""
+    """Ingest event files into a corpus; bad files are listed (and written to an ingest report), not fatal.
+
+    Exits with status 1 when an input gave nothing to ingest (missing, no event files, not the --dataset layout),
+    when no file could be read, or when the disk filled up; with --strict also when any file failed.
+    """
     from rich.console import Console
     from rich.table import Table
 
@@ -107,8 +111,8 @@ def ingest(
     typer.echo(f"report: {report.report_path}")
     for entry in report.failed:  # plain lines (no wrapping): one per file, easy to grep
         typer.echo(f"failed {entry['path']}: {entry['reason']}")
-    if report.stopped:
-        raise fail(f"ingest stopped early: {report.stopped}")
+    if (failure := report.failure()) is not None:
+        raise fail(failure, code=1)
     if strict and report.failed:
         raise typer.Exit(code=1)
 
@@ -116,26 +120,42 @@ def ingest(
 def inspect(
     path: Annotated[Path, typer.Argument(help="An event file or a corpus directory.")],
     as_json: JsonOpt = False,
+    verify: Annotated[
+        bool, typer.Option("--verify", help="Corpus: read every event and check it (shards are always opened).")
+    ] = False,
 ) -> None:
-    """Describe an event file (format, events, sensor, time range, ON/OFF) or a corpus directory."""
+    """Describe an event file (format, events, sensor, time range, ON/OFF) or a corpus directory.
+
+    A corpus's shards are opened and their event counts checked (with --verify every event is read and checked
+    too); damaged shards are listed and the command exits with status 1.
+    """
     import json
 
     from rich.console import Console
     from rich.table import Table
 
+    damaged: dict[str, str] = {}
     if path.is_dir():
         from mem_core.corpus import Corpus
 
         with Corpus(path) as corpus:
             info = corpus.describe()
+            damaged = corpus.check(full=verify)
+        info["shards"] = len(corpus.shards)
+        info["checked"] = "every event" if verify else "shards opened, counts"
+        info["damaged_shards"] = damaged
     else:
         from mem_core.io import describe
 
         info = describe(path)
     if as_json:
         print(json.dumps(info))
-        return
-    table = Table(title=str(path), show_header=False)
-    for key, value in info.items():
-        table.add_row(key, str(value))
-    Console().print(table)
+    else:
+        table = Table(title=str(path), show_header=False)
+        for key, value in info.items():
+            table.add_row(key, str(len(value)) if key == "damaged_shards" else str(value))
+        Console().print(table)
+    for problem in damaged.values():  # plain lines (no wrapping): one per shard, easy to grep
+        typer.echo(problem, err=True)
+    if damaged:
+        raise fail(f"{len(damaged)} of {info['shards']} shards of {path} are damaged", code=1)

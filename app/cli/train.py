@@ -14,6 +14,10 @@ from mem_core.train.experiment import STAGE_OVERRIDES, LabelEfficiencyConfig
 
 InitOpt = Annotated[Path | None, typer.Option("--init", help="Pretraining run to start from (default: scratch).")]
 LabelsOpt = Annotated[float | None, typer.Option("--labels", help="Fraction of labelled training samples.")]
+VerifyOpt = Annotated[bool, typer.Option("--verify", help="Corpus: read and check every event before training.")]
+SkipBadOpt = Annotated[
+    bool, typer.Option("--skip-bad", help="Corpus: leave out damaged shards (reported) instead of stopping.")
+]
 experiment_app = typer.Typer(help="Experiments that reproduce the paper's claims on real data.", no_args_is_help=True)
 
 
@@ -25,6 +29,11 @@ def _config(stage: str, dataset: str, data: Path | None, preset, config, overrid
     return stage_config(stage, preset=preset, config_file=config, values=values, overrides=overrides or [])
 
 
+def _checks(verify: bool, skip_bad: bool) -> dict[str, bool]:
+    """``--verify`` / ``--skip-bad`` as config values, only when given (a preset may set them)."""
+    return {key: True for key, on in (("data.verify", verify), ("data.skip_bad", skip_bad)) if on}
+
+
 def tokenizer(
     dataset: DatasetOpt,
     out: OutOpt,
@@ -33,11 +42,14 @@ def tokenizer(
     config: ConfigOpt = None,
     set_: SetOpt = None,
     resume: ResumeOpt = False,
+    verify: VerifyOpt = False,
+    skip_bad: SkipBadOpt = False,
 ) -> None:
     """Stage 1: train the dVAE event tokenizer (no labels needed)."""
     from mem_core.train import tokenizer as stage
 
-    run = stage.run(_config("tokenizer", dataset, data, preset, config, set_), out, resume=resume)
+    cfg = _config("tokenizer", dataset, data, preset, config, set_, **_checks(verify, skip_bad))
+    run = stage.run(cfg, out, resume=resume)
     typer.echo(f"tokenizer run: {run.path}")
 
 
@@ -53,12 +65,14 @@ def pretrain(
     config: ConfigOpt = None,
     set_: SetOpt = None,
     resume: ResumeOpt = False,
+    verify: VerifyOpt = False,
+    skip_bad: SkipBadOpt = False,
 ) -> None:
     """Stage 2: masked event pretraining (MEM), or the eMAE baseline with --method emae."""
     from mem_core.train import pretrain as stage
 
     values = {"method": method} if method is not None else {}
-    cfg = _config("pretrain", dataset, data, preset, config, set_, **values)
+    cfg = _config("pretrain", dataset, data, preset, config, set_, **values, **_checks(verify, skip_bad))
     run = stage.run(cfg, out, tokenizer=tokenizer, resume=resume)
     typer.echo(f"pretrain run: {run.path}")
 
@@ -74,6 +88,8 @@ def finetune(
     config: ConfigOpt = None,
     set_: SetOpt = None,
     resume: ResumeOpt = False,
+    verify: VerifyOpt = False,
+    skip_bad: SkipBadOpt = False,
 ) -> None:
     """Stage 3: finetune a classifier (or --probe linearly), from --init or from scratch."""
     from mem_core.train import finetune as stage
@@ -81,7 +97,8 @@ def finetune(
     values = {"probe": probe} if probe else {}
     if labels is not None:
         values["data.labels"] = labels
-    run = stage.run(_config("finetune", dataset, data, preset, config, set_, **values), out, init=init, resume=resume)
+    cfg = _config("finetune", dataset, data, preset, config, set_, **values, **_checks(verify, skip_bad))
+    run = stage.run(cfg, out, init=init, resume=resume)
     typer.echo(f"finetune run: {run.path}")
     typer.echo((run.path / "result.json").read_text() if (run.path / "result.json").exists() else "")
 
@@ -96,12 +113,15 @@ def segment(
     config: ConfigOpt = None,
     set_: SetOpt = None,
     resume: ResumeOpt = False,
+    verify: VerifyOpt = False,
+    skip_bad: SkipBadOpt = False,
 ) -> None:
     """Semantic segmentation (UperNet-style head on the last four blocks), from --init or from scratch."""
     from mem_core.train import segment as stage
 
     values = {"data.labels": labels} if labels is not None else {}
-    run = stage.run(_config("segment", dataset, data, preset, config, set_, **values), out, init=init, resume=resume)
+    cfg = _config("segment", dataset, data, preset, config, set_, **values, **_checks(verify, skip_bad))
+    run = stage.run(cfg, out, init=init, resume=resume)
     typer.echo(f"segment run: {run.path}")
 
 

@@ -20,7 +20,9 @@ Crash safety (measured on HDF5 2.0 / h5py 3.16, not assumed):
   file on disk between flushes (metadata and rewritten chunks are written back in cache order).
 - A killed SWMR writer leaves the superblock marked "open for write": the file opens for reading with
   ``swmr=True`` only, and never again for writing. So a shard is written by one writer session only; re-opening
-  a corpus starts a new shard, and readers always open shards with ``swmr=True``.
+  a corpus starts a new shard. Readers open a shard left open (``sealed: false`` in the manifest) with SWMR and
+  few metadata retries, a sealed one without SWMR (``shard.py`` says why: damaged metadata made SWMR hang).
+- Every chunk carries a Fletcher-32 checksum (shards written since November 2026): a damaged chunk fails to read.
 - The manifest is the commit record. Events are buffered in memory, written to the shard when the buffer fills,
   and committed at least every ``flush_interval_s`` (checked inside ``append``) and on close: shard flush + fsync,
   then the manifest (tmp + fsync + ``os.replace``). Readers trust only the counts in the manifest, so whatever
@@ -40,17 +42,20 @@ Readers open HDF5 files lazily, per process (a handle opened before a fork is ne
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from mem_core.errors import MemError
-from mem_core.events import SensorSize
+from mem_core.events import SensorSize, sensor_problem
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 COLUMNS = ("t", "x", "y", "p")
 CHUNK_EVENTS = 1 << 14  # events per HDF5 chunk; also the stride of the coarse time index
+SHARD_NAME = re.compile(r"shard-\d{5,}\.h5")
+MAX_SHARD_EVENTS = 1 << 40  # a manifest count beyond this is damage (a full shard holds 2^26 by default)
 
 
 class CorpusError(MemError):
@@ -79,24 +84,90 @@ class RecordingInfo:
     offset: int = 0
 
 
+@dataclass(frozen=True)
+class ShardInfo:
+    """One shard file as the manifest lists it: its committed events and whether its writer closed it."""
+
+    file: str
+    events: int
+    sealed: bool
+
+
 def load_manifest(root: Path) -> dict[str, Any]:
+    """The manifest as JSON, with its top level checked (``parse_manifest`` checks the entries)."""
     path = root / MANIFEST
     try:
         manifest = json.loads(path.read_text())
     except FileNotFoundError:
         raise CorpusError(f"{path}: no corpus manifest (not a corpus directory?)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise CorpusError(f"{path}: corrupt corpus manifest ({e})") from e
     if not isinstance(manifest, dict) or not {"format_version", "recordings", "shards"} <= manifest.keys():
         raise CorpusError(f"{path}: not a corpus manifest (missing format_version/recordings/shards)")
     if manifest["format_version"] != FORMAT_VERSION:
         raise CorpusError(f"{path}: format_version {manifest['format_version']!r}, this code reads {FORMAT_VERSION}")
+    for key in ("recordings", "shards", "provenance"):
+        if not isinstance(manifest.get(key, []), list):
+            raise CorpusError(f"{path}: corrupt corpus manifest ({key} must be a list)")
     return manifest
 
 
-def recording_info(entry: dict[str, Any], where: str) -> RecordingInfo:
-    try:
-        values = {f.name: entry[f.name] for f in fields(RecordingInfo)}
-        return RecordingInfo(**{**values, "sensor": SensorSize(*(int(v) for v in entry["sensor"]))})
-    except (KeyError, TypeError, ValueError) as e:
-        raise CorpusError(f"{where}: malformed recording entry {entry!r} ({e!r})") from e
+def parse_manifest(manifest: dict[str, Any], where: str) -> tuple[dict[str, ShardInfo], list[RecordingInfo]]:
+    """The shards and recordings of a loaded manifest, every value checked (types, ranges, recordings inside the
+    events their shard committed) before anything is sized from it."""
+    shards: dict[str, ShardInfo] = {}
+    for k, entry in enumerate(manifest["shards"]):
+        shard = _shard_info(entry, f"{where}: shard entry {k}")
+        shards[shard.file] = shard
+    recordings = [
+        recording_info(e, f"{where}: recording entry {k}", shards) for k, e in enumerate(manifest["recordings"])
+    ]
+    return shards, recordings
+
+
+def _shard_info(entry: Any, where: str) -> ShardInfo:
+    _require(isinstance(entry, dict), where, "not an object")
+    file, events, sealed = entry.get("file"), entry.get("events"), entry.get("sealed", False)
+    _require(isinstance(file, str) and SHARD_NAME.fullmatch(file) is not None, where, f"file {file!r} is no shard name")
+    _require(_is_int(events) and 0 <= events <= MAX_SHARD_EVENTS, where, f"events {events!r} not in 0..2^40")
+    _require(isinstance(sealed, bool), where, f"sealed {sealed!r} is not true/false")
+    return ShardInfo(file, events, sealed)
+
+
+def recording_info(entry: Any, where: str, shards: dict[str, ShardInfo]) -> RecordingInfo:
+    """One recording entry, checked, down to its lying inside the events its shard committed."""
+    _require(isinstance(entry, dict), where, "not an object")
+    missing = [f.name for f in fields(RecordingInfo) if f.name not in entry]
+    _require(not missing, where, f"missing {', '.join(missing)}")
+    e = entry
+    sensor = e["sensor"]
+    _require(isinstance(sensor, list) and len(sensor) == 2 and all(map(_is_int, sensor)), where, "bad sensor")
+    problem = sensor_problem(SensorSize(*sensor))
+    _require(problem is None, where, str(problem))
+    _require(isinstance(e["name"], str) and e["name"] != "", where, f"name {e['name']!r}")
+    _require(isinstance(e["session"], str), where, f"session {e['session']!r}")
+    for key in ("n_events", "offset", "segment"):
+        _require(_is_int(e[key]) and 0 <= e[key] <= MAX_SHARD_EVENTS, where, f"{key} {e[key]!r} not in 0..2^40")
+    times = (e["t_min"], e["t_max"])
+    if e["n_events"]:
+        _require(all(map(_is_int, times)) and times[0] <= times[1], where, f"t_min/t_max {times!r}")
+    else:
+        _require(all(t is None or _is_int(t) for t in times), where, f"t_min/t_max {times!r}")
+    _require(e["label"] is None or isinstance(e["label"], str) or _is_int(e["label"]), where, f"label {e['label']!r}")
+    _require(isinstance(e["metadata"], dict), where, "metadata is not an object")
+    _require(isinstance(e["complete"], bool), where, f"complete {e['complete']!r}")
+    _require(isinstance(e["shard"], str), where, f"shard {e['shard']!r}")  # (a list is no dict key)
+    shard = shards.get(e["shard"])
+    _require(shard is not None, where, f"shard {e['shard']!r} is not listed in the manifest's shards")
+    end = e["offset"] + e["n_events"]
+    _require(end <= shard.events, where, f"events {e['offset']}..{end} beyond the {shard.events} of {shard.file}")
+    return RecordingInfo(**{**{f.name: e[f.name] for f in fields(RecordingInfo)}, "sensor": SensorSize(*sensor)})
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _require(ok: bool, where: str, problem: str) -> None:
+    if not ok:
+        raise CorpusError(f"{where} is malformed: {problem}")

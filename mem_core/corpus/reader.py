@@ -20,12 +20,15 @@ from mem_core.corpus.format import (
     MANIFEST,
     CorpusError,
     RecordingInfo,
+    ShardInfo,
     load_manifest,
-    recording_info,
+    parse_manifest,
 )
+from mem_core.corpus.shard import H5_ERRORS, open_shard
 from mem_core.events import EVENT_DTYPE, SensorSize
 
 _READ_BUFFER_EVENTS = 1 << 20  # reads up to this size go through per-process column buffers (~15 MB at most)
+_VERIFY_BLOCK_EVENTS = _READ_BUFFER_EVENTS
 
 
 @numba.njit(cache=True, nogil=True)
@@ -34,6 +37,17 @@ def _pack_kernel(t, x, y, p, out):
     for i in range(out.shape[0]):
         e = out[i]
         e.t, e.x, e.y, e.p = t[i], x[i], y[i], p[i]
+
+
+@numba.njit(cache=True, nogil=True)
+def _first_bad_event(events, t_prev, width, height):
+    """Index of the first event before ``t_prev`` or its predecessor, off the sensor or of polarity > 1; -1 if none."""
+    for i in range(events.shape[0]):
+        e = events[i]
+        if e.t < t_prev or e.x >= width or e.y >= height or e.p > 1:
+            return i
+        t_prev = e.t
+    return -1
 
 
 @functools.cache
@@ -53,8 +67,9 @@ class Corpus:
     def __init__(self, root: str | os.PathLike) -> None:
         self.root = Path(root)
         manifest = load_manifest(self.root)
-        where = str(self.root / MANIFEST)
-        self.recordings: list[RecordingInfo] = [recording_info(e, where) for e in manifest["recordings"]]
+        self.shards: dict[str, ShardInfo]
+        self.recordings: list[RecordingInfo]
+        self.shards, self.recordings = parse_manifest(manifest, str(self.root / MANIFEST))
         self.provenance: list[dict[str, Any]] = manifest.get("provenance", [])
         self._files: dict[str, h5py.File] = {}
         self._datasets: dict[str, dict[str, h5py.Dataset]] = {}  # shard -> its open datasets
@@ -88,10 +103,11 @@ class Corpus:
             raise ValueError(f"start and count must be >= 0, got start={start}, count={count}")
         lo = info.offset + min(start, info.n_events)
         hi = info.offset + min(start + count, info.n_events)
-        out = np.empty(hi - lo, EVENT_DTYPE)
         self._this_process()
         with self._lock:
-            _pack_kernel(*self._read(info, lo, hi, COLUMNS), out)
+            columns = self._read(info, lo, hi, COLUMNS)  # checks the shard holds them before anything is sized
+            out = np.empty(hi - lo, EVENT_DTYPE)
+            _pack_kernel(*columns, out)
         return out
 
     def time_slice(self, i: int, t0: int, t1: int) -> np.ndarray:
@@ -118,6 +134,21 @@ class Corpus:
             "sensors": [{"height": s.height, "width": s.width, "recordings": n} for s, n in sorted(sensors.items())],
             "labels": labels,
         }
+
+    def check(self, *, full: bool = False) -> dict[str, str]:
+        """Damaged shards -> what is wrong with each (empty when all are fine).
+
+        Every shard the manifest lists is opened and its columns compared with the events the manifest committed
+        to it. ``full`` also reads every recording, checking time order, coordinates on its sensor, polarity and
+        the manifest's ``t_min``/``t_max``, and the shard's time index.
+        """
+        problems = {}
+        for name in self.shards:
+            try:
+                self._check_shard(name, full)
+            except CorpusError as e:
+                problems[name] = str(e)
+        return problems
 
     def close(self) -> None:
         """Close the HDF5 handles this process opened."""
@@ -158,20 +189,53 @@ class Corpus:
         """The datasets of shard ``name``, opened on first use in this process."""
         self._this_process()
         if name not in self._datasets:
-            path = self.root / name
-            if not path.is_file():
-                raise CorpusError(f"{path}: shard listed in the manifest is missing")
-            try:
-                f = h5py.File(path, "r", swmr=True)
-            except OSError as e:
-                raise CorpusError(f"{path}: cannot open shard ({e})") from e
-            missing = [c for c in (*COLUMNS, "t_index") if c not in f]
-            if missing or "index_stride" not in f.attrs:
-                f.close()
-                raise CorpusError(f"{path}: not a corpus shard (missing {', '.join(missing) or 'index_stride'})")
-            self._files[name] = f
-            self._datasets[name] = {c: f[c] for c in (*COLUMNS, "t_index")}
+            self._files[name], self._datasets[name] = open_shard(self.root / name, sealed=self.shards[name].sealed)
         return self._datasets[name]
+
+    def _check_shard(self, name: str, full: bool) -> None:
+        datasets = self._shard(name)
+        path, committed = self.root / name, self.shards[name].events
+        held = min(datasets[c].shape[0] for c in COLUMNS)
+        if held < committed:
+            raise CorpusError(f"{path}: holds {held} events, the manifest committed {committed} (truncated shard?)")
+        if full:
+            for i, info in enumerate(self.recordings):
+                if info.shard == name:
+                    self._check_recording(i)
+            self._check_time_index(name, committed)
+
+    def _check_recording(self, i: int) -> None:
+        """Read recording ``i`` block by block and check its events against the manifest."""
+        info = self.recordings[i]
+        where = f"{self.root / info.shard}: recording {info.name!r}"
+        t_prev = np.iinfo(np.int64).min
+        for start in range(0, info.n_events, _VERIFY_BLOCK_EVENTS):
+            events = self.window(i, start, _VERIFY_BLOCK_EVENTS)
+            bad = _first_bad_event(events, t_prev, info.sensor.width, info.sensor.height)
+            if bad >= 0:
+                e = events[bad]
+                raise CorpusError(
+                    f"{where}: event {start + bad} (t={e['t']}, x={e['x']}, y={e['y']}, p={e['p']}) is out of time "
+                    f"order, off the {info.sensor.width}x{info.sensor.height} sensor or of polarity > 1"
+                )
+            if start == 0 and events["t"][0] != info.t_min:
+                raise CorpusError(f"{where}: first event at t={events['t'][0]}, the manifest says {info.t_min}")
+            t_prev = int(events["t"][-1])
+        if info.n_events and t_prev != info.t_max:
+            raise CorpusError(f"{where}: last event at t={t_prev}, the manifest says {info.t_max}")
+
+    def _check_time_index(self, name: str, committed: int) -> None:
+        """Every committed entry of ``t_index`` is the time of the event it points at."""
+        datasets, path = self._shard(name), self.root / name
+        stride = int(self._files[name].attrs["index_stride"])
+        n = -(-committed // stride)
+        try:
+            index = datasets["t_index"][:n]
+            at = datasets["t"][np.arange(n) * stride] if n else np.empty(0, "<i8")
+        except H5_ERRORS as e:
+            raise CorpusError(f"{path}: cannot read the time index ({e})") from e
+        if index.size < n or not np.array_equal(index, at):
+            raise CorpusError(f"{path}: the time index does not match the events ({index.size} of {n} entries)")
 
     def _read(self, info: RecordingInfo, lo: int, hi: int, columns: tuple[str, ...]) -> list[np.ndarray]:
         """Shard positions ``[lo, hi)`` of the given columns of ``info``'s shard (hold ``self._lock``).
@@ -181,7 +245,7 @@ class Corpus:
         """
         datasets = self._shard(info.shard)
         path = self.root / info.shard
-        held = datasets["t"].shape[0]
+        held = min(datasets[c].shape[0] for c in columns)
         if held < info.offset + info.n_events:
             raise CorpusError(
                 f"{path}: holds {held} events, the manifest needs {info.offset + info.n_events} "
@@ -204,7 +268,7 @@ class Corpus:
                     # An explicit memory type: h5py derives it from the array's dtype on every call otherwise (~10 us).
                     datasets[c].id.read(memory, selection, array, _memory_type(c))
                 arrays.append(array)
-        except (OSError, RuntimeError) as e:
+        except H5_ERRORS as e:
             raise CorpusError(f"{path}: cannot read events {lo}..{hi} ({e})") from e
         return arrays
 
@@ -218,7 +282,10 @@ class Corpus:
         k0 = -(-info.offset // stride)  # first index entry inside the recording
         if i not in self._time_index:
             k1 = (info.offset + info.n_events - 1) // stride + 1
-            index = t_index[k0:k1] if k1 > k0 else np.empty(0, dtype="<i8")
+            try:
+                index = t_index[k0:k1] if k1 > k0 else np.empty(0, dtype="<i8")
+            except H5_ERRORS as e:
+                raise CorpusError(f"{self.root / info.shard}: cannot read the time index ({e})") from e
             if index.size != max(k1 - k0, 0):
                 raise CorpusError(f"{self.root / info.shard}: time index too short for recording {info.name!r}")
             self._time_index[i] = index

@@ -27,7 +27,7 @@ from mem_core.corpus.format import (
     CorpusError,
     CorpusFullError,
     load_manifest,
-    recording_info,
+    parse_manifest,
 )
 from mem_core.events import EVENT_DTYPE, SensorSize, validate_events
 
@@ -137,8 +137,7 @@ class CorpusWriter:
         shards_on_disk = [int(m.group(1)) for p in self.root.iterdir() if (m := _SHARD_RE.fullmatch(p.name))]
         if (self.root / MANIFEST).exists():
             self._manifest = load_manifest(self.root)
-            for entry in self._manifest["recordings"]:
-                recording_info(entry, str(self.root / MANIFEST))
+            parse_manifest(self._manifest, str(self.root / MANIFEST))  # refuse to extend a damaged manifest
         elif shards_on_disk:
             raise CorpusError(
                 f"{self.root}: holds shard files but no {MANIFEST}; refusing to start a new corpus over them"
@@ -327,7 +326,13 @@ class CorpusWriter:
             f = h5py.File(path, "x", libver="latest")
             for c in COLUMNS:
                 f.create_dataset(
-                    c, shape=(0,), maxshape=(None,), dtype=EVENT_DTYPE[c], chunks=(CHUNK_EVENTS,), **_COMPRESSION
+                    c,
+                    shape=(0,),
+                    maxshape=(None,),
+                    dtype=EVENT_DTYPE[c],
+                    chunks=(CHUNK_EVENTS,),
+                    fletcher32=True,  # a checksum per chunk: a damaged chunk fails to read instead of giving wrong events
+                    **_COMPRESSION,
                 )
             f.create_dataset("t_index", shape=(0,), maxshape=(None,), dtype="<i8", chunks=(4096,))
             f.attrs["format_version"] = FORMAT_VERSION

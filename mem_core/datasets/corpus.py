@@ -3,13 +3,17 @@ short labelled recordings."""
 
 from __future__ import annotations
 
+import functools
+import logging
 from pathlib import Path
 
 import numpy as np
 
-from mem_core.corpus import Corpus
+from mem_core.corpus import MANIFEST, Corpus, CorpusError
 from mem_core.datasets.base import DatasetError, EventSource, require_dir
 from mem_core.events import SensorSize, window_start
+
+log = logging.getLogger(__name__)
 
 CORPUS_SLOT = 30_000  # events per sample slot of a long recording
 CORPUS_VAL_EVERY = 20  # every 20th slot is validation
@@ -24,9 +28,22 @@ class CorpusSource(EventSource):
     its slot, so a long recording yields fresh windows every epoch and never reaches into another split's slot; at
     evaluation sample ``k`` of a slot is its ``k``-th window. Recording labels (class names) become class ids;
     unlabeled recordings get -1.
+
+    Every shard is opened first (``verify``: every event read and checked too), so a damaged shard stops a run
+    at once with a ``CorpusError`` naming it, instead of failing a worker mid-epoch; with ``skip_bad`` its
+    recordings are left out with a logged warning, and ``skipped`` says which shards and why.
     """
 
-    def __init__(self, root: Path, split: str, slot: int = CORPUS_SLOT, window: int | None = None):
+    def __init__(
+        self,
+        root: Path,
+        split: str,
+        slot: int = CORPUS_SLOT,
+        window: int | None = None,
+        *,
+        verify: bool = False,
+        skip_bad: bool = False,
+    ):
         if slot < 1 or (window is not None and window < 1):
             raise DatasetError(f"corpus slot and window must be >= 1 events, got slot={slot}, window={window}")
         self.name = "corpus"
@@ -34,12 +51,17 @@ class CorpusSource(EventSource):
         recordings = self.corpus.recordings
         if not recordings:
             raise DatasetError(f"{root}: the corpus holds no recordings")
+        self.skipped = _damaged_shards(self.corpus, verify, skip_bad)
+        usable = [i for i, r in enumerate(recordings) if r.shard not in self.skipped]
+        if not usable:
+            raise DatasetError(f"{root}: every shard of the corpus is damaged ({len(self.skipped)} skipped)")
         sensors = {r.sensor for r in recordings}
         self.sensor = SensorSize(max(s.height for s in sensors), max(s.width for s in sensors))
         names = sorted({str(r.label) for r in recordings if r.label is not None})
         self.classes = names
         slots = []  # (recording, first event, events in slot)
-        for i, r in enumerate(recordings):
+        for i in usable:
+            r = recordings[i]
             n_slots = max(1, r.n_events // slot)
             for k in range(n_slots):
                 lo = k * slot
@@ -84,7 +106,42 @@ class CorpusSource(EventSource):
         return self.corpus.window(rec, start, n)
 
 
-def corpus(root, split: str, window: int | None = None) -> EventSource:
+def _damaged_shards(corpus: Corpus, verify: bool, skip_bad: bool) -> dict[str, str]:
+    """Damaged shards -> why; raises ``CorpusError`` naming the first unless ``skip_bad`` (then logs a warning)."""
+    root = corpus.root
+    stamp = tuple(_stamp(root / name) for name in (MANIFEST, *corpus.shards))
+    damaged = dict(_check(str(root.resolve()), verify, stamp))
+    if damaged and not skip_bad:
+        problem = next(iter(damaged.values()))
+        more = f" ({len(damaged) - 1} more damaged shards)" if len(damaged) > 1 else ""
+        raise CorpusError(
+            f"{problem}{more}; leave the damaged shards out with --skip-bad, or list them with "
+            f"'mem inspect --verify {root}'"
+        )
+    if damaged:
+        log.warning(
+            "%s: left out the recordings of %d damaged shard(s): %s", root, len(damaged), "; ".join(damaged.values())
+        )
+    return damaged
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    try:
+        st = path.stat()
+    except OSError:
+        return (-1, -1)
+    return st.st_mtime_ns, st.st_size
+
+
+@functools.lru_cache(maxsize=8)
+def _check(root: str, full: bool, stamp: tuple[tuple[int, int], ...]) -> dict[str, str]:
+    """``Corpus.check``, once per state of the files: the train and validation splits open the same corpus."""
+    with Corpus(root) as corpus:
+        return corpus.check(full=full)
+
+
+def corpus(root, split: str, window: int | None = None, verify: bool = False, skip_bad: bool = False) -> EventSource:
     if root is None:
         raise DatasetError("the corpus dataset needs --data CORPUS_DIR")
-    return CorpusSource(require_dir(Path(root), "corpus directory"), split, window=window)
+    path = require_dir(Path(root), "corpus directory")
+    return CorpusSource(path, split, window=window, verify=verify, skip_bad=skip_bad)

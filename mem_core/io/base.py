@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import NamedTuple
 
+import numba
 import numpy as np
 
 from mem_core.errors import MemError
@@ -41,6 +42,38 @@ def read_bytes(path: Path) -> bytes:
         return path.read_bytes()
     except OSError as e:
         raise EventFileError(path, f"cannot read the file ({e.strerror or e})") from e
+
+
+# How far back in time an event may come after the one before it in a file without a checksum (.dat, .bin, .raw):
+# cameras reorder events by a few microseconds at most, while random bytes step back by seconds within a few events.
+MAX_DISORDER_US = 1000
+
+
+@numba.njit(cache=True, nogil=True)
+def _largest_step_back(t):
+    """(index i of the largest backward step t[i-1] -> t[i], its size in us), (0, 0) when ``t`` never goes back."""
+    worst, at = 0, 0
+    for i in range(1, t.size):
+        back = t[i - 1] - t[i]
+        if back > worst:
+            worst, at = back, i
+    return at, worst
+
+
+def sort_plausible(path: Path, events: np.ndarray) -> np.ndarray:
+    """``events`` sorted by ``t``; ``EventFileError`` when the file order steps back by more than ``MAX_DISORDER_US``.
+
+    For formats whose bytes carry no checksum: random data decodes to times that jump back and forth.
+    """
+    at, back = _largest_step_back(events["t"])
+    if back > MAX_DISORDER_US:
+        t = events["t"]
+        raise EventFileError(
+            path,
+            f"corrupt: time steps back by {back} us at event {at} (t={t[at - 1]} -> {t[at]}), more than the "
+            f"{MAX_DISORDER_US} us a camera reorders events",
+        )
+    return sort_by_time(events) if back else events
 
 
 def sort_by_time(events: np.ndarray) -> np.ndarray:

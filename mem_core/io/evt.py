@@ -9,12 +9,15 @@ polarity of the following ``VECT_12`` (4) / ``VECT_8`` (5) bit masks (bit i = an
 then advances by 12 / 8), ``EVT_TIME_LOW`` (6) and ``EVT_TIME_HIGH`` (8) hold the low and high 12 bits of a
 24-bit microsecond time base. Other types are skipped.
 
-Both time bases wrap (2^34 us for EVT 2.0, 2^24 us for EVT 3.0): a time-high that goes backwards is counted
-as a wrap, so timestamps grow without bound. Events before the first time-high word have no time yet and are
-dropped, as Prophesee's decoders do.
+Both time bases wrap (2^34 us for EVT 2.0, 2^24 us for EVT 3.0): a time-high that goes back by more than half
+its range is counted as a wrap, so timestamps grow without bound; one that goes back by less is no wrap but
+damage (random words do it at every other time-high), counted and refused by the reader. Events before the
+first time-high word have no time yet and are dropped, as Prophesee's decoders do.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numba
 import numpy as np
@@ -22,6 +25,17 @@ import numpy as np
 from mem_core.events import EVENT_DTYPE
 
 EVT3_MAX_X = 2047
+EVT2_HIGH_HALF = 1 << 27  # half the range of EVT 2.0's 28-bit time-high
+EVT3_HIGH_HALF = 1 << 11  # half the range of EVT 3.0's 12-bit time-high
+
+
+class Decoded(NamedTuple):
+    """Events in stream order and the words no camera writes: vector events beyond x = 2047 (EVT 3.0) and
+    time-high words that step back without wrapping."""
+
+    events: np.ndarray
+    beyond_x: int
+    time_back: int
 
 
 @numba.njit(cache=True, nogil=True)
@@ -29,13 +43,17 @@ def _evt2(words, out, fill):
     n = 0
     time_high = -1
     loops = 0
+    back = 0
     for i in range(words.size):
         w = np.int64(words[i])
         kind = w >> 28
         if kind == 0x8:
             high = w & 0x0FFFFFFF
-            if 0 <= high < time_high:
-                loops += 1
+            if high < time_high:
+                if time_high - high > EVT2_HIGH_HALF:
+                    loops += 1
+                else:
+                    back += 1
             time_high = high
         elif kind <= 0x1 and time_high >= 0:
             if fill:
@@ -44,7 +62,7 @@ def _evt2(words, out, fill):
                 out[n].y = w & 0x7FF
                 out[n].p = kind
             n += 1
-    return n, 0
+    return n, 0, back
 
 
 @numba.njit(cache=True, nogil=True)
@@ -57,13 +75,17 @@ def _evt3(words, out, fill):
     time_low = 0
     time_high = -1
     loops = 0
+    back = 0
     for i in range(words.size):
         w = np.int64(words[i])
         kind = w >> 12
         if kind == 0x8:
             high = w & 0xFFF
-            if 0 <= high < time_high:
-                loops += 1
+            if high < time_high:
+                if time_high - high > EVT3_HIGH_HALF:
+                    loops += 1
+                else:
+                    back += 1
             time_high = high
         elif kind == 0x6:
             time_low = w & 0xFFF
@@ -97,23 +119,23 @@ def _evt3(words, out, fill):
                             out[n].p = pol
                         n += 1
             base_x += width
-    return n, bad
+    return n, bad, back
 
 
-def decode_evt2(words: np.ndarray) -> tuple[np.ndarray, int]:
-    """EVT 2.0 ``uint32`` words -> (events in stream order, 0)."""
+def decode_evt2(words: np.ndarray) -> Decoded:
+    """EVT 2.0 ``uint32`` words -> events in stream order (``beyond_x`` is always 0)."""
     return _decode(_evt2, words)
 
 
-def decode_evt3(words: np.ndarray) -> tuple[np.ndarray, int]:
-    """EVT 3.0 ``uint16`` words -> (events in stream order, number of vector events beyond x = 2047: corruption)."""
+def decode_evt3(words: np.ndarray) -> Decoded:
+    """EVT 3.0 ``uint16`` words -> events in stream order and the counts of damaged words."""
     return _decode(_evt3, words)
 
 
-def _decode(kernel, words: np.ndarray) -> tuple[np.ndarray, int]:
+def _decode(kernel, words: np.ndarray) -> Decoded:
     # Two passes (count, then fill) size the output exactly: no over-allocation for 12-event vectors.
     dummy = np.empty(0, dtype=EVENT_DTYPE)
-    n, _ = kernel(words, dummy, False)
+    n, _, _ = kernel(words, dummy, False)
     out = np.empty(n, dtype=EVENT_DTYPE)
-    _, bad = kernel(words, out, True)
-    return out, bad
+    _, beyond_x, time_back = kernel(words, out, True)
+    return Decoded(out, beyond_x, time_back)

@@ -19,7 +19,29 @@ from mem_core.io.base import EventFile, EventFileError, check_on_sensor, sort_by
 
 DSEC_SENSOR = SensorSize(480, 640)
 FIELDS = ("x", "y", "t", "p")
+# Declared sizes a file must back with stored bytes: at most this many times what its chunks hold on disk (Blosc
+# and gzip reach ~10x on event columns; a constant column far more, hence the margin), beyond a size always allowed.
+MAX_EXPANSION = 1000
+ALWAYS_ALLOWED_BYTES = 64 << 20
 _DECODE_ERRORS = (OSError, KeyError, ValueError, TypeError, RuntimeError)
+
+
+def storage_problem(datasets: dict[str, h5py.Dataset], file_size: int) -> str | None:
+    """Why the declared sizes of ``datasets`` cannot be what the file stores, or None.
+
+    Reading a dataset allocates its declared shape first, and chunks never written read as fill values: a damaged
+    header declaring 2^40 elements would ask for terabytes and take hours to fill, from a file of a few kilobytes.
+    """
+    declared = sum(ds.size * ds.dtype.itemsize for ds in datasets.values())
+    stored = sum(ds.id.get_storage_size() for ds in datasets.values())
+    if declared > max(stored * MAX_EXPANSION, ALWAYS_ALLOWED_BYTES):
+        shapes = {name: ds.shape for name, ds in datasets.items()}
+        return f"the datasets declare {declared} bytes {shapes} but the file stores {stored} bytes of them"
+    for name, ds in datasets.items():
+        offset = ds.id.get_offset()  # contiguous data: where it starts (None for chunked or unwritten data)
+        if offset is not None and offset + ds.id.get_storage_size() > file_size:
+            return f"dataset {name} ends beyond the end of the {file_size}-byte file"
+    return None
 
 
 def read_dsec(path: Path) -> EventFile:
@@ -30,18 +52,13 @@ def read_dsec(path: Path) -> EventFile:
             if not isinstance(group, h5py.Group) or not all(isinstance(group.get(k), h5py.Dataset) for k in FIELDS):
                 top = sorted(f.keys())[:8]
                 raise EventFileError(path, f"not a DSEC events file: no events/{{x,y,t,p}} datasets (top level: {top})")
-            columns = {k: group[k][()] for k in FIELDS}
-            t_offset = int(np.asarray(f["t_offset"][()]).reshape(-1)[0]) if "t_offset" in f else 0
+            datasets = {k: group[k] for k in FIELDS}
+            _check_columns(path, datasets)
+            columns = {k: ds[()] for k, ds in datasets.items()}
+            t_offset = _t_offset(path, f)
             attrs = {k: int(group.attrs[k]) for k in ("width", "height") if k in group.attrs}
     except _DECODE_ERRORS as e:
         raise EventFileError(path, f"corrupt HDF5 file ({type(e).__name__}: {e})") from e
-    sizes = {k: v.shape for k, v in columns.items()}
-    if any(v.ndim != 1 for v in columns.values()) or len({v.size for v in columns.values()}) != 1:
-        raise EventFileError(path, f"corrupt: events/x, y, t, p must be 1-D of equal length, got shapes {sizes}")
-    if not all(np.issubdtype(v.dtype, np.integer) for v in columns.values()):
-        raise EventFileError(
-            path, f"events/x, y, t, p must be integers, got { ({k: str(v.dtype) for k, v in columns.items()}) }"
-        )
     events = np.empty(columns["t"].size, dtype=EVENT_DTYPE)
     events["t"] = columns["t"].astype(np.int64) + t_offset
     events["x"] = columns["x"]
@@ -55,6 +72,28 @@ def read_dsec(path: Path) -> EventFile:
     inferred = infer_sensor(events)
     fits = inferred.height <= DSEC_SENSOR.height and inferred.width <= DSEC_SENSOR.width
     return EventFile(events, DSEC_SENSOR if fits else inferred)
+
+
+def _check_columns(path: Path, datasets: dict[str, h5py.Dataset]) -> None:
+    """Shapes, types and declared sizes of ``events/{x,y,t,p}``, checked before anything is read."""
+    sizes = {k: ds.shape for k, ds in datasets.items()}
+    if any(ds.ndim != 1 for ds in datasets.values()) or len({ds.size for ds in datasets.values()}) != 1:
+        raise EventFileError(path, f"corrupt: events/x, y, t, p must be 1-D of equal length, got shapes {sizes}")
+    if not all(np.issubdtype(ds.dtype, np.integer) for ds in datasets.values()):
+        kinds = {k: str(ds.dtype) for k, ds in datasets.items()}
+        raise EventFileError(path, f"events/x, y, t, p must be integers, got {kinds}")
+    if (problem := storage_problem(datasets, path.stat().st_size)) is not None:
+        raise EventFileError(path, f"corrupt: {problem}")
+
+
+def _t_offset(path: Path, f: h5py.File) -> int:
+    """DSEC's ``t_offset`` (one integer, us), 0 when the file has none."""
+    if "t_offset" not in f:
+        return 0
+    ds = f["t_offset"]
+    if not isinstance(ds, h5py.Dataset) or ds.size != 1 or not np.issubdtype(ds.dtype, np.integer):
+        raise EventFileError(path, f"corrupt: t_offset must be one integer, got {ds!r}")
+    return int(np.asarray(ds[()]).reshape(-1)[0])
 
 
 def write_dsec(path: Path, events: np.ndarray, sensor: SensorSize) -> None:

@@ -13,7 +13,7 @@ import numba
 import numpy as np
 
 from mem_core.events import EVENT_DTYPE, SensorSize
-from mem_core.io.base import EventFile, EventFileError, read_bytes, sort_by_time
+from mem_core.io.base import EventFile, EventFileError, read_bytes, sort_plausible
 
 RECORD_BYTES = 5
 OVERFLOW_Y = 240
@@ -60,12 +60,12 @@ def read_bin(path: Path) -> EventFile:
         raise EventFileError(
             path,
             f"truncated: {len(buf)} bytes is not a whole number of {RECORD_BYTES}-byte events "
-            f"({len(buf) % RECORD_BYTES} trailing bytes)",
+            f"({len(buf) % RECORD_BYTES} trailing bytes after {len(buf) // RECORD_BYTES} whole records)",
         )
     rec = np.frombuffer(buf, dtype=np.uint8).reshape(-1, RECORD_BYTES)  # (N, 5)
     out = np.empty(len(rec), dtype=EVENT_DTYPE)
     n, ordered, x_max, y_max = _decode(rec, out)
-    events = out[:n] if ordered else sort_by_time(out[:n])
+    events = out[:n] if ordered else sort_plausible(path, out[:n])
     sensor = SensorSize(int(y_max) + 1, int(x_max) + 1) if n else SensorSize(0, 0)
     if path.suffix.lower() == ".bs2" or (sensor.height <= NMNIST_SENSOR.height and sensor.width <= NMNIST_SENSOR.width):
         sensor = SensorSize(max(sensor.height, NMNIST_SENSOR.height), max(sensor.width, NMNIST_SENSOR.width))

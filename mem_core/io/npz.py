@@ -7,7 +7,9 @@ else the smallest sensor that holds them.
 
 from __future__ import annotations
 
+import math
 import struct
+import tokenize
 import zipfile
 import zlib
 from pathlib import Path
@@ -21,26 +23,30 @@ NIMAGENET_SENSOR = SensorSize(480, 640)
 KEY = "event_data"
 FIELDS = ("x", "y", "t", "p")
 FILE_DTYPE = np.dtype([("x", "<u2"), ("y", "<u2"), ("t", "<i8"), ("p", "?")])
-# What numpy's zip/npy parsing raises on a damaged archive.
+# What zipfile and numpy's npy parsing raise on a damaged archive (RuntimeError: an encrypted member;
+# TokenError, SyntaxError: a damaged array header, which numpy parses as Python source).
 _DECODE_ERRORS = (
     OSError,
+    SyntaxError,
+    tokenize.TokenError,
     ValueError,
     EOFError,
     KeyError,
+    RuntimeError,
     zipfile.BadZipFile,
     zlib.error,
     struct.error,
     NotImplementedError,
 )
+MAX_DEFLATE_RATIO = 1100  # deflate expands at most 1032:1
+_NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 
 
 def read_npz(path: Path) -> EventFile:
     """Decode an N-ImageNet ``.npz`` file."""
     try:
-        with np.load(path, allow_pickle=False) as archive:
-            if KEY not in archive.files:
-                raise EventFileError(path, f"no '{KEY}' array in the .npz (found {sorted(archive.files)})")
-            data = archive[KEY]
+        with zipfile.ZipFile(path) as archive:
+            data = _event_data(path, archive)
     except _DECODE_ERRORS as e:
         raise EventFileError(path, f"corrupt .npz archive ({type(e).__name__}: {e})") from e
     names = data.dtype.names or ()
@@ -63,6 +69,32 @@ def read_npz(path: Path) -> EventFile:
     inferred = infer_sensor(events)
     fits = inferred.height <= NIMAGENET_SENSOR.height and inferred.width <= NIMAGENET_SENSOR.width
     return EventFile(events, NIMAGENET_SENSOR if fits else inferred)
+
+
+def _event_data(path: Path, archive: zipfile.ZipFile) -> np.ndarray:
+    """The ``event_data`` array, read only after its declared shape is checked against the bytes the archive holds
+    (numpy allocates the declared shape first: a damaged header could ask for terabytes)."""
+    names = [name.removesuffix(".npy") for name in archive.namelist()]
+    if KEY not in names:
+        raise EventFileError(path, f"no '{KEY}' array in the .npz (found {sorted(names)})")
+    info = archive.getinfo(f"{KEY}.npy")
+    stored = info.compress_type == zipfile.ZIP_STORED
+    if info.file_size > info.compress_size * (1 if stored else MAX_DEFLATE_RATIO):
+        raise EventFileError(
+            path, f"corrupt: '{KEY}' claims {info.file_size} bytes from {info.compress_size} stored bytes"
+        )
+    with archive.open(info) as f:
+        version = np.lib.format.read_magic(f)
+        if version not in _NPY_HEADERS:
+            raise EventFileError(path, f"'{KEY}' is stored as .npy version {version}, not 1.0 or 2.0")
+        shape, _, dtype = _NPY_HEADERS[version](f)
+        needed = math.prod(shape) * dtype.itemsize
+        if needed > info.file_size:
+            raise EventFileError(
+                path, f"corrupt: '{KEY}' declares shape {shape} ({needed} bytes) in a {info.file_size}-byte member"
+            )
+    with archive.open(info) as f:
+        return np.lib.format.read_array(f, allow_pickle=False)
 
 
 def write_npz(path: Path, events: np.ndarray, sensor: SensorSize) -> None:

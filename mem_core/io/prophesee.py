@@ -2,9 +2,10 @@
 
 ``.dat``: header lines ``% key value``, then two bytes (event type: 0 = Event2d or 12 = EventCD, event size: 8),
 then 8-byte records: little-endian u32 ``t`` (us, wraps at 2^32) and u32 ``w`` with ``x = w & 0x3FFF``,
-``y = (w >> 14) & 0x3FFF``, ``p = (w >> 28) & 1``. A file without header has no type/size bytes either
-(Prophesee's own loader convention). Geometry from ``% Width``/``% Height`` or ``% geometry WxH``; without one
-N-Cars' 120 x 100 (width x height) when the events fit, else the smallest sensor that holds them.
+``y = (w >> 14) & 0x3FFF``, ``p = (w >> 28) & 1``. The header is required: the records carry no checksum, so
+it is what tells a recording from any other bytes (N-Cars and Prophesee's tools always write one). Geometry from
+``% Width``/``% Height`` or ``% geometry WxH``; without one N-Cars' 120 x 100 (width x height) when the events
+fit, else the smallest sensor that holds them.
 
 ``.raw``: header with ``% evt 2.0`` / ``% evt 3.0`` (or ``% format EVT2;...``/``EVT3;...``, newer files end the
 header with ``% end``), then EVT words (see ``evt.py``). Geometry from ``% geometry``/``% format``; old files
@@ -19,14 +20,8 @@ from pathlib import Path
 import numba
 import numpy as np
 
-from mem_core.events import EVENT_DTYPE, SensorSize, infer_sensor
-from mem_core.io.base import (
-    EventFile,
-    EventFileError,
-    check_on_sensor,
-    read_bytes,
-    sort_by_time,
-)
+from mem_core.events import EVENT_DTYPE, SensorSize, infer_sensor, sensor_problem
+from mem_core.io.base import EventFile, EventFileError, check_on_sensor, read_bytes, sort_plausible
 from mem_core.io.evt import decode_evt2, decode_evt3
 
 NCARS_SENSOR = SensorSize(100, 120)
@@ -84,15 +79,18 @@ def header_sensor(path: Path, header: dict[str, str]) -> SensorSize | None:
     try:
         if "geometry" in header:
             width, height = header["geometry"].lower().split("x")
-            return SensorSize(int(height), int(width))
-        options = dict(kv.split("=", 1) for kv in header.get("format", "").split(";")[1:] if "=" in kv)
-        if "width" in options and "height" in options:
-            return SensorSize(int(options["height"]), int(options["width"]))
-        if "width" in header and "height" in header:
-            return SensorSize(int(header["height"]), int(header["width"]))
+        else:
+            options = dict(kv.split("=", 1) for kv in header.get("format", "").split(";")[1:] if "=" in kv)
+            fields = options if "width" in options and "height" in options else header
+            if "width" not in fields or "height" not in fields:
+                return None
+            width, height = fields["width"], fields["height"]
+        sensor = SensorSize(int(height), int(width))
     except ValueError as e:
         raise EventFileError(path, f"corrupt header: unreadable sensor geometry ({e})") from e
-    return None
+    if (problem := sensor_problem(sensor)) is not None:
+        raise EventFileError(path, f"corrupt header: {problem}")
+    return sensor
 
 
 def _sensor(path: Path, events: np.ndarray, header: dict[str, str], default: SensorSize | None) -> SensorSize:
@@ -108,57 +106,53 @@ def _sensor(path: Path, events: np.ndarray, header: dict[str, str], default: Sen
 
 @numba.njit(cache=True, nogil=True)
 def _decode_dat(t32, w, out):
-    """Fill ``out`` from the record columns -> sorted by t?
+    """Fill ``out`` from the record columns, in file order.
 
     The 32-bit clock is unwrapped: a jump back by more than 2^31 us is a wrap, smaller ones are disorder.
     """
     offset = 0
-    ordered = True
     prev = np.int64(t32[0]) if t32.size else 0
     for i in range(t32.size):
         t = np.int64(t32[i])
-        if t < prev:
-            if t < prev - (1 << 31):
-                offset += 1 << 32
-            else:
-                ordered = False
+        if t < prev - (1 << 31):
+            offset += 1 << 32
         prev = t
         word = w[i]
         out[i].t = t + offset
         out[i].x = word & 0x3FFF
         out[i].y = (word >> 14) & 0x3FFF
         out[i].p = (word >> 28) & 1
-    return ordered
 
 
 def read_dat(path: Path) -> EventFile:
     """Decode a Prophesee / N-Cars ``.dat`` file (timestamps unwrapped across the 2^32 us counter wrap)."""
     buf = read_bytes(path)
     header, pos = parse_header(buf, path)
+    if not pos:
+        raise EventFileError(path, f"not a Prophesee .dat file: no '%' header (starts with {buf[:12]!r})")
     version = header.get("version", "2")
     major = version.split(".")[0]
     if not major.isdigit() or int(major) < 2:
         raise EventFileError(path, f"unsupported .dat version {version!r} (only version 2 is supported)")
-    if pos:
-        if len(buf) < pos + 2:
-            raise EventFileError(path, "truncated: the header is not followed by the event type and size bytes")
-        ev_type, ev_size = buf[pos], buf[pos + 1]
-        if ev_type not in DAT_CD_TYPES:
-            raise EventFileError(path, f"unsupported .dat event type {ev_type} (CD events are type 0 or 12)")
-        if ev_size != DAT_RECORD.itemsize:
-            raise EventFileError(path, f"corrupt: .dat event size {ev_size}, expected {DAT_RECORD.itemsize}")
-        pos += 2
+    if len(buf) < pos + 2:
+        raise EventFileError(path, "truncated: the header is not followed by the event type and size bytes")
+    ev_type, ev_size = buf[pos], buf[pos + 1]
+    if ev_type not in DAT_CD_TYPES:
+        raise EventFileError(path, f"unsupported .dat event type {ev_type} (CD events are type 0 or 12)")
+    if ev_size != DAT_RECORD.itemsize:
+        raise EventFileError(path, f"corrupt: .dat event size {ev_size}, expected {DAT_RECORD.itemsize}")
+    pos += 2
     body = len(buf) - pos
     if body % DAT_RECORD.itemsize:
         raise EventFileError(
             path,
             f"truncated: {body} bytes of events is not a whole number of {DAT_RECORD.itemsize}-byte records "
-            f"({body % DAT_RECORD.itemsize} trailing bytes)",
+            f"({body % DAT_RECORD.itemsize} trailing bytes after {body // DAT_RECORD.itemsize} whole records)",
         )
     rec = np.frombuffer(buf, dtype=DAT_RECORD, offset=pos)
     events = np.empty(len(rec), dtype=EVENT_DTYPE)
-    if not _decode_dat(rec["t"], rec["w"], events):
-        events = sort_by_time(events)
+    _decode_dat(rec["t"], rec["w"], events)
+    events = sort_plausible(path, events)
     return EventFile(events, _sensor(path, events, header, NCARS_SENSOR))
 
 
@@ -204,10 +198,12 @@ def read_raw(path: Path) -> EventFile:
             f"truncated: {body} bytes of {encoding.upper()} data is not a whole number of {word.itemsize}-byte words",
         )
     words = np.frombuffer(buf, dtype=word, offset=pos)
-    events, bad = decode_evt2(words) if encoding == "evt2" else decode_evt3(words)
-    if bad:
-        raise EventFileError(path, f"corrupt: {bad} vector events beyond x = 2047, the EVT 3.0 coordinate limit")
-    events = sort_by_time(events)
+    events, beyond_x, time_back = decode_evt2(words) if encoding == "evt2" else decode_evt3(words)
+    if beyond_x:
+        raise EventFileError(path, f"corrupt: {beyond_x} vector events beyond x = 2047, the EVT 3.0 coordinate limit")
+    if time_back:
+        raise EventFileError(path, f"corrupt: {time_back} time-high words step back in time without wrapping around")
+    events = sort_plausible(path, events)
     plugin = header.get("plugin_name", "").lower()
     default = next((s for key, s in PLUGIN_SENSORS if key in plugin), None)
     return EventFile(events, _sensor(path, events, header, default))

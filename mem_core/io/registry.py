@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from mem_core.events import SensorSize, validate_events
+from mem_core.events import SensorSize, sensor_problem, validate_events
 from mem_core.io import aedat4, hdf5, nbin, npz, prophesee
 from mem_core.io.base import EventFile, EventFileError
 
@@ -91,7 +91,21 @@ def read_events(path: str | os.PathLike) -> EventFile:
     empty, truncated, corrupt, unknown) raises ``EventFileError`` naming the path and the reason.
     """
     path = Path(path)
-    return _reader(path).read(path)
+    return _read_checked(_reader(path), path)
+
+
+def _read_checked(reader: Reader, path: Path) -> EventFile:
+    """``reader.read(path)`` with the checks every format shares: a plausible sensor, memory that ran out."""
+    try:
+        decoded = reader.read(path)
+    except MemoryError as e:  # a reader sizes its arrays from the file: a damaged one can ask for too much
+        raise EventFileError(
+            path, f"decoding needs more memory than this process may use ({e or 'MemoryError'})"
+        ) from e
+    unknown = decoded.events.size == 0 and decoded.sensor == (0, 0)  # an empty file of a format without geometry
+    if not unknown and (problem := sensor_problem(decoded.sensor)) is not None:
+        raise EventFileError(path, f"corrupt: {problem}")
+    return decoded
 
 
 def describe(path: str | os.PathLike) -> dict[str, Any]:
@@ -101,7 +115,7 @@ def describe(path: str | os.PathLike) -> dict[str, Any]:
     """
     path = Path(path)
     reader = _reader(path)
-    events, sensor = reader.read(path)
+    events, sensor = _read_checked(reader, path)
     on = int(np.count_nonzero(events["p"]))
     empty = events.size == 0
     return {

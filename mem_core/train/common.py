@@ -33,12 +33,13 @@ def fit_input(cfg):
 
 
 def open_split(cfg, split: str) -> EventSource:
-    return open_for_input(cfg.data.dataset, cfg.data.path or None, split, cfg.input, split_file=cfg.data.split_file)
+    data = cfg.data
+    checks = {"verify": data.verify, "skip_bad": data.skip_bad} if data.dataset == "corpus" else {}
+    return open_for_input(data.dataset, data.path or None, split, cfg.input, split_file=data.split_file, **checks)
 
 
-def open_for_input(dataset: str, path, split: str, spec, *, split_file: str = "") -> EventSource:
+def open_for_input(dataset: str, path, split: str, spec, *, split_file: str = "", **options) -> EventSource:
     """A dataset's samples as a model with input ``spec`` sees them, for training and evaluation alike."""
-    options = {}
     if dataset == "ncaltech101" and split_file:
         options["split_file"] = split_file
     if dataset == "corpus":  # one sample per model window, so an epoch reads the corpus once

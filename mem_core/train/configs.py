@@ -39,6 +39,8 @@ class DataConfig:
     max_samples: int = 0  # cap the training set (0 = all), for quick runs
     num_workers: int = 2
     split_file: str = ""  # ncaltech101: where the fixed split is stored (default: inside the dataset root)
+    verify: bool = False  # corpus: read and check every event before training (every shard is opened anyway)
+    skip_bad: bool = False  # corpus: leave out the recordings of damaged shards instead of stopping
 
     def __post_init__(self) -> None:
         check_ranges(self, DATA_RANGES, "data.")

@@ -69,9 +69,12 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise RunError(f"{path}: checkpoint not found")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises several types for corrupt or foreign files
         raise RunError(f"{path}: not a readable MEM checkpoint ({type(exc).__name__}: {exc})") from None
+    if not isinstance(state, dict):
+        raise RunError(f"{path}: not a MEM checkpoint (holds a {type(state).__name__}, not a dict)")
+    return state
 
 
 class RunDir:
@@ -109,9 +112,12 @@ class RunDir:
         if not self.config_path.is_file():
             raise RunError(f"{self.path}: not a MEM run directory (no {CONFIG_FILE})")
         try:
-            return json.loads(self.config_path.read_text())
-        except json.JSONDecodeError as exc:
+            config = json.loads(self.config_path.read_text())
+        except (OSError, ValueError, RecursionError) as exc:  # ValueError: bad JSON or UTF-8
             raise RunError(f"{self.config_path}: corrupt ({exc})") from None
+        if not isinstance(config, dict):
+            raise RunError(f"{self.config_path}: corrupt (a JSON {type(config).__name__}, not an object)")
+        return config
 
     def write_json(self, name: str, obj: Any) -> None:
         atomic_write_bytes(self.path / name, (json.dumps(json_safe(obj), indent=2) + "\n").encode())
