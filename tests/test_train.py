@@ -291,3 +291,24 @@ def test_label_efficiency_experiment_reports_curves_and_both_columns(tmp_path):
     assert "top-1 final epoch" in table and "top-1 best epoch" in table and "per seed (final / best)" in table
     for png in ("label_efficiency.png", "val_curves.png"):
         assert (tmp_path / png).stat().st_size > 10_000
+
+
+def test_a_shard_damaged_inside_its_data_stops_training_with_one_line_from_a_worker(tmp_path, events_factory):
+    """Damage the shard check cannot see without reading every event surfaces from a loader worker as it would in the
+    main process: one line naming the shard, not torch's "Caught ... in DataLoader worker" traceback."""
+    from mem_core.corpus import CorpusWriter
+    from mem_core.errors import MemError
+    from mem_core.events import SensorSize
+
+    with CorpusWriter(tmp_path / "corpus") as writer:
+        writer.add_recording("r", events_factory(300_000, sensor=SensorSize(64, 64)), SensorSize(64, 64))
+    shard = tmp_path / "corpus" / "shard-00000.h5"
+    data = bytearray(shard.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])
+    shard.write_bytes(data)
+    cfg = config("tokenizer", f"data.path={tmp_path / 'corpus'}", "data.num_workers=1", dataset="corpus")
+    with pytest.raises(MemError) as info:
+        tokenizer.run(cfg, tmp_path / "tok")
+    message = str(info.value)
+    assert "shard-00000.h5" in message and "\n" not in message and "DataLoader worker" not in message

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from mem_core.datasets import EventSource, WindowDataset, collate_windows
+from mem_core.errors import MemError
 from mem_core.train.engine import EpochBatchSampler, StepResult, seed_everything, train_one_epoch
 from mem_core.train.plots import plot_curves
 from mem_core.train.rundir import RunDir, load_checkpoint
@@ -43,7 +44,7 @@ def build_loader(
         rank=runtime.rank,
         world_size=runtime.world_size,
     )
-    loader = DataLoader(
+    loader = _Loader(
         dataset,
         batch_sampler=sampler,
         num_workers=num_workers,
@@ -55,6 +56,37 @@ def build_loader(
         generator=torch.Generator().manual_seed(seed),
     )
     return loader, sampler
+
+
+def worker_error(exc: BaseException) -> MemError | None:
+    """The library's error behind a DataLoader worker's wrapped exception, as the one line it was, or None.
+
+    A worker's exception reaches the main process re-raised by torch with a "Caught ... in DataLoader worker process
+    N" preamble and the worker's traceback in the message (or as a RuntimeError when the type cannot be rebuilt from
+    one string); a damaged corpus shard or event file should read as it does without workers."""
+    first, _, rest = str(exc).partition("\n")
+    if not (first.startswith("Caught ") and "in DataLoader worker process" in first):
+        return None
+    name, _, message = rest.strip().splitlines()[-1].partition(": ")
+    return MemError(message) if name.startswith("mem_core.") and message else None
+
+
+class _Loader(DataLoader):
+    """A DataLoader whose workers' library errors surface as they would in this process (see ``worker_error``)."""
+
+    def __iter__(self) -> Iterator[Any]:
+        batches = super().__iter__()
+        while True:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            except Exception as exc:
+                original = worker_error(exc)
+                if original is None:
+                    raise
+                raise original from None
+            yield batch
 
 
 def build_stage_loaders(cfg, runtime: Runtime, train_src: EventSource, val_src: EventSource, indices=None):
