@@ -235,6 +235,20 @@ class CorpusWriter:
         self.end_recording()
         self._commit_if_due()
 
+    def remove_recording(self, name: str) -> None:
+        """Take the finished recording ``name`` (all its segments) out of the corpus and commit at once (undo of a
+        capture). Its events stay in their shard, unreferenced; the name may be used again."""
+        self._check_usable()
+        if self._recording is not None and self._recording["session"] == name:
+            raise CorpusError(f"{self.root}: recording {name!r} is still being recorded; end it first")
+        recordings = self._manifest["recordings"]
+        kept = [e for e in recordings if e["session"] != name]
+        if len(kept) == len(recordings):
+            raise CorpusError(f"{self.root}: no recording named {name!r}")
+        self._manifest["recordings"] = kept
+        self._names = {e["name"] for e in kept} | {e["session"] for e in kept}
+        self._commit()
+
     def rotate(self) -> None:
         """Close the current shard; an open recording continues as a new segment in a new shard."""
         self._check_usable()

@@ -1,0 +1,75 @@
+"""Labelled captures: each window a durable labelled recording, undo of the last one, counts per class."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from mem_core.corpus import Corpus, CorpusError, CorpusWriter
+from mem_core.events import SensorSize
+from recorders.base import RecorderError
+from recorders.capture import LabelledCaptures
+
+SENSOR = SensorSize(100, 120)
+
+
+def test_captures_are_labelled_recordings_with_their_exact_events(tmp_path, events_factory):
+    windows = [events_factory(500 + k, sensor=SENSOR, seed=k) for k in range(3)]
+    with LabelledCaptures(tmp_path / "labels") as captures:
+        for events, label in zip(windows, ["car", "background", "car"], strict=True):
+            captures.capture(events, SENSOR, label, metadata={"seq": 7})
+        assert captures.counts() == {"background": 1, "car": 2}
+    corpus = Corpus(tmp_path / "labels")
+    assert [r.label for r in corpus.recordings] == ["car", "background", "car"]
+    assert all(r.sensor == SENSOR and r.metadata["seq"] == 7 for r in corpus.recordings)
+    for k, events in enumerate(windows):
+        np.testing.assert_array_equal(corpus.events(k), events)
+
+
+def test_undo_takes_the_last_capture_out_and_a_new_session_continues(tmp_path, events_factory):
+    root = tmp_path / "labels"
+    with LabelledCaptures(root) as captures:
+        captures.capture(events_factory(100, sensor=SENSOR), SENSOR, "car")
+        captures.capture(events_factory(100, sensor=SENSOR, seed=1), SENSOR, "background")
+        assert captures.undo() == "background"
+        assert captures.counts() == {"car": 1}
+        assert [r.label for r in Corpus(root).recordings] == ["car"]  # committed at once
+    with LabelledCaptures(root) as captures:  # a later session counts what is there and adds to it
+        assert captures.counts() == {"car": 1}
+        assert captures.undo() is None  # nothing captured in this session yet
+        captures.capture(events_factory(100, sensor=SENSOR, seed=2), SENSOR, "background")
+    assert [r.label for r in Corpus(root).recordings] == ["car", "background"]
+    assert Corpus(root).check(full=True) == {}
+
+
+def test_a_capture_survives_the_process_being_killed(tmp_path):
+    code = (
+        "import os, sys\nfrom mem_core.events import SensorSize, make_events\n"
+        "from recorders.capture import LabelledCaptures\n"
+        "c = LabelledCaptures(sys.argv[1])\n"
+        "c.capture(make_events([1, 2, 3], [0, 1, 2], [0, 1, 2], [0, 1, 0]), SensorSize(4, 4), 'car')\n"
+        "os._exit(9)  # no close: as a killed server\n"
+    )
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "labels")], check=False, timeout=120)
+    (recording,) = Corpus(tmp_path / "labels").recordings
+    assert recording.label == "car" and recording.n_events == 3
+
+
+def test_bad_captures_are_clear_errors(tmp_path, events_factory):
+    with LabelledCaptures(tmp_path / "labels") as captures:
+        with pytest.raises(RecorderError, match="needs a class name"):
+            captures.capture(events_factory(10, sensor=SENSOR), SENSOR, " ")
+        with pytest.raises(RecorderError, match="holds no events"):
+            captures.capture(events_factory(0, sensor=SENSOR), SENSOR, "car")
+
+
+def test_remove_recording_refuses_unknown_and_open_recordings(tmp_path, events_factory):
+    with CorpusWriter(tmp_path) as writer:
+        with pytest.raises(CorpusError, match="no recording named 'x'"):
+            writer.remove_recording("x")
+        writer.begin_recording("live", SENSOR)
+        with pytest.raises(CorpusError, match="still being recorded"):
+            writer.remove_recording("live")
