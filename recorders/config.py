@@ -31,7 +31,7 @@ class RecordConfig:
 
     def __post_init__(self) -> None:
         ranges = {"duration_s": POSITIVE, "segment_minutes": POSITIVE, "speed": AT_LEAST_0}
-        check_ranges(self, {**ranges, "flush_interval_s": POSITIVE, "min_free_bytes": AT_LEAST_0})
+        check_ranges(self, {**ranges, "flush_interval_s": AT_LEAST_0, "min_free_bytes": AT_LEAST_0})
         check_ranges(self, {"shard_max_events": Interval(1)})
 
 
@@ -48,4 +48,4 @@ class IngestConfig:
     flush_interval_s: float = 1.0  # commit (shard + manifest) at least this often
 
     def __post_init__(self) -> None:
-        check_ranges(self, {"workers": Interval(1), "flush_interval_s": POSITIVE, "min_free_bytes": AT_LEAST_0})
+        check_ranges(self, {"workers": Interval(1), "flush_interval_s": AT_LEAST_0, "min_free_bytes": AT_LEAST_0})
