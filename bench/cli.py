@@ -20,6 +20,14 @@ def data(json_path: JsonOpt = None) -> None:
     bench_data.main(json_path)
 
 
+@app.command("aedat4")
+def aedat4(json_path: JsonOpt = None) -> None:
+    """AEDAT4 read Mev/s: read_events vs dv-processing's own reader, a real file and a 3 M-event one."""
+    from bench import bench_aedat4
+
+    bench_aedat4.main(json_path)
+
+
 @app.command("record")
 def record(json_path: JsonOpt = None) -> None:
     """Ingest Mev/s per core (real N-Cars/N-MNIST, synthetic .dat/.bin) and recording Mev/s with loss."""

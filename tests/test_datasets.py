@@ -126,14 +126,16 @@ def test_corpus_source_with_labels_and_slots(tmp_path):
     sensor = SensorSize(32, 48)
     with CorpusWriter(tmp_path) as writer:
         writer.add_recording("long", synthetic_events(100_000, sensor), sensor)
-        writer.add_recording("a", synthetic_events(500, sensor, seed=1), sensor, label="cars")
-        writer.add_recording("b", synthetic_events(500, sensor, seed=2), sensor, label="background")
+        for k, label in enumerate(["cars", "background", "cars", "background"]):
+            writer.add_recording(f"r{k}", synthetic_events(500, sensor, seed=k + 1), sensor, label=label)
     everything = open_source("corpus", tmp_path, "all")
-    assert len(everything) == 3 + 2  # 100 000 events make three 30 000-event slots, plus two short recordings
+    assert len(everything) == 3 + 4  # 100 000 events make three 30 000-event slots, plus four short recordings
     assert everything.classes == ["background", "cars"]
-    assert sorted(everything.labels.tolist()) == [-1, -1, -1, 0, 1]
+    assert sorted(everything.labels.tolist()) == [-1, -1, -1, 0, 0, 1, 1]
     train, val = open_source("corpus", tmp_path, "train"), open_source("corpus", tmp_path, "val")
     assert len(train) + len(val) == len(everything)
+    held_out = [(val.corpus.recordings[int(rec)].name, int(lo)) for rec, lo in val.samples[:, :2]]
+    assert held_out == [("long", 60_000), ("r2", 0), ("r3", 0)]  # the long one's last slot, each class's last
     window = everything.load_window(0, 1000, np.random.default_rng(0))
     assert len(window) == 1000 and np.all(np.diff(window["t"]) >= 0)
 
@@ -151,14 +153,13 @@ def test_corpus_epoch_reads_every_event_once_in_model_windows(tmp_path):
     covered = np.concatenate([windows.load(i)["t"] for i in range(len(windows))])
     assert np.array_equal(covered, events["t"])  # evaluation samples tile the corpus
     train = open_source("corpus", tmp_path, "train", window=5000)
-    assert len(train) == 6 + 8  # slot 0 is validation
+    assert len(train) == 6 + 6  # the last slot is validation
     rng = np.random.default_rng(0)
     starts = {int(train.load_window(0, 5000, rng)["t"][0]) for _ in range(50)}
     assert len(starts) > 10  # fresh windows every epoch
-    first_train_t, last_train_t = events["t"][30_000], events["t"][59_999]
-    for i in range(6):
+    for i in range(len(train)):
         window = train.load_window(i, 5000, rng)["t"]
-        assert first_train_t <= window[0] and window[-1] <= last_train_t
+        assert window[-1] <= events["t"][59_999]
 
 
 def corpus_with_a_damaged_shard(root: Path) -> Path:

@@ -6,6 +6,8 @@ import io
 import json
 import pickle
 import struct
+import subprocess
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -139,56 +141,198 @@ def test_evt2_sample_decodes_every_cd_word(data_dir):
     np.testing.assert_array_equal(events["p"], cd >> 28)
 
 
-def test_aedat4_matches_dv_processing(data_dir):
+def test_multi_sample_aertb_hdf5_is_refused_with_a_reason(data_dir):
+    with pytest.raises(EventFileError, match=r"not a DSEC events file.*'0', '7'"):
+        read_events(data_dir / "fixtures" / "nmnist_two_class.h5")
+
+
+# ------------------------------------------------------------------------------------------ AEDAT4
+
+SAMPLE_COMPRESSION_AT = 46  # the IOHeader's compression field in the real sample (int32, LZ4 = 1)
+
+
+def dv_events(path: Path) -> np.ndarray:
+    """dv-processing's own decoding, the reference (only for files it cannot hang on)."""
     import dv_processing as dv
 
-    path = data_dir / "fixtures" / "inivation_sample.aedat4"
-    events, sensor = read_events(path)
-    recording = dv.io.MonoCameraRecording(str(path))  # a healthy file: safe to decode in-process here
+    recording = dv.io.MonoCameraRecording(str(path))
     batches = []
     while (batch := recording.getNextEventBatch()) is not None:
         batches.append(batch.numpy())
-    expected = np.concatenate(batches)
-    assert sensor == SensorSize(240, 320) and tuple(recording.getEventResolution()) == (320, 240)
-    np.testing.assert_array_equal(events["t"], expected["timestamp"])
-    np.testing.assert_array_equal(events["x"], expected["x"])
-    np.testing.assert_array_equal(events["y"], expected["y"])
-    np.testing.assert_array_equal(events["p"], expected["polarity"])
+    return np.concatenate(batches)
 
 
-def test_aedat4_that_makes_dv_processing_spin_raises_instead_of_hanging(data_dir, tmp_path, monkeypatch):
-    # Zeroing 8 bytes inside the first LZ4 packet makes dv-processing 2.0.4 loop forever in-process.
+def write_with_dv(path: Path, events: np.ndarray, sensor: SensorSize, compression: str = "LZ4", packets: int = 3):
+    """``events`` written by dv-processing's ``MonoCameraWriter``, one packet per part."""
+    import dv_processing as dv
+
+    config = dv.io.MonoCameraWriter.EventOnlyConfig(
+        "test", (sensor.width, sensor.height), getattr(dv.CompressionType, compression)
+    )
+    writer = dv.io.MonoCameraWriter(str(path), config)
+    for part in np.array_split(events, packets):
+        store = dv.EventStore()
+        for t, x, y, p in part.tolist():
+            store.push_back(t, x, y, bool(p))
+        writer.writeEvents(store)
+    del writer  # closing writes the data table
+    return path
+
+
+def aedat4_packets(buf: bytes, streams: set[int]) -> list[tuple[int, int, int]]:
+    """(offset of the packet header, stream id, size) of each packet of ``streams`` until something else follows
+    (the data table), chained here independently of the reader."""
+    at, out = len(aedat4.MAGIC) + 4 + struct.unpack_from("<i", buf, len(aedat4.MAGIC))[0], []
+    while at + 8 <= len(buf):
+        stream, size = struct.unpack_from("<ii", buf, at)
+        if stream not in streams or size <= 0 or at + 8 + size > len(buf):
+            break
+        out.append((at, stream, size))
+        at += 8 + size
+    return out
+
+
+def assert_same_as_dv(events: np.ndarray, expected: np.ndarray) -> None:
+    for ours, theirs in zip("txyp", ("timestamp", "x", "y", "polarity"), strict=True):
+        np.testing.assert_array_equal(events[ours], expected[theirs], err_msg=f"field {ours}")
+
+
+def test_aedat4_matches_dv_processing(data_dir):
+    path = data_dir / "fixtures" / "inivation_sample.aedat4"
+    events, sensor = read_events(path)
+    assert sensor == SensorSize(240, 320)  # a DVXplorer Lite: 320 x 240
+    assert events.size == 111_954
+    assert_same_as_dv(events, dv_events(path))
+
+
+@pytest.mark.parametrize("compression", ["NONE", "LZ4", "LZ4_HIGH", "ZSTD", "ZSTD_HIGH"])
+def test_aedat4_written_by_dv_processing_reads_back(tmp_path, events_factory, compression):
+    sensor = SensorSize(48, 64)
+    events = events_factory(3000, sensor, seed=5, t0=1_600_000_000_000_000)
+    path = write_with_dv(tmp_path / f"{compression}.aedat4", events, sensor, compression)
+    read, read_sensor = read_events(path)
+    assert read_sensor == sensor
+    assert_same_events(read, events)
+    assert_same_as_dv(read, dv_events(path))
+
+
+def test_aedat4_is_decoded_in_process(data_dir, monkeypatch):
+    def no_child(*args, **kwargs):
+        raise AssertionError("reading an AEDAT4 file started a process")
+
+    monkeypatch.setattr(subprocess, "Popen", no_child)
+    assert read_events(data_dir / "fixtures" / "inivation_sample.aedat4").events.size == 111_954
+
+
+@pytest.mark.timeout(30)
+def test_aedat4_damage_that_makes_dv_processing_spin_is_refused_at_once(data_dir, tmp_path):
+    # Zeroing 8 bytes inside the first LZ4 packet makes dv-processing 2.0.4 loop for good in its decompressor.
     buf = (data_dir / "fixtures" / "inivation_sample.aedat4").read_bytes()
     path = tmp_path / "damaged.aedat4"
     path.write_bytes(buf[:2835] + bytes(8) + buf[2843:])
-    monkeypatch.setattr(aedat4, "TIMEOUT_BASE_S", 2.0)
-    monkeypatch.setattr(aedat4, "TIMEOUT_S_PER_MB", 0.0)
-    with pytest.raises(EventFileError, match="did not finish"):
+    with pytest.raises(EventFileError, match=r"corrupt: the packet at byte 2342 does not decompress"):
         read_events(path)
 
 
-def test_aedat4_decoder_crash_becomes_an_error(data_dir, tmp_path, monkeypatch):
-    crashing = tmp_path / "child.py"
-    crashing.write_text("import os\nos.abort()\n")  # stands in for a native library aborting the interpreter
-    monkeypatch.setattr(aedat4, "CHILD", crashing)
-    with pytest.raises(EventFileError, match="crashed \\(SIGABRT\\)"):
-        read_events(data_dir / "fixtures" / "inivation_sample.aedat4")
+def _sample_with(buf: bytes, change: str) -> bytes:
+    """The real sample with one structural field changed (packet headers, IOHeader, data table position)."""
+    packets = aedat4_packets(buf, {0, 2, 3})
+    out = bytearray(buf)
+    (first, _, size), (last, _, last_size) = packets[0], packets[-1]
+    table_at = last + 8 + last_size
+    at_table = buf.index(struct.pack("<q", table_at), len(aedat4.MAGIC))
+    if change == "stream id":
+        out[first : first + 4] = struct.pack("<i", 9)
+    elif change == "event packet as IMU":
+        out[first : first + 4] = struct.pack("<i", 2)
+    elif change == "packet size":
+        out[first + 4 : first + 8] = struct.pack("<i", size + 1000)
+    elif change == "last packet size":
+        out[last + 4 : last + 8] = struct.pack("<i", last_size + 4)
+    elif change == "compression":
+        assert buf[SAMPLE_COMPRESSION_AT : SAMPLE_COMPRESSION_AT + 4] == struct.pack("<i", 1)
+        out[SAMPLE_COMPRESSION_AT : SAMPLE_COMPRESSION_AT + 4] = struct.pack("<i", 9)
+    elif change == "table position":
+        out[at_table : at_table + 8] = struct.pack("<q", packets[5][0] + 8)
+    return bytes(out)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ("stream id", r"packet header at byte 2334 \(stream 9, 7949 bytes\) names a stream the header does not"),
+        ("event packet as IMU", r"data table .* lists packet 0 at byte 2342 \(stream 0, 7949 bytes\), the file has "),
+        ("packet size", r"packet header at byte 11291 \(stream \d+, \d+ bytes\) names a stream the header does not"),
+        ("last packet size", r"the packet at byte \d+ \(\d+ bytes\) runs 4 bytes into the data table at byte 945243"),
+        ("compression", r"unknown compression type 9 in the IOHeader"),
+        ("table position", r"runs \d+ bytes into the data table at byte \d+"),
+    ],
+)
+def test_aedat4_with_damaged_structure_is_refused_naming_the_damage(data_dir, tmp_path, change, message):
+    path = tmp_path / "damaged.aedat4"
+    path.write_bytes(_sample_with((data_dir / "fixtures" / "inivation_sample.aedat4").read_bytes(), change))
+    with pytest.raises(EventFileError, match=message) as info:
+        read_events(path)
+    assert info.value.path == str(path)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        (b"EVTS", b"EVTX", r"the event packet at byte \d+ is not a EVTS flatbuffer \(found b'EVTX'\)"),
+        (struct.pack("<I", 1000), struct.pack("<I", 10**9), r"declares 1000000000 elements, more than its"),
+    ],
+)
+def test_aedat4_with_a_damaged_event_packet_is_refused(tmp_path, events_factory, old, new, message):
+    sensor = SensorSize(48, 64)
+    path = write_with_dv(tmp_path / "plain.aedat4", events_factory(3000, sensor), sensor, "NONE")  # packets as stored
+    buf = path.read_bytes()
+    at = buf.index(old, aedat4_packets(buf, {0})[0][0] + 8)  # in the first packet (the header names EVTS too)
+    path.write_bytes(buf[:at] + new + buf[at + len(old) :])
+    with pytest.raises(EventFileError, match=message):
+        read_events(path)
 
 
 @pytest.mark.parametrize(
     ("keep", "message"),
-    [(10, "ends inside the AEDAT4 header"), (100, "header size"), (500_000, "dv-processing cannot decode")],
+    [
+        (10, r"truncated: the file ends inside the AEDAT4 version line \(10 bytes\)"),
+        (100, "header size 2316 does not fit the 100-byte file"),
+        (
+            500_000,
+            r"truncated: the file ends at byte 500000 but its data table starts at byte 945243 \(at least 445244",
+        ),
+        (947_000, r"the data table at byte 945243 ends before its LZ4 frame does \(cut or damaged\)"),
+    ],
 )
-def test_truncated_aedat4_raises(data_dir, tmp_path, keep, message):
+def test_truncated_aedat4_is_refused_naming_what_is_missing(data_dir, tmp_path, keep, message):
     path = tmp_path / "cut.aedat4"
     path.write_bytes((data_dir / "fixtures" / "inivation_sample.aedat4").read_bytes()[:keep])
     with pytest.raises(EventFileError, match=message):
         read_events(path)
 
 
-def test_multi_sample_aertb_hdf5_is_refused_with_a_reason(data_dir):
-    with pytest.raises(EventFileError, match=r"not a DSEC events file.*'0', '7'"):
-        read_events(data_dir / "fixtures" / "nmnist_two_class.h5")
+def test_aedat4_of_a_killed_writer_reads_its_whole_packets(tmp_path, events_factory):
+    """A writer that dies leaves the header it started with (no data table) and maybe half a packet."""
+    sensor = SensorSize(48, 64)
+    events = events_factory(3000, sensor, seed=7)
+    buf = write_with_dv(tmp_path / "closed.aedat4", events, sensor).read_bytes()
+    last, _, size = aedat4_packets(buf, {0})[-1]
+    table_at = last + 8 + size
+    at = buf.index(struct.pack("<q", table_at), len(aedat4.MAGIC))
+    unclosed = buf[:at] + struct.pack("<q", -1) + buf[at + 8 : table_at]  # the IOHeader as written at the start
+    whole = tmp_path / "whole.aedat4"
+    whole.write_bytes(unclosed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_same_events(read_events(whole).events, events)
+    cut = tmp_path / "cut.aedat4"
+    cut.write_bytes(unclosed[: last + 20])
+    with pytest.warns(UserWarning, match=r"the last packet is cut \(\d+ bytes missing\).*read the 2 whole packets"):
+        read = read_events(cut).events
+    assert read.size == 2000
+    assert_same_events(read, events[:2000])
+    assert_same_as_dv(read, dv_events(cut))
 
 
 # ------------------------------------------------------------------------------------------ writers

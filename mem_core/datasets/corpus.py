@@ -1,5 +1,23 @@
 """A MEM corpus (recordings from ``mem record`` / ``mem ingest``) as samples: slots of long recordings, or whole
-short labelled recordings."""
+short labelled recordings.
+
+The validation split holds out whole blocks, never samples drawn here and there: neighbouring windows of one
+recording are nearly the same data, so a validation slot whose neighbours are in training reads far better than
+unseen recordings do (N-Cars: 7-13 points, docs/RESULTS.md). The unit is the session: one recording stream (the
+segments of a ``mem record`` / live recording share a ``session``; each file of ``mem ingest`` is a session of its
+own). In corpus order:
+
+- labelled sessions (e.g. captures with a class each, an ingested labelled dataset): per class, the last
+  ``VAL_CLASS_FRACTION`` of its sessions (at least one) are validation; a class with fewer than 2 sessions is a
+  ``DatasetError``;
+- unlabelled sessions: with at least ``MIN_SESSIONS`` of them, the last ``VAL_FRACTION`` of the sessions (at least
+  one); with fewer, the last ``VAL_FRACTION`` of each session's slots (at least one slot of a session with two or
+  more), a tail block, and if every session is a single slot, the last session;
+- labelled and unlabelled sessions of one corpus are split apart, each group by its rule;
+- a corpus of one slot cannot be split: train and val share it, with a logged warning.
+
+Windows stay inside their split: a sample's window never reaches into a slot of the other split.
+"""
 
 from __future__ import annotations
 
@@ -9,19 +27,21 @@ from pathlib import Path
 
 import numpy as np
 
-from mem_core.corpus import MANIFEST, Corpus, CorpusError
+from mem_core.corpus import MANIFEST, Corpus, CorpusError, RecordingInfo
 from mem_core.datasets.base import DatasetError, EventSource, require_dir
 from mem_core.events import SensorSize, window_start
 
 log = logging.getLogger(__name__)
 
 CORPUS_SLOT = 30_000  # events per sample slot of a long recording
-CORPUS_VAL_EVERY = 20  # every 20th slot is validation
+VAL_CLASS_FRACTION = 0.1  # of each class's sessions (labelled corpora)
+VAL_FRACTION = 0.05  # of the sessions, or of each session's slots (unlabelled corpora)
+MIN_SESSIONS = 20  # unlabelled corpora with this many sessions hold out whole sessions
 
 
 class CorpusSource(EventSource):
     """A MEM corpus as samples. Each recording is cut into slots of ``slot`` events (a short recording is one slot);
-    ``split`` ``train`` / ``val`` takes every slot but / only each ``CORPUS_VAL_EVERY``-th one, ``all`` everything.
+    ``split`` ``train`` / ``val`` takes the slots of that side of the split (module docstring), ``all`` everything.
 
     With ``window`` (the model's events per input), a slot holds ``slot // window`` samples, so one epoch reads the
     corpus about once; without it a slot is one sample. At train time a sample's window is drawn at random inside
@@ -46,38 +66,38 @@ class CorpusSource(EventSource):
     ):
         if slot < 1 or (window is not None and window < 1):
             raise DatasetError(f"corpus slot and window must be >= 1 events, got slot={slot}, window={window}")
+        if split not in ("train", "val", "all"):
+            raise DatasetError(f"corpus splits are train, val and all, not {split!r}")
         self.name = "corpus"
         self.corpus = Corpus(root)
         recordings = self.corpus.recordings
         if not recordings:
             raise DatasetError(f"{root}: the corpus holds no recordings")
         self.skipped = _damaged_shards(self.corpus, verify, skip_bad)
-        usable = [i for i, r in enumerate(recordings) if r.shard not in self.skipped]
-        if not usable:
-            raise DatasetError(f"{root}: every shard of the corpus is damaged ({len(self.skipped)} skipped)")
         sensors = {r.sensor for r in recordings}
         self.sensor = SensorSize(max(s.height for s in sensors), max(s.width for s in sensors))
         names = sorted({str(r.label) for r in recordings if r.label is not None})
         self.classes = names
-        slots = []  # (recording, first event, events in slot)
-        for i in usable:
-            r = recordings[i]
-            n_slots = max(1, r.n_events // slot)
-            for k in range(n_slots):
-                lo = k * slot
-                hi = r.n_events if k == n_slots - 1 else lo + slot
-                slots.append((i, lo, hi - lo))
-        table = np.asarray(slots, dtype=np.int64).reshape(-1, 3)
-        if split == "train":
-            # a one-slot corpus cannot be split: train and val then share that slot
-            keep = np.arange(len(table)) % CORPUS_VAL_EVERY != 0 if len(table) > 1 else slice(None)
-        elif split == "val":
-            keep = np.arange(len(table)) % CORPUS_VAL_EVERY == 0
-        elif split == "all":
-            keep = slice(None)
-        else:
-            raise DatasetError(f"corpus splits are train, val and all, not {split!r}")
-        table = table[keep]
+        table = _slots(recordings, slot)  # (recording, first event, events in slot), in corpus order
+        usable = np.asarray([recordings[i].shard not in self.skipped for i in table[:, 0]], dtype=bool)
+        if not usable.any():
+            raise DatasetError(f"{root}: every shard of the corpus is damaged ({len(self.skipped)} skipped)")
+        if split == "all":
+            held_out = np.zeros(len(table), dtype=bool)
+        elif usable.sum() == 1:
+            log.warning("%s: the corpus is one %d-event slot: train and val share it", root, int(table[usable][0, 2]))
+            held_out = np.full(len(table), split == "val")
+        else:  # decided on the whole manifest: leaving damaged shards out moves nothing between train and val
+            held_out = _held_out(root, recordings, table)
+        table, held_out = table[usable], held_out[usable]
+        # Validation slots are a tail of their recording (from first_val on): this split's windows read only
+        # events [lo, hi) of each recording (self._bounds), never a slot of the other split.
+        ends = np.asarray([r.n_events for r in recordings], dtype=np.int64)
+        first_val = ends.copy()
+        np.minimum.at(first_val, table[held_out, 0], table[held_out, 1])
+        self._bounds = np.column_stack([first_val, ends] if split == "val" else [np.zeros_like(ends), first_val])
+        if split != "all":
+            table = table[held_out == (split == "val")]
         parts = np.maximum(1, table[:, 2] // window) if window else np.ones(len(table), dtype=np.int64)
         # one row per sample: (recording, first event, events in slot, part, parts)
         part = np.arange(parts.sum()) - np.repeat(np.cumsum(parts) - parts, parts)
@@ -100,10 +120,65 @@ class CorpusSource(EventSource):
 
     def load_window(self, index: int, n: int, rng: np.random.Generator | None) -> np.ndarray:
         rec, lo, count = (int(v) for v in self.samples[index, :3]) if rng is not None else self._part(index)
-        total = self.corpus.recordings[rec].n_events
-        # a window longer than its slot (or part) reaches into the neighbours, centred on it
-        start = lo + window_start(count, n, rng) if count >= n else max(0, min(lo + count // 2 - n // 2, total - n))
-        return self.corpus.window(rec, start, n)
+        if count >= n:
+            return self.corpus.window(rec, lo + window_start(count, n, rng), n)
+        # a window longer than its slot (or part) reaches into the neighbours, centred on it, within its split
+        first, end = (int(v) for v in self._bounds[rec])
+        start = max(first, min(lo + count // 2 - n // 2, end - n))
+        return self.corpus.window(rec, start, min(n, end - start))
+
+
+def _slots(recordings: list[RecordingInfo], slot: int) -> np.ndarray:
+    """(recording, first event, events) of every slot: ``n_events // slot`` per recording (the last one takes the
+    remainder), one for a recording shorter than a slot."""
+    slots = []
+    for i, r in enumerate(recordings):
+        n_slots = max(1, r.n_events // slot)
+        for k in range(n_slots):
+            lo = k * slot
+            hi = r.n_events if k == n_slots - 1 else lo + slot
+            slots.append((i, lo, hi - lo))
+    return np.asarray(slots, dtype=np.int64).reshape(-1, 3)
+
+
+def _held_out(root: Path, recordings: list[RecordingInfo], table: np.ndarray) -> np.ndarray:
+    """Which slots of ``table`` are validation (the rules of the module docstring)."""
+    sessions: dict[str, list[int]] = {}  # session -> its slots (rows of table), in corpus order
+    for row, rec in enumerate(table[:, 0]):
+        r = recordings[rec]
+        sessions.setdefault(r.session or r.name, []).append(row)
+    by_label: dict[str | None, list[list[int]]] = {}
+    for rows in sessions.values():
+        label = recordings[table[rows[0], 0]].label
+        by_label.setdefault(None if label is None else str(label), []).append(rows)
+    held_out = np.zeros(len(table), dtype=bool)
+    for label, group in by_label.items():
+        if label is None:
+            rows = _unlabelled_held_out(group)
+        elif len(group) < 2:
+            raise DatasetError(
+                f"{root}: a labelled corpus needs at least 2 labelled samples per class, one to train and one to "
+                f"validate; class {label!r} has {len(group)}"
+            )
+        else:
+            rows = [row for session in group[-_share(len(group), VAL_CLASS_FRACTION) :] for row in session]
+        held_out[rows] = True
+    return held_out
+
+
+def _unlabelled_held_out(sessions: list[list[int]]) -> list[int]:
+    """Validation slots among unlabelled ``sessions`` (each a list of slots in order)."""
+    if len(sessions) >= MIN_SESSIONS:
+        return [row for session in sessions[-_share(len(sessions), VAL_FRACTION) :] for row in session]
+    tails = [row for s in sessions if len(s) >= 2 for row in s[-_share(len(s), VAL_FRACTION) :]]
+    if not tails and len(sessions) >= 2:  # single-slot sessions only: no tail to cut, hold out the last session
+        return sessions[-1]
+    return tails
+
+
+def _share(n: int, fraction: float) -> int:
+    """How many of ``n`` to hold out: ``fraction`` of them, at least one."""
+    return max(1, round(fraction * n))
 
 
 def _damaged_shards(corpus: Corpus, verify: bool, skip_bad: bool) -> dict[str, str]:
