@@ -61,6 +61,7 @@ RECORDABLE_KINDS = ("camera", "sim")
 REPLAY_COMMANDS = ("play", "pause", "speed", "seek")
 LATENCY_HISTORY = 100_000  # (time, latency) pairs kept for benchmarks
 LOADING_WINDOW_EVENTS = 30_000  # the window until the model tells its own (the paper's n_max)
+PREVIEW_INTERVAL_S = 0.2  # sensor views while the model loads: 5 a second leave the CPU to the loading
 REPLAY_COMMAND_WAIT_S = 5.0  # the reader thread carries a replay command out within ~50 ms; a reply waits this long
 
 
@@ -354,14 +355,19 @@ class LiveServer:
             if now >= next_stats:
                 self._publish_stats()
                 next_stats = max(next_stats + interval, now)
-            wait = next_stats - now if end is None else min(next_stats, end) - now
-            if self._new_events.wait(max(wait, 0.0)):
+            wait = max((next_stats if end is None else min(next_stats, end)) - now, 0.0)
+            if self.predictor is None:
+                # loading: a sensor view now and then, no wake-up per batch (the CPU is the loader's)
+                self.model_loaded.wait(min(wait, PREVIEW_INTERVAL_S))
+                if self.ring.total != self._seen_total:
+                    self._infer_and_publish()
+                continue
+            if self._new_events.wait(wait):
                 self._new_events.clear()
                 if self.ring.total != self._seen_total or self._refresh:
                     self._refresh = False
                     self._infer_and_publish()
-            caught_up = self.ring.total == self._seen_total and not self._refresh
-            if self._source_done and self.predictor is not None and caught_up:
+            if self._source_done and self.ring.total == self._seen_total and not self._refresh:
                 break  # a file played to its end, and its last window was inferred
         self._publish_stats()
 
