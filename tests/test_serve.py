@@ -259,6 +259,7 @@ def test_window_command_changes_the_windows_of_the_published_frames(export):
         assert span < 3.0 and 200 < events < 2000  # ~600 events in 3 ms; far fewer than the 100 000 allowed
         refused = request(server.control_endpoint, "window", events=0)
         assert not refused["ok"] and "window: events" in refused["error"]
+        assert server.stats()["commands"] == 2  # carried out (the refused one is not counted)
         assert server.stats()["accumulation"] == {
             "events": 100_000,
             "ms": 3.0,

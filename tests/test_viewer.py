@@ -244,6 +244,21 @@ def test_accumulation_controls_follow_the_server_s_window(window):
     assert window.status_labels["events"].text() == "35.2 kev/s"
 
 
+def test_stats_sent_before_the_server_carried_out_a_command_do_not_undo_it_on_screen(window):
+    """Stats and replies come on different sockets: stats published just before a command was carried out can
+    arrive after its reply. The server counts the commands it carried out; older stats do not move the controls."""
+    events = {"events": 3000, "ms": None, "default_events": 3000, "default_ms": None}
+    timed = {**events, "ms": 22.0}
+    window.apply({"stats": stats(accumulation=events, commands=0)})
+    window.apply_reply(
+        {"command": "window", "ok": True, "error": None, "state": {"commands": 1, "accumulation": timed}}
+    )
+    window.apply({"stats": stats(accumulation=events, commands=0)})  # published before the command
+    assert window.accumulation.mode.currentText() == "time" and window.accumulation.window()["ms"] == 22.0
+    window.apply({"stats": stats(accumulation=events, commands=2)})  # another viewer's command: followed
+    assert window.accumulation.mode.currentText() == "events"
+
+
 def test_record_controls_appear_for_live_sources_and_follow_the_recording(window, qtbot):
     recording = {"active": False, "root": "recordings", "name": None, "events": 0, "error": None}
     window.apply({"stats": stats(source={"kind": "camera", "recordable": True}, recording=recording)})

@@ -170,6 +170,7 @@ class LiveServer:
         self.windows = 0  # windows published (the ``frame`` id; sensor views while the model loads included)
         self.skipped_windows = 0
         self.control_malformed = 0
+        self.commands = 0  # control commands carried out (stats carry it: a client tells stats older than a reply)
         # (publish time, latency) in monotonic seconds; other threads read it with list() (atomic under the GIL)
         self.latencies: deque[tuple[float, float]] = deque(maxlen=LATENCY_HISTORY)
         self._seen_total = 0
@@ -467,7 +468,7 @@ class LiveServer:
             "stages_ms": self._last_stages,
             "skipped_windows": self.skipped_windows,
             "malformed": self.control_malformed + getattr(self.source, "malformed", 0),
-            **self._model_state(),
+            **self._settings(),
             "source": self.source_state(),
             "recording": self.recorder.state() if self.recorder is not None else None,
             "control": self.control_endpoint,
@@ -476,12 +477,15 @@ class LiveServer:
     def _publish_stats(self) -> None:
         self._send("stats", None, **self.stats())
 
-    def _model_state(self) -> dict[str, Any]:
-        """``model_state`` ("loading" / "ready"), the ``task`` once known, and the window (``accumulation``)."""
+    def _settings(self) -> dict[str, Any]:
+        """``commands`` carried out (read first: what follows is at least that recent), ``model_state``
+        ("loading" / "ready"), the ``task`` once known, and the window (``accumulation``)."""
+        commands = self.commands
         window, default = self.window, self.default_window
         accumulation = {"events": window.events, "ms": window.ms}
         accumulation.update(default_events=default.events, default_ms=default.ms)
-        state = {"model_state": "ready" if self.predictor is not None else "loading", "accumulation": accumulation}
+        state = {"commands": commands, "model_state": "ready" if self.predictor is not None else "loading"}
+        state["accumulation"] = accumulation
         if self.predictor is not None:
             state["task"] = self.predictor.task
         return state
@@ -530,12 +534,14 @@ class LiveServer:
             self._apply_control(command, args)
         except (ControlError, RecorderError, ValueError, OSError) as exc:
             return {"command": command, "ok": False, "error": str(exc)[:MAX_TEXT], "state": self.control_state()}
+        if command != "state":
+            self.commands += 1
         return {"command": command, "ok": True, "error": None, "state": self.control_state()}
 
     def control_state(self) -> dict[str, Any]:
         """What a client needs to draw its controls: session, model state, task, classes, window, source and
         recording state (task, classes and token grid once the model is loaded)."""
-        state: dict[str, Any] = {"session": self.session, **self._model_state()}
+        state: dict[str, Any] = {"session": self.session, **self._settings()}
         if self.predictor is not None:
             state.update(classes=self.predictor.classes, token_grid=self.predictor.token_grid)
         recording = self.recorder.state() if self.recorder is not None else None

@@ -73,6 +73,7 @@ class ViewerWindow(QtWidgets.QMainWindow):
         self.last_stats: dict[str, Any] = {}
         self.last_pred: dict[str, Any] = {}
         self.frames_shown = 0
+        self.commands_confirmed = 0  # the server's command count in its latest reply: older stats are stale
         self.bad_messages = 0  # decodable messages whose content does not fit their topic (dropped)
         self._frame_times: deque[float] = deque(maxlen=1000)
         self._first_message: tuple[float, float] | None = None  # (monotonic, GUI thread CPU s) at the 1st message
@@ -219,6 +220,7 @@ class ViewerWindow(QtWidgets.QMainWindow):
     def _new_session(self, session: str) -> None:
         """A (re)started server: forget the previous one's history."""
         self.session = session
+        self.commands_confirmed = 0
         self.timeline.clear_history()
         self.view.set_tokens(None, 1)
         self.view.set_mask(None, [])
@@ -247,18 +249,20 @@ class ViewerWindow(QtWidgets.QMainWindow):
         loading = stats.get("model_state") == "loading"
         if loading:
             self.top_k.best.setText(LOADING)
+        # stats sent before the server carried out a command the viewer saw the reply to would undo its effect
+        current = stats.get("commands", 0) >= self.commands_confirmed
         accumulation = stats.get("accumulation")
         self.accumulation.setVisible(accumulation is not None)
-        if accumulation is not None:
+        if accumulation is not None and current:
             self.accumulation.set_state(accumulation)
         source = stats.get("source") or {}
         replay = source.get("replay")
         self.replay.setVisible(replay is not None)
-        if replay is not None:
+        if replay is not None and current:
             self.replay.set_state(replay)
         recording = stats.get("recording")
         self.record.setVisible(bool(source.get("recordable")) and recording is not None)
-        if recording is not None:
+        if recording is not None and current:
             self.record.set_state(recording)
         size = f"{source.get('width', '?')} x {source.get('height', '?')}"
         task = LOADING if loading else stats.get("task", "")
@@ -269,6 +273,7 @@ class ViewerWindow(QtWidgets.QMainWindow):
         if not reply.get("ok"):
             self.statusBar().showMessage(f"{reply.get('command')}: {reply.get('error')}", 5000)
         state = reply.get("state") or {}
+        self.commands_confirmed = max(self.commands_confirmed, state.get("commands", 0))
         if (state.get("source") or {}).get("replay"):
             self.replay.set_state(state["source"]["replay"], confirmed=True)
         if state.get("accumulation"):
