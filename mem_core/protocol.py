@@ -226,11 +226,19 @@ def _int(value: Any, kind: str, key: str, lo: int, hi: int) -> int:
 
 
 def _number(value: Any, kind: str, key: str, lo: float = 0.0, hi: float = math.inf, lo_open: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    # (an int beyond a double, 10**400 in JSON, makes float() and math.isfinite() raise OverflowError)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(_as_float(value)):
         raise ProtocolError(kind, f"{key} must be a finite number, got {_short(value)}")
     if value < lo or (lo_open and value == lo) or value > hi:
         raise ProtocolError(kind, f"{key}={value} is outside {'(' if lo_open else '['}{lo}, {hi}]")
     return float(value)
+
+
+def _as_float(value: int | float) -> float:
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
 
 
 def _text(value: Any, kind: str, key: str) -> str:

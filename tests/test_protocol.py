@@ -286,6 +286,7 @@ SENSOR_FIELDS = {"sensor": [100, 120], "binning": 1}
         ("stats", {}, {"source": {"replay": {"duration_s": -1}}}, "source.replay.duration_s"),
         ("stats", {}, {"control": "garbage"}, "control"),
         ("stats", {}, {"malformed": 1.5}, "malformed"),
+        ("stats", {}, {"events_per_s": 10**400}, "events_per_s"),  # an OverflowError, not a ProtocolError, before
         ("stats", {}, {"accumulation": {"events": 0}}, "accumulation.events"),
         ("stats", {}, {"accumulation": {"ms": -1.0}}, "accumulation.ms"),
         ("sensor", {"sensor": VIEW}, {"sensor": [100, 120], "binning": 2}, "binned by 2"),
