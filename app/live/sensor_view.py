@@ -25,7 +25,13 @@ def sensor_view(events: np.ndarray, sensor: SensorSize) -> tuple[np.ndarray, int
     binning = view_binning(sensor)
     height, width = -(-sensor.height // binning), -(-sensor.width // binning)
     index = (events["p"].astype(np.intp) * height + events["y"] // binning) * width + events["x"] // binning
-    counts = np.bincount(index, minlength=2 * height * width).astype(np.float32).reshape(2, height, width)
-    threshold = counts.mean() + HOT_PIXEL_STD * counts.std()
-    peak = float(counts[counts <= threshold].max(initial=0.0)) or float(counts.max()) or 1.0
-    return np.minimum(counts / peak, 1.0).astype(np.float16), binning
+    counts = np.bincount(index, minlength=2 * height * width)  # (2 * h * w,) events per pixel
+    # statistics from how many pixels hold each count: a few passes over a short array, not over the picture
+    pixels = np.bincount(counts)
+    values = np.arange(len(pixels))
+    mean = pixels @ values / counts.size
+    threshold = mean + HOT_PIXEL_STD * np.sqrt(max(pixels @ values**2 / counts.size - mean**2, 0.0))
+    present = values[(pixels > 0) & (values > 0)]
+    peak = present[present <= threshold].max(initial=0) or present.max(initial=1)
+    brightness = np.minimum(values / peak, 1.0).astype(np.float16)  # per count
+    return brightness[counts].reshape(2, height, width), binning
