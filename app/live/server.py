@@ -29,6 +29,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -95,7 +96,10 @@ def configured_window(config: ServeConfig, model: tuple[int, float | None] | Non
     return Window(events, ms or None)
 
 
-def _check_window_options(config: ServeConfig) -> None:
+def _check_options(config: ServeConfig, loading: bool) -> None:
+    """Bad options as one line at once, not after the seconds of loading the model."""
+    if loading and not Path(config.model).is_dir():
+        raise ConfigError(f"model {config.model}: no such directory (an export or a finetune / segment run)")
     if config.window is not None and not 1 <= config.window <= MAX_WINDOW_EVENTS:
         raise ConfigError(f"window must be 1 to {MAX_WINDOW_EVENTS:,} events, got {config.window}")
     ms = config.window_ms
@@ -130,7 +134,7 @@ class LiveServer:
         context: zmq.Context | None = None,
         torch_threads: int | None = None,
     ) -> None:
-        _check_window_options(config)
+        _check_options(config, loading=predictor is None)
         self.config = config
         self.predictor: Predictor | None = None  # set by the loader thread once the model is ready
         self._given_predictor = predictor
@@ -383,9 +387,9 @@ class LiveServer:
         self._seen_total = snap.total
         if len(snap.events) == 0 or sensor is None:
             return
-        # events that arrived but never fell inside a window: whole windows of them are "skipped"
-        self._unseen_events += max(0, new_events - len(snap.events))
-        self.skipped_windows = self._unseen_events // window.events
+        if predictor is not None:  # events never inferred, in whole windows, are "skipped" (not while loading)
+            self._unseen_events += max(0, new_events - len(snap.events))
+            self.skipped_windows = self._unseen_events // window.events
         events = newest_span(snap.events, window.ms)
         start = time.perf_counter()
         view, binning = sensor_view(events, sensor)

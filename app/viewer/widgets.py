@@ -86,7 +86,7 @@ class EventView(pg.GraphicsLayoutWidget):
         self._token_colors = token_colors(1)
         self._mask_colors = mask_colors(1)
         self._clear_ids: list[int] = []  # mask classes left untinted (named "background")
-        self._grid_key: tuple | None = None  # (token grid, image shape, region) the grid lines were drawn for
+        self._grid_key: tuple | None = None  # (token grid shape, region) the grid lines were drawn for
         self.scene().sigMouseMoved.connect(self._mouse_moved)
 
     def set_histogram(self, hist: np.ndarray) -> None:
@@ -504,11 +504,10 @@ class AccumulationControls(QtWidgets.QGroupBox):
             self.value.setText(f"{window['ms']:g} ms (\u2264 {window['events']:,} events)")
 
     def _mode_changed(self) -> None:
-        mode = self.mode.currentText()
-        default = self.state["default_ms"] if mode == "time" else self.state["default_events"]
-        value = default or (50.0 if mode == "time" else self.state["default_events"])  # no default span: 50 ms
+        """A mode starts from the default window (by time: its span, or 50 ms where the model has none)."""
+        time_mode = self.mode.currentText() == "time"
         self._show(
-            {"events": self.state["default_events"], "ms": value} if mode == "time" else {"events": value, "ms": None}
+            {"events": self.state["default_events"], "ms": (self.state["default_ms"] or 50.0) if time_mode else None}
         )
         self._send()
 
