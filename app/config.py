@@ -17,7 +17,8 @@ class ServeConfig:
     source: str = "sim"
     tokenizer: Path | None = None
     window: int | None = None  # events per window; None: the model's n_max
-    window_ms: float | None = None  # and no older than this before the newest event (None: no time limit)
+    window_ms: float | None = None  # and no older than this before the newest event (None: the model's training
+    # samples' span where its export records one, else no limit; 0: no limit)
     pub: str = "tcp://127.0.0.1:5557"
     control: str | None = None
     speed: float = 1.0  # replay / simulator speed (x real time)

@@ -196,21 +196,22 @@ def live(export_dir: Path, out: Path, headless: bool) -> dict | None:
 
 
 def _wait_for_server(pub: str, server: subprocess.Popen) -> None:
-    """Block until ``mem serve`` publishes, so the headless viewer's seconds are spent on frames: on a fresh clone
-    the server first compiles its kernels, which can take longer than the viewer's whole window."""
+    """Block until ``mem serve`` publishes its first prediction, so the headless viewer's seconds are spent on
+    predicted frames: the server streams sensor views while it loads the model, and on a fresh clone it first
+    compiles its kernels, which can take longer than the viewer's whole window."""
     import zmq
 
     sub = zmq.Context.instance().socket(zmq.SUB)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.setsockopt(zmq.SUBSCRIBE, b"pred")
     sub.setsockopt(zmq.LINGER, 0)
     sub.connect(pub)
     deadline = time.monotonic() + SERVER_START_S
     try:
         while not sub.poll(250):
             if server.poll() is not None:
-                raise RuntimeError(f"mem serve exited with code {server.returncode} before publishing on {pub}")
+                raise RuntimeError(f"mem serve exited with code {server.returncode} before predicting on {pub}")
             if time.monotonic() > deadline:
-                raise RuntimeError(f"mem serve published nothing on {pub} within {SERVER_START_S} s")
+                raise RuntimeError(f"mem serve published no prediction on {pub} within {SERVER_START_S} s")
     finally:
         sub.close()
 

@@ -1,5 +1,8 @@
-"""Live-path benchmark (``mem bench live``): the server under a 30 Mev/s source, and the viewer's frame rate.
+"""Live-path benchmark (``mem bench live``): start-up, the server under a 30 Mev/s source, the viewer's frame rate.
 
+0. Start-up: ``mem serve --source sim`` launched as users launch it (a subprocess, the export of the model
+   below), ``STARTS`` times: seconds from the launch to the first sensor picture and to the first prediction on
+   the socket, and the server's CPU seconds by then (the median of the starts).
 1. Server: a random-init cpu-tiny classifier (96 x 96 input, patch 8, width 128, depth 4, heads 4; a 512 x 32
    tokenizer; ``--model vit-b`` for the paper's ViT-B/16 with an 8192 x 32 tokenizer, ``--device cuda`` on a GPU)
    exported to a temp dir, fed by an in-process source pushing 30 Mev/s of synthetic events in 2 ms
@@ -51,6 +54,8 @@ SERVER_S = 24.0
 WARMUP_S = 2.0  # measured from here on (model warm-up, the viewer connecting)
 VIEWER_FEED_HZ = 100.0
 VIEWER_S = 8.0
+STARTS = 3
+START_TIMEOUT_S = 120.0
 
 
 def _viewer(endpoint: str, snapshot: Path, quit_after: float) -> subprocess.Popen:
@@ -68,13 +73,51 @@ def _free_endpoint(context: zmq.Context) -> str:
     return f"tcp://127.0.0.1:{port}"
 
 
-def bench_server(tmp: Path, model: str, device: str) -> tuple[dict, list[list[bytes]]]:
-    """Run the server for ``SERVER_S`` under the 30 Mev/s source with a viewer attached; returns the numbers
-    and a sample of published messages (for the viewer feed)."""
-    torch.set_num_threads(1)
+def _export(tmp: Path, model: str) -> Path:
     arch, tokenizer = MODELS[model]
     spec = InputSpec(size=(arch.img_size, arch.img_size))
-    export = export_random(tmp / "export", architecture=arch, input_spec=spec, tokenizer=tokenizer)
+    return export_random(tmp / "export", architecture=arch, input_spec=spec, tokenizer=tokenizer)
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def bench_start(export: Path, device: str) -> dict:
+    """Launch ``mem serve --source sim`` ``STARTS`` times; the medians of the seconds to the first ``sensor`` and
+    ``pred`` messages and of the server's CPU seconds at the first ``pred``."""
+    context = zmq.Context.instance()
+    runs = []
+    for _ in range(STARTS):
+        endpoint = _free_endpoint(context)
+        sub = context.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(endpoint)  # before the launch: the server's first messages are not missed
+        command = [sys.executable, "-m", "app.cli", "serve", "--model", str(export), "--source", "sim"]
+        command += ["--pub", endpoint, "--device", device, "--duration", str(START_TIMEOUT_S)]
+        started = time.monotonic()
+        server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        first: dict[str, float] = {}
+        try:
+            while "pred" not in first and time.monotonic() - started < START_TIMEOUT_S:
+                if sub.poll(20):
+                    topic = sub.recv_multipart()[0].decode()
+                    first.setdefault(topic, time.monotonic() - started)
+            first["cpu"] = _cpu_seconds(server.pid)
+        finally:
+            server.terminate()
+            server.wait(30)
+            sub.close(0)
+        runs.append(first)
+    return {key: float(np.median([r.get(key, np.nan) for r in runs])) for key in ("sensor", "pred", "cpu")}
+
+
+def bench_server(tmp: Path, export: Path, device: str) -> tuple[dict, list[list[bytes]]]:
+    """Run the server on ``export`` for ``SERVER_S`` under the 30 Mev/s source with a viewer attached; returns the
+    numbers and a sample of published messages (for the viewer feed)."""
+    torch.set_num_threads(1)
     source = SyntheticSource(SOURCE_RATE)
     context = zmq.Context.instance()
     config = ServeConfig(model=export, pub=_free_endpoint(context), stats_interval_s=0.5, device=device)
@@ -84,8 +127,9 @@ def bench_server(tmp: Path, model: str, device: str) -> tuple[dict, list[list[by
     tap.setsockopt(zmq.SUBSCRIBE, b"")
     tap.connect(server.pub_endpoint)
     viewer = _viewer(server.pub_endpoint, tmp / "server-view.png", SERVER_S - 6)
-    started = time.monotonic()
     server.start()
+    server.model_loaded.wait(START_TIMEOUT_S)  # measured from the model's first predictions on
+    started = time.monotonic()
     mark = None  # (time, events delivered, predictions) once warmed up
     while (now := time.monotonic()) - started < SERVER_S:
         if mark is None and now - started >= WARMUP_S:
@@ -114,7 +158,8 @@ def bench_server(tmp: Path, model: str, device: str) -> tuple[dict, list[list[by
 
 def bench_viewer(tmp: Path, sample: list[list[bytes]]) -> dict:
     """Feed a headless viewer ``VIEWER_FEED_HZ`` frames/s for ``VIEWER_S``; frames drawn/s and GUI CPU share."""
-    frames = {topic: [m for m in sample if m[0] == topic] for topic in (b"hist", b"tokens", b"pred", b"stats")}
+    topics = (b"sensor", b"hist", b"tokens", b"pred", b"stats")
+    frames = {topic: [m for m in sample if m[0] == topic] for topic in topics}
     context = zmq.Context.instance()
     pub = context.socket(zmq.PUB)
     port = pub.bind_to_random_port("tcp://127.0.0.1")
@@ -131,7 +176,7 @@ def bench_viewer(tmp: Path, sample: list[list[bytes]]) -> dict:
     def feed() -> None:
         start, i = time.monotonic(), 0
         while not stop.is_set():
-            for topic in (b"hist", b"tokens", b"pred"):
+            for topic in (b"sensor", b"hist", b"tokens", b"pred"):  # what the server sends per window
                 send(topic, i)
             if i % 50 == 0:
                 send(b"stats", i // 50)
@@ -157,10 +202,15 @@ def main(json_path: Path | None = None, model: str = "cpu-tiny", device: str = "
         raise ValueError(f"unknown model {model!r}; expected one of {sorted(MODELS)}")
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
-        server, sample = bench_server(tmp, model, device)
+        export = _export(tmp, model)
+        start = bench_start(export, device)
+        server, sample = bench_server(tmp, export, device)
         viewer = bench_viewer(tmp, sample)
     growth = server["last_third_p50"] - server["first_third_p50"]
     rows = [
+        ("start: first sensor picture", start["sensor"], "s", None, True),
+        ("start: first prediction", start["pred"], "s", "<= 3", start["pred"] <= 3),
+        ("start: server CPU by then", start["cpu"], "s", None, True),
         ("source rate", server["source_rate"] / 1e6, "Mev/s", ">= 30", server["source_rate"] >= 29e6),
         ("predictions/s", server["predictions_per_s"], "1/s", ">= 30", server["predictions_per_s"] >= 30),
         ("latency p50", server["p50"], "ms", None, True),

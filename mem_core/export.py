@@ -1,8 +1,8 @@
 """Model files: load a trained model from a run or an export directory, and export it for the live server.
 
 An export directory holds ``model.safetensors`` + ``model.json`` (format version, task, architecture, classes,
-input spec, head width) and, when the model was pretrained with MEM, ``tokenizer.safetensors`` +
-``tokenizer.json`` for the live token overlay. Safetensors and JSON only: nothing in an export is executed.
+input spec, head width, the window the model was trained on) and, when the model was pretrained with MEM,
+``tokenizer.safetensors`` + ``tokenizer.json`` for the live token overlay. Safetensors and JSON only: nothing in an export is executed.
 
 ``load_model`` takes an export directory or a finetune / segment run directory (the run's best checkpoint);
 ``load_tokenizer`` a tokenizer run or an export directory that carries one.
@@ -43,6 +43,7 @@ MAX_INPUT_SIDE = 4096  # pixels of the model input (the paper: 224)
 MAX_N_MAX = 1 << 24  # events per input window (the paper: 30 000)
 MAX_DERIVED_BYTES = 2 << 30  # buffers a model computes itself: ViT-B/16 at 224 px needs 4 MB, at 512 px 100 MB
 _BUILD_ERRORS = (MemError, ValueError, TypeError, ZeroDivisionError, OverflowError, RuntimeError, KeyError)
+NCARS_SAMPLE_US = 100_000  # every N-Cars sample is 100 ms of events (Sironi et al., 2018)
 
 
 def build_task_model(meta: dict[str, Any]) -> torch.nn.Module:
@@ -58,7 +59,9 @@ def build_task_model(meta: dict[str, Any]) -> torch.nn.Module:
 def load_model(path: Path | str, device: torch.device | str = "cpu") -> tuple[torch.nn.Module, dict[str, Any]]:
     """(model in eval mode, meta) from an export directory or a finetune / segment run directory.
 
-    ``meta`` holds ``task``, ``architecture``, ``classes``, ``input`` (an ``InputSpec`` dict) and ``head_channels``.
+    ``meta`` holds ``task``, ``architecture``, ``classes``, ``input`` (an ``InputSpec`` dict), ``head_channels`` and
+    ``training_window`` (``{"events", "ms"}``, see ``training_window``; for exports written before it was recorded:
+    the input's ``n_max`` events and no time span).
     """
     path = Path(path)
     if (path / MODEL_JSON).is_file():
@@ -73,8 +76,24 @@ def load_model(path: Path | str, device: torch.device | str = "cpu") -> tuple[to
         weights = _checkpoint_model(weights_file)
     else:
         raise RunError(f"{path}: not a MEM run directory (no config.json) nor an export directory (no {MODEL_JSON})")
+    meta.setdefault("training_window", {"events": meta["input"].get("n_max", InputSpec.n_max), "ms": None})
     model = _load_checked(lambda: build_task_model(meta), weights, weights_file, _from_legacy_layout)
     return model.to(device).eval(), meta
+
+
+def training_window(config: dict[str, Any]) -> dict[str, Any]:
+    """The window a training run's samples had: ``events``, the input's ``n_max``, and ``ms``, the time span of the
+    dataset's samples where every sample spans the same (N-Cars 100 ms, sim 50 ms, DSEC-Semantic 50 ms), else None.
+
+    The live server uses it as its default window, so a model is served on windows like those it learned from.
+    """
+    from mem_core.datasets.dsec_semantic import DSEC_WINDOW_US  # lazy: the datasets are only needed here
+    from mem_core.datasets.sim import SIM_DURATION_US
+
+    span_us = {"ncars": NCARS_SAMPLE_US, "sim": SIM_DURATION_US, "dsec-semantic": DSEC_WINDOW_US}
+    dataset = config.get("data", {}).get("dataset")
+    events = config.get("input", {}).get("n_max", InputSpec.n_max)
+    return {"events": events, "ms": span_us[dataset] / 1000 if dataset in span_us else None}
 
 
 def _from_legacy_layout(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -105,6 +124,7 @@ def _run_model(run: RunDir) -> tuple[dict[str, Any], Path]:
         "classes": classes.get("classes"),
         "input": config.get("input"),
         "head_channels": config.get("head_channels"),
+        "training_window": training_window(config),
     }
     check_meta(meta, run.config_path)
     return meta, run.best_path if run.best_path.exists() else run.checkpoint_path
@@ -163,6 +183,14 @@ def check_meta(meta: dict[str, Any], where: Path) -> None:
         f"input beyond {MAX_INPUT_SIDE} px or {MAX_N_MAX} events",
     )
     require(spec.temporal_bins <= 64, f"input temporal_bins {spec.temporal_bins} > 64")
+    window = meta.get("training_window", {"events": spec.n_max, "ms": None})  # absent in exports before it existed
+    events, ms = (window.get("events"), window.get("ms")) if isinstance(window, dict) else (None, None)
+    require(
+        _is_int(events)
+        and 1 <= events <= MAX_N_MAX
+        and (ms is None or (isinstance(ms, int | float) and not isinstance(ms, bool) and 0 < ms <= 1e7)),
+        f"training_window must be {{'events': 1..{MAX_N_MAX}, 'ms': null or a positive number}}, got {window!r}",
+    )
 
 
 def _parse(cls: type, values: Any, where: Path, what: str) -> Any:
@@ -300,8 +328,10 @@ def export_model(
     head_channels: int | None = None,
     tokenizer: DiscreteVAE | None = None,
     source_run: str | None = None,
+    window_ms: float | None = None,
 ) -> Path:
-    """Write ``model.safetensors`` + ``model.json`` (and ``tokenizer.*`` when given) to ``out``."""
+    """Write ``model.safetensors`` + ``model.json`` (and ``tokenizer.*`` when given) to ``out``. ``window_ms`` is
+    the time span of the training samples, if they all had one (see ``training_window``)."""
     if task not in TASKS.values():
         raise ValueError(f"task must be classification or segmentation, got {task!r}")
     out = Path(out)
@@ -313,6 +343,7 @@ def export_model(
         "classes": classes,
         "input": to_dict(input_spec),
         "head_channels": head_channels,
+        "training_window": {"events": input_spec.n_max, "ms": window_ms},
         "source_run": source_run,
     }
     save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(out / MODEL_FILE))
@@ -353,6 +384,7 @@ def export_run(run_path: Path | str, out: Path | str) -> Path:
         head_channels=meta["head_channels"],
         tokenizer=load_tokenizer(tokenizer_run) if tokenizer_run is not None else None,
         source_run=str(Path(run_path).resolve()),
+        window_ms=meta["training_window"]["ms"],
     )
 
 
@@ -366,9 +398,11 @@ def export_random(
     tokenizer: TokenizerConfig | None = None,
     head_channels: int = 32,
     seed: int = 0,
+    window_ms: float | None = None,
 ) -> Path:
     """Export a randomly initialised model (and tokenizer), for benchmarks, tests and trying the live path without
-    training. ``architecture`` defaults to a ViT-B/16 and ``input_spec`` to 224 x 224 inputs of that model."""
+    training. ``architecture`` defaults to a ViT-B/16 and ``input_spec`` to 224 x 224 inputs of that model;
+    ``window_ms`` is recorded as the training samples' time span."""
     arch = architecture or ViTConfig(drop_path=0.0)
     spec = input_spec or InputSpec(size=(arch.img_size, arch.img_size))
     with torch.random.fork_rng():
@@ -385,4 +419,5 @@ def export_random(
         input_spec=spec,
         head_channels=head_channels if task == "segmentation" else None,
         tokenizer=tok,
+        window_ms=window_ms,
     )

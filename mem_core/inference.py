@@ -55,6 +55,21 @@ class Predictor:
             )
 
     @property
+    def training_window(self) -> tuple[int, float | None]:
+        """(events, ms) of the windows the model was trained on; ms is None where the samples' span is unknown."""
+        window = self.meta["training_window"]
+        return int(window["events"]), None if window["ms"] is None else float(window["ms"])
+
+    def input_region(self, sensor: SensorSize) -> tuple[float, float, float, float]:
+        """(top, left, height, width) in sensor px of what the model input shows: the whole sensor, or the centre
+        that is cropped after ``resize_to`` (the crop at evaluation)."""
+        if self.spec.resize_to is None:
+            return 0.0, 0.0, float(sensor.height), float(sensor.width)
+        (rh, rw), (h, w) = self.spec.resize_to, self.spec.size
+        sy, sx = sensor.height / rh, sensor.width / rw  # sensor px per resized px
+        return (rh - h) // 2 * sy, (rw - w) // 2 * sx, h * sy, w * sx
+
+    @property
     def token_grid(self) -> tuple[int, int] | None:
         """(h, w) of the token ids, or None without a tokenizer."""
         return None if self.tokenizer is None else self.tokenizer.config.grid_size

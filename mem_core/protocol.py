@@ -7,8 +7,8 @@ The header is a UTF-8 JSON object with at least::
 
 and one raw frame follows per ``buffers`` entry, in order, holding exactly ``prod(shape) * itemsize`` bytes of a
 C-contiguous array. Only plain little-endian numeric dtypes are allowed (bool, ints, uints, floats). Topics:
-``events`` (columns t, x, y, p of an event batch), ``hist``, ``tokens``, ``pred``, ``stats``, ``control`` (see
-docs/protocol.md).
+``events`` (columns t, x, y, p of an event batch), ``sensor``, ``hist``, ``tokens``, ``pred``, ``stats``, ``control``
+(see docs/protocol.md).
 
 Receivers never trust a message: ``decode`` checks the envelope, and ``decode_<topic>`` checks what a topic holds
 (types, ranges, sizes against the limits below) before anything is allocated or drawn. Every malformed message
@@ -31,7 +31,7 @@ from mem_core.errors import MemError
 from mem_core.events import EVENT_DTYPE, SensorSize, validate_events
 
 PROTOCOL_VERSION = 1
-TOPICS = ("events", "hist", "tokens", "pred", "stats", "control")
+TOPICS = ("events", "sensor", "hist", "tokens", "pred", "stats", "control")
 MAX_HEADER_BYTES = 1 << 20
 MAX_BUFFERS = 16
 # Limits on what a message may declare, so that a few bytes can never ask a receiver for gigabytes:
@@ -39,10 +39,12 @@ MAX_JSON_DEPTH = 16  # nesting of the header (the deepest the server writes is 4
 MAX_NDIM = 8
 MAX_ELEMENTS = 1 << 40  # product of a buffer's non-zero sizes (an empty buffer could otherwise declare any shape)
 MAX_SENSOR_SIDE = 4096  # px of an events message's sensor: 3x the widest real one (Prophesee EVK4 HD, 1280 x 720)
-MAX_IMAGE_SIDE = 2048  # px of a hist, mask or token grid the viewer draws (models see 224 x 224)
+MAX_IMAGE_SIDE = 2048  # px of a sensor view, hist, mask or token grid the viewer draws (models see 224 x 224)
 MAX_NUM_TOKENS = 1 << 16  # codebook size (the paper's dVAE has 8192)
 MAX_CLASSES = 1 << 16  # a mask is at most <u2
 MAX_TEXT = 1024  # characters of a name, label or error message
+MAX_WINDOW_EVENTS = 1_000_000  # events of one window (15 MB in the server's ring); the paper's models take 30 000
+MAX_WINDOW_MS = 10_000.0  # time span of one window
 MAX_SEQ = (1 << 63) - 1
 MAX_IPC_PATH = 107  # bytes of a Unix socket path
 
@@ -224,11 +226,19 @@ def _int(value: Any, kind: str, key: str, lo: int, hi: int) -> int:
 
 
 def _number(value: Any, kind: str, key: str, lo: float = 0.0, hi: float = math.inf, lo_open: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    # (an int beyond a double, 10**400 in JSON, makes float() and math.isfinite() raise OverflowError)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(_as_float(value)):
         raise ProtocolError(kind, f"{key} must be a finite number, got {_short(value)}")
     if value < lo or (lo_open and value == lo) or value > hi:
         raise ProtocolError(kind, f"{key}={value} is outside {'(' if lo_open else '['}{lo}, {hi}]")
     return float(value)
+
+
+def _as_float(value: int | float) -> float:
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
 
 
 def _text(value: Any, kind: str, key: str) -> str:
@@ -324,6 +334,43 @@ def decode_hist(message: Message) -> np.ndarray:
     if not np.isfinite(hist).all():
         raise ProtocolError("hist", "hist holds NaN or infinite values")
     return hist
+
+
+@dataclass(frozen=True)
+class SensorView:
+    """A checked ``sensor`` message: the window's events at sensor resolution (binned on large sensors)."""
+
+    image: np.ndarray  # (2, h, w) float OFF / ON, h = ceil(sensor height / binning), w likewise
+    sensor: tuple[int, int]  # (height, width) of the sensor, px
+    binning: int  # sensor px per image px along each side
+    input_region: tuple[float, float, float, float]  # (top, left, height, width) in image px: what the model sees
+
+
+def decode_sensor(message: Message) -> SensorView:
+    """The checked view of a ``sensor`` message: a finite float16/32 (2, h, w) image whose sides follow from the
+    header's ``sensor`` and ``binning``, and an ``input_region`` inside it (default: the whole image)."""
+    _expect_topic(message, "sensor")
+    image = _array(message, "sensor", "f", 3)
+    if image.dtype.itemsize > 4 or image.shape[0] != 2:
+        raise ProtocolError(
+            "sensor", f"sensor must be float16/32 of shape (2, h, w), got {image.dtype.str} {image.shape}"
+        )
+    _image_sides(message, "sensor", image.shape[1:])
+    header = message.header
+    size = _sized(_side, 2)(header.get("sensor"), "sensor", "sensor")  # a side of 0 fails the check below
+    binning = _int(header.get("binning"), "sensor", "binning", 1, MAX_SENSOR_SIDE)
+    expected = tuple(-(-side // binning) for side in size)  # ceil
+    if image.shape[1:] != expected:
+        raise ProtocolError(
+            "sensor", f"a {size[0]} x {size[1]} sensor binned by {binning} is {expected}, got {image.shape[1:]}"
+        )
+    region = header.get("input_region", [0, 0, *expected])
+    top, left, height, width = _sized(_number, 4)(region, "sensor", "input_region")
+    if height <= 0 or width <= 0 or top + height > expected[0] + 1e-6 or left + width > expected[1] + 1e-6:
+        raise ProtocolError("sensor", f"input_region {_short(region)} is not a region of the {expected} image")
+    if not np.isfinite(image).all():
+        raise ProtocolError("sensor", "sensor holds NaN or infinite values")
+    return SensorView(image, (size[0], size[1]), binning, (top, left, height, width))
 
 
 def decode_tokens(message: Message) -> tuple[np.ndarray, int]:
@@ -462,6 +509,18 @@ _SOURCE = {
     "recordable": _flag,
     "replay": _record(_REPLAY),
 }
+
+
+def _window_events(value: Any, kind: str, key: str) -> int:
+    return _int(value, kind, key, 1, MAX_WINDOW_EVENTS)
+
+
+def _window_ms(value: Any, kind: str, key: str) -> float:
+    return _number(value, kind, key, hi=MAX_WINDOW_MS, lo_open=True)
+
+
+_WINDOW = {"events": _window_events, "ms": _optional(_window_ms)}  # the window command's arguments
+_ACCUMULATION = {**_WINDOW, "default_events": _window_events, "default_ms": _optional(_window_ms)}
 _RECORDING = {"active": _flag, "root": _text, "name": _optional(_text), "events": _count, "error": _optional(_text)}
 _STATS = {
     "session": _text,
@@ -471,10 +530,15 @@ _STATS = {
     "window_events": _count,
     "window_ms": _number,
     "latency_ms": _record({"last": _number, "p50": _number, "p95": _number}),
-    "stages_ms": _record({"preprocess": _number, "model": _number, "tokenizer": _number, "publish": _number}),
+    "stages_ms": _record(
+        {"sensor": _number, "preprocess": _number, "model": _number, "tokenizer": _number, "publish": _number}
+    ),
     "skipped_windows": _count,
     "malformed": _count,
     "task": _text,
+    "commands": _count,
+    "model_state": _text,
+    "accumulation": _record(_ACCUMULATION),
     "control": _endpoint,
     "source": _record(_SOURCE),
     "recording": _optional(_record(_RECORDING)),
@@ -484,6 +548,9 @@ _STATE = {
     "task": _text,
     "classes": lambda value, kind, key: _classes(value, kind),
     "token_grid": _optional(_sized(lambda v, kind, key: _int(v, kind, key, 1, MAX_IMAGE_SIDE), 2)),
+    "commands": _count,
+    "model_state": _text,
+    "accumulation": _record(_ACCUMULATION),
     "source": _record(_SOURCE),
     "recording": _optional(_record(_RECORDING)),
 }
@@ -492,7 +559,7 @@ _REPLY = {"command": _text, "ok": _flag, "error": _optional(_text), "state": _op
 
 # ---------------------------------------------------------------------------------------------------- control
 
-CONTROL_COMMANDS = ("state", "play", "pause", "speed", "seek", "record_start", "record_stop")
+CONTROL_COMMANDS = ("state", "play", "pause", "speed", "seek", "window", "record_start", "record_stop")
 MAX_SPEED = 1000.0
 MAX_SEEK_S = 1e9  # 31 years: a position in microseconds stays a 64-bit integer
 
@@ -506,7 +573,9 @@ def decode_control(message: Message) -> tuple[str, dict[str, Any]]:
     """The command and its checked arguments of a ``control`` request; ``ProtocolError`` names what is wrong.
 
     ``speed`` needs ``value`` in (0, MAX_SPEED]; ``seek`` needs ``position_s`` in [0, MAX_SEEK_S] (seconds from
-    the start of the file); ``record_start`` takes an optional ``name``; the other commands take no arguments.
+    the start of the file); ``window`` needs ``events`` in [1, MAX_WINDOW_EVENTS] and takes ``ms`` in
+    (0, MAX_WINDOW_MS] or null (no time limit); ``record_start`` takes an optional ``name``; the other commands take
+    no arguments.
     """
     _expect_topic(message, "control")
     header = message.header
@@ -518,6 +587,10 @@ def decode_control(message: Message) -> tuple[str, dict[str, Any]]:
         args["value"] = _number(header.get("value"), "control", "speed: value", lo=0.0, hi=MAX_SPEED, lo_open=True)
     elif command == "seek":
         args["position_s"] = _number(header.get("position_s"), "control", "seek: position_s", hi=MAX_SEEK_S)
+    elif command == "window":
+        args = _fields({"ms": None, **header}, _WINDOW, "control", "window: ")
+        if "events" not in args:
+            raise ProtocolError("control", "window: events must be given (an integer)")
     elif command == "record_start" and header.get("name") is not None:
         name = header["name"]
         if not isinstance(name, str) or not 0 < len(name) <= MAX_TEXT or "/" in name or "\\" in name or "\x00" in name:

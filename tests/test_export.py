@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import save_file
 
 from mem_core.configuration import to_dict
-from mem_core.export import build_task_model, export_random, load_model, load_tokenizer
+from mem_core.export import build_task_model, export_random, export_run, load_model, load_tokenizer
 from mem_core.inference import Predictor
 from mem_core.models import MEMViT, TokenizerConfig, ViTConfig
 from mem_core.representation import InputSpec
@@ -110,6 +110,8 @@ def rename_tensor(folder: Path) -> None:
         ),
         (edit_json("model.json", lambda m: m["input"].update(n_max=10**12)), "model.json", "events"),
         (edit_json("model.json", lambda m: m.pop("architecture")), "model.json", "architecture must be an object"),
+        (edit_json("model.json", lambda m: m.update(training_window={"events": -1})), "model.json", "training_window"),
+        (edit_json("model.json", lambda m: m.update(training_window=[1e40])), "model.json", "training_window"),
         (write("model.safetensors", b"garbage" * 10), "model.safetensors", "not a readable safetensors file"),
         (cut("model.safetensors", 0.5), "model.safetensors", "not a readable safetensors file"),
         (rename_tensor, "model.safetensors", r"missing \['head.bias', 'head.weight'\], unexpected \['header"),
@@ -188,3 +190,25 @@ def test_cli_export_reports_a_damaged_checkpoint_in_one_line(tmp_path):
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {run / 'best.pt'}: not a readable MEM checkpoint"), lines
+
+
+@pytest.mark.parametrize(("dataset", "ms"), [("ncars", 100.0), ("sim", 50.0), ("nmnist", None)])
+def test_an_export_records_the_window_its_model_was_trained_on(tmp_path, dataset, ms):
+    """``mem serve`` serves a model on windows like its training samples: N-Cars 100 ms, sim 50 ms, N-MNIST (samples
+    of varying length) by event count only."""
+    spec = to_dict(InputSpec(n_max=5000, size=(32, 32)))
+    config = {"model": to_dict(ARCH), "input": spec, "data": {"dataset": dataset}}
+    run = RunDir.create(tmp_path / "run", "finetune", config, resume=False)
+    run.write_json("classes.json", {"classes": ["a", "b"]})
+    run.save_checkpoint({"model": MEMViT(ARCH, 2).state_dict(), "epoch": 0}, best=True)
+    out = export_run(run.path, tmp_path / "export")
+    assert json.loads((out / "model.json").read_text())["training_window"] == {"events": 5000, "ms": ms}
+    assert load_model(out)[1]["training_window"] == load_model(run.path)[1]["training_window"]
+
+
+def test_an_export_written_before_the_window_was_recorded_loads_with_its_event_count(tmp_path):
+    out = export_random(tmp_path / "export", architecture=ARCH, input_spec=InputSpec(n_max=7000, size=(32, 32)))
+    meta = json.loads((out / "model.json").read_text())
+    del meta["training_window"]
+    (out / "model.json").write_text(json.dumps(meta))
+    assert load_model(out)[1]["training_window"] == {"events": 7000, "ms": None}

@@ -46,6 +46,7 @@ from mem_core.protocol import (
     decode_hist,
     decode_pred,
     decode_reply,
+    decode_sensor,
     decode_stats,
     decode_tokens,
     encode,
@@ -120,7 +121,7 @@ def _capture(server: LiveServer) -> dict[str, list[bytes]]:
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.connect(server.pub_endpoint)
         deadline = time.monotonic() + WAIT_S
-        while set(captured) < {"hist", "tokens", "pred", "stats"}:
+        while not {"sensor", "hist", "tokens", "pred", "stats"} <= set(captured):
             assert time.monotonic() < deadline, f"the server sent only {sorted(captured)}"
             if sub.poll(100):
                 frames = sub.recv_multipart()
@@ -319,7 +320,13 @@ def received(receiver: Callable[[list[bytes]], object], frames: list[bytes], kin
             return None
 
 
-VIEWER_DECODERS = {"hist": decode_hist, "tokens": decode_tokens, "pred": decode_pred, "stats": decode_stats}
+VIEWER_DECODERS = {
+    "sensor": decode_sensor,
+    "hist": decode_hist,
+    "tokens": decode_tokens,
+    "pred": decode_pred,
+    "stats": decode_stats,
+}
 
 
 def viewer_decode(frames: list[bytes]):
@@ -329,7 +336,11 @@ def viewer_decode(frames: list[bytes]):
 
 def assert_drawable(topic: str, content) -> None:
     """What the viewer relies on in accepted content (docs/protocol.md), whatever the message held."""
-    if topic == "hist":
+    if topic == "sensor":
+        image, (top, left, height, width) = content.image, content.input_region
+        assert image.shape[0] == 2 and max(image.shape) <= MAX_IMAGE_SIDE and np.isfinite(image).all()
+        assert 0 < height <= image.shape[1] + 1e-6 - top and 0 < width <= image.shape[2] + 1e-6 - left
+    elif topic == "hist":
         assert content.shape[0] == 2 and max(content.shape) <= MAX_IMAGE_SIDE and np.isfinite(content).all()
     elif topic == "tokens":
         tokens, num_tokens = content
@@ -340,8 +351,9 @@ def assert_drawable(topic: str, content) -> None:
         assert content.probs.shape == (len(content.classes),) and ((content.probs >= 0) & (content.probs <= 1)).all()
         assert all(entry["id"] < len(content.classes) and 0 <= entry["prob"] <= 1 for entry in content.top_k)
     else:  # stats: numbers where the status bar formats numbers, objects where it looks inside
-        objects = ("latency_ms", "stages_ms", "source", "recording")
-        numbers = [v for k, v in content.items() if k not in ("session", "task", "control", *objects)]
+        objects = ("latency_ms", "stages_ms", "source", "recording", "accumulation")
+        texts = ("session", "task", "model_state", "control")
+        numbers = [v for k, v in content.items() if k not in (*texts, *objects)]
         numbers += [*content.get("latency_ms", {}).values(), *content.get("stages_ms", {}).values()]
         assert all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in numbers)
         assert isinstance(content.get("source", {}), dict) and isinstance(content.get("recording") or {}, dict)
@@ -374,7 +386,7 @@ def test_control_socket_answers_every_request_with_a_valid_reply(server, message
         assert reply["command"] == request[0] and (reply["ok"] or "live source" in reply["error"]), reply
 
 
-VIEWER_MESSAGES = ["hist", "tokens", "pred", "pred-segmentation", "stats"]
+VIEWER_MESSAGES = ["sensor", "hist", "tokens", "pred", "pred-segmentation", "stats"]
 
 
 @pytest.mark.parametrize("name", [*VIEWER_MESSAGES, "control-reply"])
@@ -415,7 +427,7 @@ def test_viewer_drops_and_counts_bad_messages_and_draws_the_next_good_frame(wind
     with bounded_memory():
         window.apply({message.topic: message})
     assert window.bad_messages == bad + (not valid)
-    drawn = int(valid and message.topic == "hist")
+    drawn = int(valid and message.topic in ("sensor", "hist"))  # a new picture on screen
     good = decode(messages["hist"])
     window.apply({"hist": good, "pred": decode(messages["pred"]), "stats": decode(messages["stats"])})
     window.update_status()

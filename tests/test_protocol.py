@@ -18,6 +18,7 @@ from mem_core.protocol import (
     decode_events,
     decode_hist,
     decode_pred,
+    decode_sensor,
     decode_stats,
     decode_tokens,
     encode,
@@ -117,6 +118,11 @@ def test_control_requests_round_trip_and_are_checked():
         {"name": "take1"},
     )
     assert decode_control(decode(encode_control(3, "pause"))) == ("pause", {})
+    assert decode_control(decode(encode_control(4, "window", events=5000, ms=50.0))) == (
+        "window",
+        {"events": 5000, "ms": 50.0},
+    )
+    assert decode_control(decode(encode_control(5, "window", events=5000))) == ("window", {"events": 5000, "ms": None})
     for command, args, reason in (
         ("explode", {}, "unknown control command"),
         ("speed", {}, "value"),
@@ -125,6 +131,12 @@ def test_control_requests_round_trip_and_are_checked():
         ("seek", {"position_s": -1.0}, "outside"),
         ("seek", {"position_s": 1e308}, "outside"),  # in microseconds, an int() overflow in the control thread
         ("record_start", {"name": "a/b"}, "name"),
+        ("window", {"ms": 50.0}, "window: events"),
+        ("window", {"events": 0}, "window: events"),
+        ("window", {"events": 10**7}, "window: events"),  # a ring of 150 MB
+        ("window", {"events": 5000, "ms": 0}, "window: ms"),
+        ("window", {"events": 5000, "ms": 1e6}, "window: ms"),
+        ("window", {"events": 5000.5}, "window: events"),
     ):
         with pytest.raises(ProtocolError, match=reason):
             decode_control(decode(encode_control(0, command, **args)))
@@ -239,7 +251,15 @@ MASK = np.zeros((8, 8), np.uint8)
 PROBS = np.array([0.25, 0.75], np.float32)
 TOP_K = [{"id": 1, "name": "car", "prob": 0.75}, {"id": 0, "name": "background", "prob": 0.25}]
 CLASSES = ["background", "car"]
-DECODERS = {"hist": decode_hist, "tokens": decode_tokens, "pred": decode_pred, "stats": decode_stats}
+DECODERS = {
+    "sensor": decode_sensor,
+    "hist": decode_hist,
+    "tokens": decode_tokens,
+    "pred": decode_pred,
+    "stats": decode_stats,
+}
+VIEW = np.zeros((2, 100, 120), np.float16)
+SENSOR_FIELDS = {"sensor": [100, 120], "binning": 1}
 
 
 @pytest.mark.parametrize(
@@ -266,6 +286,19 @@ DECODERS = {"hist": decode_hist, "tokens": decode_tokens, "pred": decode_pred, "
         ("stats", {}, {"source": {"replay": {"duration_s": -1}}}, "source.replay.duration_s"),
         ("stats", {}, {"control": "garbage"}, "control"),
         ("stats", {}, {"malformed": 1.5}, "malformed"),
+        ("stats", {}, {"events_per_s": 10**400}, "events_per_s"),  # an OverflowError, not a ProtocolError, before
+        ("stats", {}, {"accumulation": {"events": 0}}, "accumulation.events"),
+        ("stats", {}, {"accumulation": {"ms": -1.0}}, "accumulation.ms"),
+        ("sensor", {"sensor": VIEW}, {"sensor": [100, 120], "binning": 2}, "binned by 2"),
+        ("sensor", {"sensor": VIEW}, {"sensor": [10**9, 120], "binning": 1}, "sensor"),
+        ("sensor", {"sensor": VIEW}, {"sensor": [100, 120]}, "binning"),
+        ("sensor", {"sensor": VIEW}, {**SENSOR_FIELDS, "input_region": [0, 0, 200, 120]}, "input_region"),
+        ("sensor", {"sensor": VIEW}, {**SENSOR_FIELDS, "input_region": [0, 0, 0, 120]}, "input_region"),
+        ("sensor", {"sensor": VIEW}, {**SENSOR_FIELDS, "input_region": [0, 0, 100]}, "input_region"),
+        ("sensor", {"sensor": VIEW.astype(np.float64)}, SENSOR_FIELDS, "float16/32"),
+        ("sensor", {"sensor": VIEW[:1]}, {"sensor": [100, 120], "binning": 1}, "shape"),
+        ("sensor", {"sensor": VIEW * np.float16(np.nan)}, SENSOR_FIELDS, "NaN"),
+        ("sensor", {"hist": VIEW}, SENSOR_FIELDS, "buffer 'sensor'"),
     ],
 )
 def test_content_that_does_not_fit_the_topic_is_a_protocol_error_naming_it(topic, arrays, fields, reason):
@@ -285,6 +318,15 @@ def test_what_the_server_sends_is_accepted_as_it_is():
     replay = {"playing": True, "speed": 1.0, "position_s": 0.5, "duration_s": 2.0}
     stats = {"events_per_s": 2.5e6, "control": "tcp://0.0.0.0:5558", "recording": None, "source": {"replay": replay}}
     assert decode_stats(decode(encode("stats", 0, **stats, unknown_field=[1]))) == stats
+    accumulation = {"events": 30000, "ms": None, "default_events": 30000, "default_ms": 100.0}
+    stats = {"model_state": "loading", "accumulation": accumulation}
+    assert decode_stats(decode(encode("stats", 0, **stats))) == stats
+    region = [0.0, 10.0, 100.0, 100.0]  # a centre crop of the model input
+    view = decode_sensor(decode(encode("sensor", 0, {"sensor": VIEW}, **SENSOR_FIELDS, input_region=region)))
+    assert view.sensor == (100, 120) and view.binning == 1 and view.input_region == tuple(region)
+    gen4 = np.zeros((2, 360, 640), np.float16)  # 1280 x 720 binned by 2
+    view = decode_sensor(decode(encode("sensor", 0, {"sensor": gen4}, sensor=[720, 1280], binning=2)))
+    assert view.input_region == (0, 0, 360, 640)  # the default: the whole picture
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
+import threading
 import time
 
 import numpy as np
@@ -12,15 +14,17 @@ import zmq
 
 from app.config import ServeConfig
 from app.live.ring import EventRing
+from app.live.sensor_view import sensor_view
 from app.live.server import LiveServer, control_endpoint_for
 from mem_core.configuration import ConfigError
 from mem_core.corpus import Corpus
-from mem_core.events import SensorSize
+from mem_core.events import SensorSize, make_events
 from mem_core.export import export_random
 from mem_core.inference import Predictor
 from mem_core.models import TokenizerConfig, ViTConfig
-from mem_core.protocol import decode, encode, encode_control, encode_events
+from mem_core.protocol import decode, decode_sensor, encode, encode_control, encode_events
 from mem_core.representation import InputSpec
+from mem_core.train.rundir import RunError
 from recorders.sources import open_source
 from recorders.synthetic import SyntheticSource
 
@@ -86,6 +90,15 @@ def collect(socket, until, timeout: float = WAIT_S) -> list:
     return messages
 
 
+def drain(socket, seconds: float) -> list:
+    """Every message that arrives within ``seconds``."""
+    messages, deadline = [], time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        if socket.poll(max(1, round(left * 1000))):
+            messages.append(decode(socket.recv_multipart()))
+    return messages
+
+
 def of(messages, topic):
     return [m for m in messages if m.topic == topic]
 
@@ -118,6 +131,18 @@ def test_ring_keeps_exactly_the_newest_events(events_factory):
             np.testing.assert_array_equal(snap.events, stream[len(stream) - min(n, len(stream), 100) :])
         assert snap.total == len(stream)
     assert snap.arrival == 39.0
+
+
+def test_ring_resize_keeps_the_newest_events_and_then_holds_the_new_capacity(events_factory):
+    stream = events_factory(300, seed=2)
+    ring = EventRing(100)
+    ring.push(stream[:250], arrival=1.0)
+    ring.resize(40)
+    np.testing.assert_array_equal(ring.snapshot().events, stream[210:250])
+    ring.resize(120)
+    ring.push(stream[250:], arrival=2.0)
+    np.testing.assert_array_equal(ring.snapshot().events, stream[210:])  # 40 kept + 50 new
+    assert ring.snapshot().total == 300
 
 
 def test_ring_clear_forgets_events_but_total_keeps_counting(events_factory):
@@ -181,8 +206,166 @@ def test_window_ms_caps_the_time_span_of_each_window(export):
         window = p.header["window"]
         assert window["t_last_us"] - window["t_first_us"] < 4000
         assert 0 < window["events"] < 2000
-    with pytest.raises(ValueError, match="window_ms"):
-        LiveServer(ServeConfig(model=export, window_ms=0.0), source=SyntheticSource(1000, SENSOR))
+    for bad in (-1.0, float("nan"), 1e9):  # a MemError: `mem serve --window-ms` says so in one line
+        with pytest.raises(ConfigError, match="window_ms"):
+            LiveServer(ServeConfig(model=export, window_ms=bad), source=SyntheticSource(1000, SENSOR))
+
+
+def window_spans(messages) -> list[tuple[int, float]]:
+    """(events, span in ms) of the windows of the ``pred`` messages."""
+    windows = [p.header["window"] for p in of(messages, "pred")]
+    return [(w["events"], (w["t_last_us"] - w["t_first_us"]) / 1e3) for w in windows]
+
+
+def test_the_export_s_training_window_is_the_default_and_old_exports_keep_theirs(export, tmp_path):
+    timed = export_random(
+        tmp_path / "timed",
+        architecture=ViTConfig(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, drop_path=0.0),
+        input_spec=InputSpec(n_max=2000, size=(32, 32)),
+        window_ms=4.0,  # as if trained on 4 ms samples
+    )
+    source = SyntheticSource(200_000, SENSOR, batch_us=2000)  # 2000 events span 10 ms
+    with serving(timed, source) as server, subscriber(server.pub_endpoint) as sub:
+        messages = collect(sub, lambda ms: len(of(ms, "pred")) >= 3 and of(ms, "stats")[-1:] and server.predictor)
+        stats = server.stats()
+    assert all(0 < n < 2000 and span < 4.0 for n, span in window_spans(messages))
+    assert stats["accumulation"] == {"events": 2000, "ms": 4.0, "default_events": 2000, "default_ms": 4.0}
+    source = SyntheticSource(200_000, SENSOR, batch_us=2000)
+    with serving(timed, source, window_ms=0.0) as server, subscriber(server.pub_endpoint) as sub:  # 0: no cap
+        messages = collect(sub, lambda ms: len(of(ms, "pred")) >= 3)
+    sizes = [n for n, _ in window_spans(messages)]
+    assert sizes[-1] == 2000 and max(sizes) == 2000  # the newest 2000 events, whatever their span (once filled)
+
+    meta = json.loads((export / "model.json").read_text())
+    assert meta["training_window"] == {"events": 2000, "ms": None}
+    del meta["training_window"]  # an export written before the window was recorded
+    old = tmp_path / "old"
+    shutil.copytree(export, old)
+    (old / "model.json").write_text(json.dumps(meta))
+    assert Predictor(old).training_window == (2000, None)
+
+
+def test_window_command_changes_the_windows_of_the_published_frames(export):
+    source = SyntheticSource(200_000, SENSOR, batch_us=2000)
+    with serving(export, source) as server, subscriber(server.pub_endpoint) as sub:
+        collect(sub, lambda ms: of(ms, "pred"))
+        reply = request(server.control_endpoint, "window", events=500, ms=None)
+        assert reply["ok"] and reply["state"]["accumulation"]["events"] == 500
+        messages = collect(sub, lambda ms: len([n for n, _ in window_spans(ms) if n == 500]) >= 3)
+        assert window_spans(messages)[-1][0] == 500
+        reply = request(server.control_endpoint, "window", events=100_000, ms=3.0)  # by time: at most 3 ms
+        assert reply["ok"] and reply["state"]["accumulation"]["ms"] == 3.0
+        messages = collect(sub, lambda ms: len([s for _, s in window_spans(ms) if s < 3.0]) >= 3)
+        events, span = window_spans(messages)[-1]
+        assert span < 3.0 and 200 < events < 2000  # ~600 events in 3 ms; far fewer than the 100 000 allowed
+        refused = request(server.control_endpoint, "window", events=0)
+        assert not refused["ok"] and "window: events" in refused["error"]
+        assert server.stats()["commands"] == 2  # carried out (the refused one is not counted)
+        assert server.stats()["accumulation"] == {
+            "events": 100_000,
+            "ms": 3.0,
+            "default_events": 2000,
+            "default_ms": None,
+        }
+
+
+class GatedPredictor(Predictor):
+    """The real predictor whose warm-up waits for ``release``: a model that takes its time to load."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.release = threading.Event()
+
+    def warm_up(self) -> None:
+        assert self.release.wait(WAIT_S)
+        super().warm_up()
+
+
+def test_sensor_views_stream_while_the_model_loads_and_predictions_follow(export):
+    predictor = GatedPredictor(export)
+    source = SyntheticSource(100_000, SENSOR, batch_us=5000)
+    with serving(export, source, predictor=predictor) as server, subscriber(server.pub_endpoint) as sub:
+        loading = collect(sub, lambda ms: len(of(ms, "sensor")) >= 3 and of(ms, "stats"))
+        state = request(server.control_endpoint, "state")["state"]
+        predictor.release.set()
+        ready = collect(
+            sub, lambda ms: of(ms, "pred") and "ready" in [m.header["model_state"] for m in of(ms, "stats")]
+        )
+    assert not of(loading, "hist") and not of(loading, "pred")
+    assert {m.header["model_state"] for m in of(loading, "stats")} == {"loading"}
+    assert state["model_state"] == "loading" and "task" not in state and "classes" not in state
+    view = decode_sensor(of(loading, "sensor")[-1])
+    assert view.image.shape == (2, 32, 48) and view.binning == 1 and view.input_region == (0, 0, 32, 48)
+    assert of(ready, "pred")[-1].header["frame"] in {m.header["frame"] for m in of(ready, "sensor")}
+
+
+def test_a_model_that_cannot_be_loaded_ends_the_server_with_its_error(tmp_path):
+    with pytest.raises(ConfigError, match="missing: no such directory"):  # at once, before loading anything
+        LiveServer(ServeConfig(model=tmp_path / "missing"), source=SyntheticSource(1000, SENSOR))
+    (tmp_path / "empty").mkdir()
+    server = LiveServer(
+        ServeConfig(model=tmp_path / "empty", pub="tcp://127.0.0.1:*"), source=SyntheticSource(1000, SENSOR)
+    )
+    with pytest.raises(RunError, match="empty: not a MEM run directory"):  # a MemError: `mem serve` prints one line
+        server.run(duration_s=WAIT_S)
+
+
+def test_sensor_view_keeps_the_sensor_geometry_and_every_event_and_bins_large_sensors():
+    sensor = SensorSize(100, 120)  # N-Cars: 120 wide, 100 high
+    xs, ys, ps = [110] * 3 + [2] + [60] * 1000, [5] * 3 + [90] + [50] * 1000, [1] * 3 + [0] + [1] * 1000
+    events = make_events(np.arange(len(xs)), xs, ys, ps)
+    view, binning = sensor_view(events, sensor)
+    assert view.shape == (2, 100, 120) and view.dtype == np.float16 and binning == 1
+    assert view[1, 5, 110] == 1.0 and np.isclose(view[0, 90, 2], 1 / 3, atol=1e-3)  # scaled to the brightest...
+    assert view[1, 50, 60] == 1.0  # ...that is not hot: a hot pixel is shown (clipped), it does not darken the rest
+    assert np.count_nonzero(view) == 3
+
+    gen4 = SensorSize(720, 1280)
+    view, binning = sensor_view(make_events([0, 1], [0, 1279], [0, 719], [1, 1]), gen4)
+    assert binning == 2 and view.shape == (2, 360, 640) and view[1, 359, 639] == view[1, 0, 0] == 1.0
+
+
+def rate_of(preds) -> float:
+    """Seconds of the stream per second of wall time over ``pred`` messages (newest event time vs arrival)."""
+    first, last = preds[0].header, preds[-1].header
+    stream_s = (last["window"]["t_last_us"] - first["window"]["t_last_us"]) / 1e6
+    return stream_s / (last["t_arrival"] - first["t_arrival"])
+
+
+def preds_after(sub, since: float, seconds: float) -> list:
+    """The ``pred`` messages whose newest event arrived after wall time ``since``, over ``seconds`` of arrivals."""
+
+    def fresh(ms):
+        return [m for m in of(ms, "pred") if m.header["t_arrival"] > since]
+
+    return fresh(collect(sub, lambda ms: len(fresh(ms)) > 1 and fresh(ms)[-1].header["t_arrival"] - since > seconds))
+
+
+def test_replay_speed_pause_and_seek_show_in_the_published_frames(export, data_dir):
+    from recorders.replay import ReplaySource
+
+    source = ReplaySource(data_dir / "fixtures" / "nmnist_sample.bin", loop=True, batch_us=2000)  # 310 ms
+    with serving(export, source) as server, subscriber(server.pub_endpoint) as sub:
+        assert server.model_loaded.wait(WAIT_S)
+        control = server.control_endpoint
+        for speed, lo, hi in ((4.0, 2.5, 6.0), (0.25, 0.15, 0.4)):
+            reply = request(control, "speed", value=speed)
+            assert reply["ok"] and reply["state"]["source"]["replay"]["speed"] == speed
+            rate = rate_of(preds_after(sub, time.time(), 1.0))
+            assert lo < rate < hi, f"at {speed}x the stream advanced {rate:.2f} s per second"
+
+        assert request(control, "pause")["ok"]
+        paused_at = time.time()
+        time.sleep(1.0)
+        late = of(drain(sub, 0.5), "pred")
+        assert all(m.header["t_arrival"] <= paused_at for m in late), "events arrived while paused"
+
+        reply = request(control, "seek", position_s=0.2)
+        assert reply["ok"] and reply["state"]["source"]["replay"]["position_s"] == 0.2
+        played_at = time.time()
+        assert request(control, "play")["ok"]
+        first = preds_after(sub, played_at, 0.0)[0].header["window"]  # 0.25x: 0.2 s of file take 0.8 s
+        assert 0.2 <= first["position_s"] < 0.3, f"the first frame after seeking to 0.2 s shows {first['position_s']}"
 
 
 class SlowPredictor(Predictor):

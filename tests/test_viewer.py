@@ -158,21 +158,105 @@ def test_status_bar_shows_rates_window_latency_skipped_and_dropped(window):
         assert part in text
 
 
-def test_replay_controls_follow_the_server_and_send_commands(window, qtbot):
-    replay = {"playing": True, "speed": 1.0, "position_s": 0.5, "duration_s": 2.0}
-    window.apply({"stats": stats(source={"kind": "file", "serial": "a.dat", "recordable": False, "replay": replay})})
+REPLAY = {"playing": True, "speed": 1.0, "position_s": 0.5, "duration_s": 2.0}
+FILE_SOURCE = {"kind": "file", "serial": "a.dat", "recordable": False, "replay": REPLAY}
+
+
+def test_replay_controls_follow_the_server(window):
+    window.apply({"stats": stats(source=FILE_SOURCE)})
     assert window.replay.isVisibleTo(window) and not window.record.isVisibleTo(window)
     assert window.replay.seek.value() == 250 and window.replay.play.text() == "Pause"
-    with qtbot.waitSignal(window.control_command) as sent:
-        window.replay.play.click()
-    assert sent.args == ["pause", {}]
-    with qtbot.waitSignal(window.control_command) as sent:
-        window.replay.speed.activated.emit(window.replay.SPEEDS.index(2.0))
-    assert sent.args == ["speed", {"value": 2.0}]
-    window.replay.seek.setValue(500)
-    with qtbot.waitSignal(window.control_command) as sent:
-        window.replay.seek.sliderReleased.emit()
-    assert sent.args == ["seek", {"position_s": 1.0}]
+    assert window.replay.position.text() == "0.50 / 2.00 s"
+
+
+def test_the_seek_slider_stays_where_it_was_dropped_until_the_server_confirms(window):
+    window.apply({"stats": stats(source=FILE_SOURCE)})
+    window.replay.seek.setValue(750)
+    window.replay.seek.sliderReleased.emit()
+    window.apply({"stats": stats(source=FILE_SOURCE)})  # sent before the server saw the seek: position 0.5 s
+    assert window.replay.seek.value() == 750, "the slider snapped back"
+    window.apply_reply({"command": "seek", "ok": True, "error": None, "state": {"source": {"replay": REPLAY}}})
+    assert window.replay.seek.value() == 250  # the server's answer is the truth
+
+
+def sensor_message(image, sensor, seq: int = 0, binning: int = 1, **fields):
+    return message("sensor", seq, {"sensor": image}, sensor=list(sensor), binning=binning, **fields)
+
+
+def test_the_sensor_view_keeps_the_sensor_s_shape_and_the_model_input_is_a_toggle(window):
+    image = np.zeros((2, 100, 120), np.float16)  # N-Cars: 120 wide, 100 high
+    image[1, :50, :60] = 1.0
+    tokens = np.arange(16, dtype=np.int32).reshape(4, 4)
+    window.apply(
+        {
+            "sensor": sensor_message(image, (100, 120)),
+            "hist": message("hist", 0, {"hist": hist_with_on_and_off(32)}),
+            "tokens": message("tokens", 0, {"tokens": tokens}, num_tokens=64),
+        }
+    )
+    state = window.view_state()
+    assert state["histogram"]["view"] == "sensor" and state["histogram"]["shape"] == [100, 120]
+    *_, w, h = state["histogram"]["rect"]
+    assert abs(w / h - 1.2) < 0.02, "drawn in the sensor's aspect ratio"
+    window.update_status()
+    assert window.status_labels["view"].text() == "sensor 120 x 100"
+    rgb = window.view.composite()  # the token grid covers the whole sensor: cell (3, 3) is the bottom-right
+    corner = TOKEN_ALPHA / 255 * token_colors(64)[15].astype(np.float32)
+    np.testing.assert_allclose(rgb[99, 119], corner, atol=1)
+    assert window.view.token_at(119.0, 99.0) == (3, 3, 15)
+
+    window.input_box.setChecked(True)
+    assert window.view.shape == (32, 32) and window.view_state()["histogram"]["view"] == "input"
+    window.update_status()
+    assert window.status_labels["view"].text() == "model input 32 x 32 (sensor 120 x 100)"
+    assert window.frames_shown == 1
+
+
+def test_a_cropped_model_input_is_outlined_and_only_its_region_gets_overlays(window):
+    tokens = np.zeros((2, 2), np.int32)
+    window.apply(
+        {
+            "sensor": sensor_message(np.zeros((2, 60, 80), np.float16), (60, 80), input_region=[10, 20, 40, 40]),
+            "tokens": message("tokens", 0, {"tokens": tokens}, num_tokens=8),
+        }
+    )
+    rgb = window.view.composite()
+    assert rgb[5, 5].max() == 0 and rgb[30, 40].max() > 0  # outside the region untinted, inside tinted
+    assert window.view.crop.isVisible() and window.view.crop.rect() == QtCore.QRectF(20, 10, 40, 40)
+
+
+def test_loading_model_is_shown_until_the_first_prediction(window):
+    window.apply({"stats": stats(model_state="loading")})
+    assert window.top_k.best.text() == "loading model..." and window.header.text().startswith("loading model...")
+    window.apply({"pred": pred([0.1, 0.7, 0.2]), "stats": stats(model_state="ready")})
+    assert window.top_k.best.text().startswith("car")
+
+
+def test_accumulation_controls_follow_the_server_s_window(window):
+    accumulation = {"events": 30000, "ms": 100.0, "default_events": 30000, "default_ms": 100.0}
+    window.apply({"stats": stats(accumulation=accumulation, events_per_s=35_200.0)})
+    controls = window.accumulation
+    assert controls.isVisibleTo(window) and controls.mode.currentText() == "time"
+    assert controls.value.text() == "100 ms (\u2264 30,000 events)" and controls.window()["ms"] == 100.0
+    window.apply({"stats": stats(accumulation={**accumulation, "events": 5000, "ms": None}, events_per_s=35_200.0)})
+    assert controls.mode.currentText() == "events" and controls.window() == {"events": 5000, "ms": None}
+    window.update_status()
+    assert window.status_labels["events"].text() == "35.2 kev/s"
+
+
+def test_stats_sent_before_the_server_carried_out_a_command_do_not_undo_it_on_screen(window):
+    """Stats and replies come on different sockets: stats published just before a command was carried out can
+    arrive after its reply. The server counts the commands it carried out; older stats do not move the controls."""
+    events = {"events": 3000, "ms": None, "default_events": 3000, "default_ms": None}
+    timed = {**events, "ms": 22.0}
+    window.apply({"stats": stats(accumulation=events, commands=0)})
+    window.apply_reply(
+        {"command": "window", "ok": True, "error": None, "state": {"commands": 1, "accumulation": timed}}
+    )
+    window.apply({"stats": stats(accumulation=events, commands=0)})  # published before the command
+    assert window.accumulation.mode.currentText() == "time" and window.accumulation.window()["ms"] == 22.0
+    window.apply({"stats": stats(accumulation=events, commands=2)})  # another viewer's command: followed
+    assert window.accumulation.mode.currentText() == "events"
 
 
 def test_record_controls_appear_for_live_sources_and_follow_the_recording(window, qtbot):
@@ -294,6 +378,60 @@ def test_client_started_first_waits_and_picks_up_a_restarted_server(qtbot):
         assert client.tracker.restarts == 1
     finally:
         client.close()
+
+
+@pytest.fixture
+def control_socket():
+    """A REP socket standing in for the server's control socket: what arrives there is what a server gets."""
+    rep = zmq.Context.instance().socket(zmq.REP)
+    rep.setsockopt(zmq.LINGER, 0)
+    port = rep.bind_to_random_port("tcp://127.0.0.1")
+    yield rep, f"tcp://127.0.0.1:{port}"
+    rep.close(0)
+
+
+def test_the_window_s_controls_reach_the_control_socket_with_their_arguments(qtbot, publisher, client, control_socket):
+    """What the server receives, not what a signal emits: PySide used to drop the arguments of ``Signal(str,
+    dict)`` on the way to ``send_control``, and the server answered "speed: value must be a finite number, got
+    None"."""
+    socket, _ = publisher
+    rep, endpoint = control_socket
+    window = ViewerWindow(client)
+    qtbot.addWidget(window)
+    accumulation = {"events": 30000, "ms": None, "default_events": 30000, "default_ms": 100.0}
+    advert = {"session": "S", "control": endpoint, "source": FILE_SOURCE, "accumulation": accumulation}
+    deadline = time.monotonic() + WAIT_MS / 1000
+    while not window.accumulation.isVisibleTo(window):
+        assert time.monotonic() < deadline, "the viewer never got the stats"
+        socket.send_multipart(encode("stats", 0, **advert))
+        qtbot.wait(50)
+    qtbot.waitUntil(lambda: client.send_control("state"), timeout=WAIT_MS)  # connected
+    assert rep.poll(WAIT_MS)
+    rep.recv_multipart()
+    rep.send_multipart(encode_control(0, "state", ok=True, error=None, state={}))
+
+    def server_receives(action) -> tuple[str, dict]:
+        action()
+        assert rep.poll(WAIT_MS), "nothing reached the control socket"
+        request = decode_control(decode(rep.recv_multipart()))  # a ProtocolError for a command without arguments
+        rep.send_multipart(encode_control(0, request[0], ok=True, error=None, state={}))
+        return request
+
+    replay = window.replay
+    assert server_receives(lambda: replay.speed.activated.emit(replay.SPEEDS.index(2.0))) == ("speed", {"value": 2.0})
+    replay.seek.setValue(500)
+    assert server_receives(replay.seek.sliderReleased.emit) == ("seek", {"position_s": 1.0})
+    assert server_receives(replay.play.click) == ("pause", {})
+    controls = window.accumulation
+    controls.mode.setCurrentText("time")
+    assert server_receives(lambda: controls.mode.activated.emit(0)) == ("window", {"events": 30000, "ms": 100.0})
+    assert server_receives(lambda: controls.slider.setValue(controls.STEPS)) == (
+        "window",
+        {"events": 30000, "ms": 10000.0},
+    )
+    controls.mode.setCurrentText("events")
+    assert server_receives(lambda: controls.mode.activated.emit(1)) == ("window", {"events": 30000, "ms": None})
+    assert server_receives(controls.reset.click) == ("window", {"events": 30000, "ms": 100.0})
 
 
 def test_client_sends_control_requests_to_the_advertised_endpoint(qtbot, publisher, client):

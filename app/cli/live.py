@@ -28,13 +28,17 @@ def serve(
     ] = _S.tokenizer,
     window: Annotated[
         int | None,
-        typer.Option("--window", help="Events per window (default: the model's n_max, 30000 for the paper's models)."),
+        typer.Option(
+            "--window",
+            help="Events per window (default: the model's n_max, 30000 for the paper's models; mem view can change it).",
+        ),
     ] = _S.window,
     window_ms: Annotated[
         float | None,
         typer.Option(
             "--window-ms",
-            help="Also cap the window's time span (ms), e.g. 100 for a model trained on 100 ms N-Cars samples.",
+            help="Also cap the window's time span (ms); 0: no cap. Default: the span of the model's training samples "
+            "where its export records one (100 for N-Cars, 50 for sim), else no cap.",
         ),
     ] = _S.window_ms,
     pub: Annotated[str, typer.Option("--pub", help="PUB endpoint to bind.")] = _S.pub,

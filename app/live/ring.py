@@ -19,15 +19,14 @@ class RingSnapshot(NamedTuple):
 
 
 class EventRing:
-    """The newest ``capacity`` events. ``push`` and ``snapshot`` may run in different threads.
+    """The newest ``capacity`` events. ``push``, ``snapshot`` and ``resize`` may run in different threads.
 
     A push copies at most ``capacity`` events (the newest of the batch), so a source delivering far more events
     than a window holds costs little here: everything older than the newest window is never copied.
     """
 
     def __init__(self, capacity: int) -> None:
-        if capacity <= 0:
-            raise ValueError(f"ring capacity must be positive, got {capacity}")
+        _check_capacity(capacity)
         self.capacity = capacity
         self._bytes = np.empty(capacity * _ITEMSIZE, dtype=np.uint8)  # the events' raw bytes
         self._lock = threading.Lock()
@@ -41,10 +40,10 @@ class EventRing:
         n = len(events)
         if n == 0:
             return
-        # Copy raw bytes: numpy copies the packed 15-byte EVENT_DTYPE element by element, ~20x slower.
-        keep = np.ascontiguousarray(events[-self.capacity :]).view(np.uint8)
-        k = len(keep) // _ITEMSIZE
-        with self._lock:
+        with self._lock:  # (the capacity may change between pushes)
+            # Copy raw bytes: numpy copies the packed 15-byte EVENT_DTYPE element by element, ~20x slower.
+            keep = np.ascontiguousarray(events[-self.capacity :]).view(np.uint8)
+            k = len(keep) // _ITEMSIZE
             first = min(k, self.capacity - self._head)
             self._bytes[self._head * _ITEMSIZE : (self._head + first) * _ITEMSIZE] = keep[: first * _ITEMSIZE]
             self._bytes[: (k - first) * _ITEMSIZE] = keep[first * _ITEMSIZE :]
@@ -56,13 +55,26 @@ class EventRing:
     def snapshot(self, n: int | None = None) -> RingSnapshot:
         """A copy of the newest ``min(n, capacity)`` events (all held events when ``n`` is None)."""
         with self._lock:
-            k = self._size if n is None else min(n, self._size)
-            start = (self._head - k) % self.capacity
-            if start + k <= self.capacity:
-                raw = self._bytes[start * _ITEMSIZE : (start + k) * _ITEMSIZE].copy()
-            else:
-                raw = np.concatenate([self._bytes[start * _ITEMSIZE :], self._bytes[: self._head * _ITEMSIZE]])
+            raw = self._newest_bytes(self._size if n is None else min(n, self._size))
             return RingSnapshot(raw.view(EVENT_DTYPE), self._total, self._arrival)
+
+    def resize(self, capacity: int) -> None:
+        """Hold up to ``capacity`` events from now on, keeping the newest of those held."""
+        _check_capacity(capacity)
+        with self._lock:
+            raw = self._newest_bytes(min(self._size, capacity))
+            self._bytes = np.empty(capacity * _ITEMSIZE, dtype=np.uint8)
+            self._bytes[: len(raw)] = raw
+            self.capacity = capacity
+            self._size = len(raw) // _ITEMSIZE
+            self._head = self._size % capacity
+
+    def _newest_bytes(self, k: int) -> np.ndarray:
+        """A copy of the raw bytes of the newest ``k`` held events, oldest first (call with the lock held)."""
+        start = (self._head - k) % self.capacity
+        if start + k <= self.capacity:
+            return self._bytes[start * _ITEMSIZE : (start + k) * _ITEMSIZE].copy()
+        return np.concatenate([self._bytes[start * _ITEMSIZE :], self._bytes[: self._head * _ITEMSIZE]])
 
     @property
     def total(self) -> int:
@@ -70,7 +82,12 @@ class EventRing:
         return self._total
 
     def clear(self) -> None:
-        """Forget the held events (e.g. when the sensor changes); ``total`` keeps counting."""
+        """Forget the held events (a new sensor, a seek); ``total`` keeps counting."""
         with self._lock:
             self._head = self._size = 0
             self._arrival = float("nan")
+
+
+def _check_capacity(capacity: int) -> None:
+    if capacity <= 0:
+        raise ValueError(f"ring capacity must be positive, got {capacity}")

@@ -1,42 +1,77 @@
 """``mem serve``: run a model on the newest events of a live source and publish the results over ZMQ.
 
-Three threads:
+Four threads:
 
-- the reader pulls batches from the source into an ``EventRing`` of the newest ``window`` events, stamping
-  each batch with its arrival time (and appends them to a corpus while recording);
-- the inference loop (the thread calling ``run``) takes the newest window whenever new events arrived,
-  runs the ``Predictor`` and publishes ``hist``, ``tokens``, ``pred`` messages; windows that came and went
-  while it was busy are counted as skipped, never queued; ``stats`` go out every ``stats_interval_s``;
-- the control thread answers JSON requests on a REP socket (replay and recording commands, state).
+- the reader pulls batches from the source into an ``EventRing`` of the newest window, stamping each batch with
+  its arrival time (and appends them to a corpus while recording); between batches it carries out the replay
+  commands (play, pause, speed, seek), so the first batch after a seek is known;
+- the loader imports torch and loads the model. The source streams from the start: until the model is ready the
+  server publishes the sensor view of every window and ``stats`` saying ``model_state: "loading"``;
+- the inference loop (the thread calling ``run``) takes the newest window whenever new events arrived, publishes
+  its ``sensor`` view and, once the model is loaded, runs the ``Predictor`` and publishes ``hist``, ``tokens``,
+  ``pred``; windows that came and went while it was busy are counted as skipped, never queued; ``stats`` go out
+  every ``stats_interval_s``;
+- the control thread answers JSON requests on a REP socket (replay, window and recording commands, state).
 
+The window is the newest ``events`` events, none older than ``ms`` before the newest: by default the window the
+model was trained on (``mem export`` records it), changed at run time by the ``window`` command.
 The wire format is in ``mem_core.protocol`` and docs/protocol.md.
 """
 
 from __future__ import annotations
 
+import math
+import queue
 import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
 from datetime import datetime
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import zmq
 
 from app.config import ServeConfig
 from app.live.ring import EventRing
+from app.live.sensor_view import sensor_view
 from mem_core.configuration import ConfigError
 from mem_core.events import SensorSize
-from mem_core.inference import Output, Predictor
-from mem_core.protocol import MAX_TEXT, ProtocolError, decode, decode_control, encode, encode_control
+from mem_core.protocol import (
+    MAX_TEXT,
+    MAX_WINDOW_EVENTS,
+    MAX_WINDOW_MS,
+    ProtocolError,
+    decode,
+    decode_control,
+    encode,
+    encode_control,
+)
 from recorders.base import LiveSource, RecorderError
 from recorders.live_recorder import LiveRecorder
 from recorders.publish import CLOSE_LINGER_MS
 from recorders.sources import open_source
 
+if TYPE_CHECKING:  # torch is imported by the loader thread, not at start
+    from mem_core.inference import Output, Predictor
+
 RECORDABLE_KINDS = ("camera", "sim")
+REPLAY_COMMANDS = ("play", "pause", "speed", "seek")
 LATENCY_HISTORY = 100_000  # (time, latency) pairs kept for benchmarks
+LOADING_WINDOW_EVENTS = 30_000  # the window until the model tells its own (the paper's n_max)
+PREVIEW_INTERVAL_S = 0.2  # sensor views while the model loads: 5 a second leave the CPU to the loading
+REPLAY_COMMAND_WAIT_S = 5.0  # the reader thread carries a replay command out within ~50 ms; a reply waits this long
+
+
+class Window(NamedTuple):
+    """What a prediction sees: the newest ``events`` events, none older than ``ms`` before the newest (None: no
+    time limit)."""
+
+    events: int
+    ms: float | None
 
 
 def control_endpoint_for(pub: str) -> str:
@@ -53,6 +88,27 @@ def control_endpoint_for(pub: str) -> str:
     return f"{host}:{int(port) + 1}"
 
 
+def configured_window(config: ServeConfig, model: tuple[int, float | None] | None) -> Window:
+    """The window ``config`` asks for; what it leaves open comes from the model's training window (``model``,
+    None while loading). ``window_ms`` 0 means no time limit."""
+    events = config.window or min(model[0] if model else LOADING_WINDOW_EVENTS, MAX_WINDOW_EVENTS)
+    ms = config.window_ms if config.window_ms is not None else (model[1] if model else None)
+    return Window(events, ms or None)
+
+
+def _check_options(config: ServeConfig, loading: bool) -> None:
+    """Bad options as one line at once, not after the seconds of loading the model."""
+    if loading and not Path(config.model).is_dir():
+        raise ConfigError(f"model {config.model}: no such directory (an export or a finetune / segment run)")
+    if config.window is not None and not 1 <= config.window <= MAX_WINDOW_EVENTS:
+        raise ConfigError(f"window must be 1 to {MAX_WINDOW_EVENTS:,} events, got {config.window}")
+    ms = config.window_ms
+    if ms is not None and not (math.isfinite(ms) and 0 <= ms <= MAX_WINDOW_MS):
+        raise ConfigError(f"window_ms must be 0 (no time limit) to {MAX_WINDOW_MS:g} ms, got {ms}")
+    if config.top_k <= 0 or config.stats_interval_s <= 0:
+        raise ConfigError(f"top_k and stats_interval_s must be positive, got {config.top_k}, {config.stats_interval_s}")
+
+
 class ControlError(Exception):
     """A control request that cannot be carried out (the reply's ``error``)."""
 
@@ -65,6 +121,8 @@ class LiveServer:
         source: a ``LiveSource`` to use instead of opening ``config.source``.
         predictor: a ``Predictor`` to use instead of loading ``config.model``.
         context: the ZMQ context (default: the process-wide instance).
+        torch_threads: torch CPU threads to set when the model is loaded (``mem serve --threads``); None leaves
+            the process's setting alone (tests and benchmarks that share their process).
     """
 
     def __init__(
@@ -74,18 +132,18 @@ class LiveServer:
         source: LiveSource | None = None,
         predictor: Predictor | None = None,
         context: zmq.Context | None = None,
+        torch_threads: int | None = None,
     ) -> None:
+        _check_options(config, loading=predictor is None)
         self.config = config
-        self.predictor = predictor or Predictor(config.model, config.tokenizer, config.device)
-        self.window = config.window or self.predictor.spec.n_max
-        bad_span = config.window_ms is not None and not config.window_ms > 0  # (NaN too)
-        if self.window <= 0 or config.top_k <= 0 or config.stats_interval_s <= 0 or bad_span:
-            raise ValueError(
-                f"window, window_ms, top_k and stats_interval_s must be positive, got {self.window}, "
-                f"{config.window_ms}, {config.top_k}, {config.stats_interval_s}"
-            )
+        self.predictor: Predictor | None = None  # set by the loader thread once the model is ready
+        self._given_predictor = predictor
+        self._torch_threads = torch_threads
+        self.default_window = configured_window(config, None)
+        self.window = self.default_window
+        self._window_chosen = False  # a window command came: the model's training window no longer applies
         self.source = source or open_source(config.source, speed=config.speed, loop=config.loop)
-        self.ring = EventRing(self.window)
+        self.ring = EventRing(self.window.events)
         self.session = uuid.uuid4().hex[:12]
         self._context = context or zmq.Context.instance()
         self._pub = self._bind(zmq.PUB, config.pub)
@@ -98,19 +156,25 @@ class LiveServer:
         self.control_endpoint = self._control.getsockopt_string(zmq.LAST_ENDPOINT)
         kind = self.source.metadata.get("kind")
         self.recorder = LiveRecorder(config.record_dir) if kind in RECORDABLE_KINDS else None
+        self.announce: Callable[[str], None] | None = None  # told when the model is ready (``mem serve`` prints it)
 
+        self.model_loaded = threading.Event()
+        self.model_ready_s: float | None = None  # seconds from ``run()`` to a loaded, warmed-up model
         self._stop = threading.Event()
         self._new_events = threading.Event()
+        self._refresh = False  # infer the held window again (the model came, the window changed)
         self._threads: list[threading.Thread] = []
         self._runner: threading.Thread | None = None
         self._source_done = False
         self._error: BaseException | None = None
         self._sensor: SensorSize | None = None
-        self._seq = dict.fromkeys(("hist", "tokens", "pred", "stats"), 0)
+        self._seq = dict.fromkeys(("sensor", "hist", "tokens", "pred", "stats"), 0)
         # inference bookkeeping (inference thread only)
-        self.frames = 0
+        self.frames = 0  # predictions
+        self.windows = 0  # windows published (the ``frame`` id; sensor views while the model loads included)
         self.skipped_windows = 0
         self.control_malformed = 0
+        self.commands = 0  # control commands carried out (stats carry it: a client tells stats older than a reply)
         # (publish time, latency) in monotonic seconds; other threads read it with list() (atomic under the GIL)
         self.latencies: deque[tuple[float, float]] = deque(maxlen=LATENCY_HISTORY)
         self._seen_total = 0
@@ -118,7 +182,8 @@ class LiveServer:
         self._last_window: dict[str, Any] = {}
         self._last_stages: dict[str, float] = {}
         self._stats_mark = (time.monotonic(), 0, 0)  # (time, ring total, frames) at the last stats message
-        # replay position (reader thread writes, others read)
+        # replay: commands for the reader thread; position (reader thread writes, others read)
+        self._replay_commands: queue.SimpleQueue[tuple[str, dict[str, Any], Future]] = queue.SimpleQueue()
         self._replay_base_us: int | None = 0
         self._replay_ref_us = 0
         self.replay_position_us = 0
@@ -152,13 +217,15 @@ class LiveServer:
             self._runner.join(timeout)
 
     def run(self, duration_s: float | None = None) -> None:
-        """Serve until ``stop()``, the end of a non-looping source, or ``duration_s``; re-raises a source error."""
+        """Serve until ``stop()``, the end of a non-looping source, or ``duration_s``; re-raises an error of the
+        source or of loading the model."""
         duration_s = duration_s if duration_s is not None else self.config.duration_s
-        self.predictor.warm_up()
-        end = None if duration_s is None else time.monotonic() + duration_s
+        started = time.monotonic()
+        end = None if duration_s is None else started + duration_s
         self._threads = [
             threading.Thread(target=self._read_source, name="mem-serve-reader", daemon=True),
             threading.Thread(target=self._serve_control, name="mem-serve-control", daemon=True),
+            threading.Thread(target=self._load_model, args=(started,), name="mem-serve-loader", daemon=True),
         ]
         for thread in self._threads:
             thread.start()
@@ -176,6 +243,39 @@ class LiveServer:
         if self._error is not None:
             raise self._error
 
+    # ---- loader thread -------------------------------------------------------------------------------------
+
+    def _load_model(self, started: float) -> None:
+        """Import torch, load and warm up the model, then hand it to the inference loop."""
+        try:
+            import torch
+
+            from mem_core.inference import Predictor
+
+            if self._torch_threads is not None:
+                torch.set_num_threads(self._torch_threads)
+            config = self.config
+            predictor = self._given_predictor or Predictor(config.model, config.tokenizer, config.device)
+            predictor.warm_up()
+        except Exception as exc:  # reported by run() in the main thread
+            self._error = exc
+            self._stop.set()
+            self._new_events.set()
+            return
+        self.default_window = configured_window(self.config, predictor.training_window)
+        if not self._window_chosen:
+            self._set_window(self.default_window)
+        self._refresh = True  # before the predictor: the loop must not end a finished file before this inference
+        self.predictor = predictor
+        self.model_ready_s = time.monotonic() - started
+        self.model_loaded.set()
+        self._new_events.set()
+        if self.announce is not None:
+            self.announce(
+                f"mem serve: {predictor.task} model ready after {self.model_ready_s:.1f} s, "
+                f"window {describe_window(self.window)}"
+            )
+
     # ---- reader thread -------------------------------------------------------------------------------------
 
     def _read_source(self) -> None:
@@ -184,19 +284,9 @@ class LiveServer:
             for batch in self.source:
                 if self._stop.is_set():
                     break
-                if len(batch) == 0:
-                    continue
-                arrival = time.monotonic()
-                sensor = SensorSize(*self.source.sensor)
-                if sensor != self._sensor or (last_t is not None and int(batch["t"][0]) < last_t):
-                    self.ring.clear()  # a new stream (another sensor or a restarted publisher)
-                    self._sensor = sensor
-                last_t = int(batch["t"][-1])
-                self.ring.push(batch, arrival)
-                self._track_replay(batch)
-                if self.recorder is not None:
-                    self.recorder.append(batch, sensor, self.source.metadata)
-                self._new_events.set()
+                if len(batch):
+                    last_t = self._take(batch, last_t)
+                self._apply_replay_commands()  # between batches: the next batch is the first after a seek
         except Exception as exc:  # reported by run() in the main thread
             self._error = exc
             self._stop.set()
@@ -204,73 +294,143 @@ class LiveServer:
             self._source_done = True
             self._new_events.set()
 
+    def _take(self, batch: np.ndarray, last_t: int | None) -> int:
+        """Put a batch into the ring (and the recording); returns its newest time."""
+        arrival = time.monotonic()
+        sensor = SensorSize(*self.source.sensor)
+        if sensor != self._sensor or (last_t is not None and int(batch["t"][0]) < last_t):
+            self.ring.clear()  # a new stream (another sensor or a restarted publisher)
+            self._sensor = sensor
+        self._track_replay(batch)  # before the push: a window never holds events of an unknown position
+        self.ring.push(batch, arrival)
+        if self.recorder is not None:
+            self.recorder.append(batch, sensor, self.source.metadata)
+        self._new_events.set()
+        return int(batch["t"][-1])
+
     def _track_replay(self, batch: np.ndarray) -> None:
         if not hasattr(self.source, "t_last"):
             return
-        duration = int(self.source.t_last) - int(self.source.t_first) + 1  # loops continue 1 us after the end
         if self._replay_base_us is not None:  # first batch after the start or a seek
             self._replay_ref_us = int(batch["t"][0]) - self._replay_base_us
             self._replay_base_us = None
-        self.replay_position_us = (int(batch["t"][-1]) - self._replay_ref_us) % duration
+        self.replay_position_us = self._file_position_us(int(batch["t"][-1]))
+
+    def _file_position_us(self, t_us: int) -> int:
+        """Where in the replayed file the event at stream time ``t_us`` lies (loops continue 1 us after the end)."""
+        duration = int(self.source.t_last) - int(self.source.t_first) + 1
+        return (t_us - self._replay_ref_us) % duration
+
+    def _apply_replay_commands(self) -> None:
+        while True:
+            try:
+                command, args, done = self._replay_commands.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                self._apply_replay(command, args)
+            except Exception as exc:  # handed to the control thread, which answers with it
+                done.set_exception(exc)
+            else:
+                done.set_result(None)
+
+    def _apply_replay(self, command: str, args: dict[str, Any]) -> None:
+        source = self.source
+        if command == "play":
+            source.resume()
+        elif command == "pause":
+            source.pause()
+        elif command == "speed":
+            source.speed = args["value"]
+        else:
+            position = min(int(args["position_s"] * 1e6), int(source.t_last) - int(source.t_first))
+            source.seek(position)
+            self._replay_base_us = self.replay_position_us = position
+            self.ring.clear()  # a window from before the seek would mix two moments of the file
 
     # ---- inference loop ------------------------------------------------------------------------------------
 
     def _inference_loop(self, end: float | None) -> None:
         interval = self.config.stats_interval_s
-        next_stats = time.monotonic() + interval
+        next_stats = time.monotonic()  # a first stats message at once: a viewer learns "loading model" early
         while not self._stop.is_set():
             now = time.monotonic()
             if end is not None and now >= end:
                 break
-            wait = next_stats - now if end is None else min(next_stats, end) - now
-            if self._new_events.wait(max(wait, 0.0)):
-                self._new_events.clear()
+            if now >= next_stats:
+                self._publish_stats()
+                next_stats = max(next_stats + interval, now)
+            wait = max((next_stats if end is None else min(next_stats, end)) - now, 0.0)
+            if self.predictor is None:
+                # loading: a sensor view now and then, no wake-up per batch (the CPU is the loader's)
+                self.model_loaded.wait(min(wait, PREVIEW_INTERVAL_S))
                 if self.ring.total != self._seen_total:
                     self._infer_and_publish()
-                elif self._source_done:
-                    break
-            if time.monotonic() >= next_stats:
-                self._publish_stats()
-                next_stats = max(next_stats + interval, time.monotonic())
+                continue
+            if self._new_events.wait(wait):
+                self._new_events.clear()
+                if self.ring.total != self._seen_total or self._refresh:
+                    self._refresh = False
+                    self._infer_and_publish()
+            if self._source_done and self.ring.total == self._seen_total and not self._refresh:
+                break  # a file played to its end, and its last window was inferred
         self._publish_stats()
 
+    def _request_refresh(self) -> None:
+        self._refresh = True
+        self._new_events.set()
+
     def _infer_and_publish(self) -> None:
-        snap = self.ring.snapshot(self.window)
-        sensor = self._sensor
+        window, predictor, sensor = self.window, self.predictor, self._sensor  # (other threads may replace them)
+        snap = self.ring.snapshot(window.events)
         new_events = snap.total - self._seen_total
         self._seen_total = snap.total
         if len(snap.events) == 0 or sensor is None:
             return
-        # events that arrived but never fell inside a window: whole windows of them are "skipped"
-        self._unseen_events += max(0, new_events - len(snap.events))
-        self.skipped_windows = self._unseen_events // self.window
-        events = snap.events
-        if self.config.window_ms is not None:  # live sources keep time monotonic, so the newest span is a suffix
-            t = events["t"]
-            events = events[np.searchsorted(t, t[-1] - round(self.config.window_ms * 1000), side="right") :]
-        out = self.predictor(events, sensor)
-        self.frames += 1
+        if predictor is not None:  # events never inferred, in whole windows, are "skipped" (not while loading)
+            self._unseen_events += max(0, new_events - len(snap.events))
+            self.skipped_windows = self._unseen_events // window.events
+        events = newest_span(snap.events, window.ms)
+        start = time.perf_counter()
+        view, binning = sensor_view(events, sensor)
+        stages = {"sensor": (time.perf_counter() - start) * 1e3}
+        out = predictor(events, sensor) if predictor is not None else None
+        self.windows += 1
+        common = self._frame_fields(events, sensor, snap.arrival)
+        start = time.perf_counter()
+        region = predictor.input_region(sensor) if predictor is not None else (0, 0, sensor.height, sensor.width)
+        input_region = [v / binning for v in region]
+        self._send("sensor", {"sensor": view}, binning=binning, input_region=input_region, **common)
+        if out is not None:
+            self._publish_prediction(out, common, snap.arrival, record_latency=new_events > 0)
+            stages.update(out.stages_ms)
+        self._last_stages = {**stages, "publish": (time.perf_counter() - start) * 1e3}
+
+    def _frame_fields(self, events: np.ndarray, sensor: SensorSize, arrival: float) -> dict[str, Any]:
+        """The fields every message of one window carries."""
         t = events["t"]
-        wall_arrival = time.time() - (time.monotonic() - snap.arrival)
         self._last_window = {"events": len(events), "t_first_us": int(t[0]), "t_last_us": int(t[-1])}
-        common = {
+        if hasattr(self.source, "t_last"):  # a replay: where in the file the newest event lies
+            self._last_window["position_s"] = self._file_position_us(int(t[-1])) / 1e6
+        return {
             "session": self.session,
-            "frame": self.frames,
-            "t_arrival": wall_arrival,
+            "frame": self.windows,
+            "t_arrival": time.time() - (time.monotonic() - arrival),
             "window": self._last_window,
             "sensor": [sensor.height, sensor.width],
         }
-        start = time.perf_counter()
+
+    def _publish_prediction(self, out: Output, common: dict[str, Any], arrival: float, record_latency: bool) -> None:
+        predictor = self.predictor
+        self.frames += 1
         self._send("hist", {"hist": out.hist}, **common)
         if out.tokens is not None:
-            self._send(
-                "tokens", {"tokens": out.tokens}, num_tokens=self.predictor.tokenizer.config.num_tokens, **common
-            )
+            self._send("tokens", {"tokens": out.tokens}, num_tokens=predictor.tokenizer.config.num_tokens, **common)
         arrays, fields = self._prediction(out)
         now = time.monotonic()
-        self._send("pred", arrays, latency_ms=(now - snap.arrival) * 1e3, **fields, **common)
-        self.latencies.append((now, now - snap.arrival))
-        self._last_stages = {**out.stages_ms, "publish": (time.perf_counter() - start) * 1e3}
+        self._send("pred", arrays, latency_ms=(now - arrival) * 1e3, **fields, **common)
+        if record_latency:  # a refresh of an old window (after a window change) says nothing about latency
+            self.latencies.append((now, now - arrival))
 
     def _prediction(self, out: Output) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         classes = self.predictor.classes
@@ -312,7 +472,7 @@ class LiveServer:
             "stages_ms": self._last_stages,
             "skipped_windows": self.skipped_windows,
             "malformed": self.control_malformed + getattr(self.source, "malformed", 0),
-            "task": self.predictor.task,
+            **self._settings(),
             "source": self.source_state(),
             "recording": self.recorder.state() if self.recorder is not None else None,
             "control": self.control_endpoint,
@@ -320,6 +480,19 @@ class LiveServer:
 
     def _publish_stats(self) -> None:
         self._send("stats", None, **self.stats())
+
+    def _settings(self) -> dict[str, Any]:
+        """``commands`` carried out (read first: what follows is at least that recent), ``model_state``
+        ("loading" / "ready"), the ``task`` once known, and the window (``accumulation``)."""
+        commands = self.commands
+        window, default = self.window, self.default_window
+        accumulation = {"events": window.events, "ms": window.ms}
+        accumulation.update(default_events=default.events, default_ms=default.ms)
+        state = {"commands": commands, "model_state": "ready" if self.predictor is not None else "loading"}
+        state["accumulation"] = accumulation
+        if self.predictor is not None:
+            state["task"] = self.predictor.task
+        return state
 
     def source_state(self) -> dict[str, Any]:
         """Source metadata (kind, model, serial, ...) plus the replay state for files."""
@@ -365,35 +538,32 @@ class LiveServer:
             self._apply_control(command, args)
         except (ControlError, RecorderError, ValueError, OSError) as exc:
             return {"command": command, "ok": False, "error": str(exc)[:MAX_TEXT], "state": self.control_state()}
+        if command != "state":
+            self.commands += 1
         return {"command": command, "ok": True, "error": None, "state": self.control_state()}
 
     def control_state(self) -> dict[str, Any]:
-        """What a client needs to draw its controls: session, task, classes, source and recording state."""
-        return {
-            "session": self.session,
-            "task": self.predictor.task,
-            "classes": self.predictor.classes,
-            "token_grid": self.predictor.token_grid,
-            "source": self.source_state(),
-            "recording": self.recorder.state() if self.recorder is not None else None,
-        }
+        """What a client needs to draw its controls: session, model state, task, classes, window, source and
+        recording state (task, classes and token grid once the model is loaded)."""
+        state: dict[str, Any] = {"session": self.session, **self._settings()}
+        if self.predictor is not None:
+            state.update(classes=self.predictor.classes, token_grid=self.predictor.token_grid)
+        recording = self.recorder.state() if self.recorder is not None else None
+        state.update(source=self.source_state(), recording=recording)
+        return state
 
     def _apply_control(self, command: str, args: dict[str, Any]) -> None:
         if command == "state":
             return
-        if command in ("play", "pause", "speed", "seek"):
+        if command in REPLAY_COMMANDS:
             if not hasattr(self.source, "seek"):
                 raise ControlError(f"{command}: the source ({self.source.metadata.get('kind')}) is not a file replay")
-            if command == "play":
-                self.source.resume()
-            elif command == "pause":
-                self.source.pause()
-            elif command == "speed":
-                self.source.speed = args["value"]
-            else:
-                position = int(args["position_s"] * 1e6)
-                self.source.seek(position)
-                self._replay_base_us = min(position, int(self.source.t_last) - int(self.source.t_first))
+            self._replay_command(command, args)
+            return
+        if command == "window":
+            self._window_chosen = True
+            self._set_window(Window(args["events"], args["ms"]))
+            self._request_refresh()  # the new window at once, also while a replay is paused
             return
         if self.recorder is None:
             raise ControlError(
@@ -406,17 +576,49 @@ class LiveServer:
         else:
             self.recorder.stop()
 
+    def _replay_command(self, command: str, args: dict[str, Any]) -> None:
+        """Have the reader thread carry out a replay command between two batches, and wait until it did (the
+        reply then shows its effect); with the reader gone (the source ended) carry it out here."""
+        done: Future = Future()
+        self._replay_commands.put((command, args, done))
+        reader = self._threads[0] if self._threads else None
+        deadline = time.monotonic() + REPLAY_COMMAND_WAIT_S
+        while True:
+            if reader is None or not reader.is_alive():
+                self._apply_replay_commands()
+            try:
+                return done.result(timeout=0.05)  # raises what the command raised
+            except TimeoutError:
+                if time.monotonic() > deadline:
+                    raise ControlError(
+                        f"{command}: the replay did not respond within {REPLAY_COMMAND_WAIT_S:g} s"
+                    ) from None
+
+    def _set_window(self, window: Window) -> None:
+        self.ring.resize(window.events)
+        self.window = window
+
+
+def newest_span(events: np.ndarray, ms: float | None) -> np.ndarray:
+    """The suffix of time-sorted ``events`` no older than ``ms`` before the newest (all of them for None)."""
+    if ms is None:
+        return events
+    t = events["t"]  # live sources keep time monotonic, so the newest span is a suffix
+    return events[np.searchsorted(t, t[-1] - round(ms * 1000), side="right") :]
+
+
+def describe_window(window: Window) -> str:
+    """``30000 events of at most 100 ms`` (for messages)."""
+    return f"{window.events} events" + ("" if window.ms is None else f" of at most {window.ms:g} ms")
+
 
 def run(config: ServeConfig) -> None:
-    """Serve until Ctrl-C (or ``config.duration_s``), printing the endpoints and a final summary."""
-    import torch
-
-    torch.set_num_threads(config.threads)
-    server = LiveServer(config)
+    """Serve until Ctrl-C (or ``config.duration_s``), printing the endpoints, when the model is ready, and a
+    final summary."""
+    server = LiveServer(config, torch_threads=config.threads)
+    server.announce = lambda line: print(line, flush=True)
     print(
-        f"mem serve: {server.predictor.task} model {config.model} on source {config.source!r}, "
-        f"window {server.window} events"
-        f"{'' if config.window_ms is None else f' of at most {config.window_ms:g} ms'}\n"
+        f"mem serve: loading model {config.model}; source {config.source!r} streams meanwhile\n"
         f"publishing on {server.pub_endpoint}, control on {server.control_endpoint}",
         flush=True,
     )

@@ -24,7 +24,7 @@ from mem_core.protocol import (
     endpoint_problem,
 )
 
-VIEW_TOPICS = ("hist", "tokens", "pred", "stats")
+VIEW_TOPICS = ("sensor", "hist", "tokens", "pred", "stats")
 MAX_DRAIN = 2000  # messages read per activation before yielding to the event loop
 FALLBACK_POLL_MS = 100
 

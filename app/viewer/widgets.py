@@ -1,13 +1,20 @@
-"""The viewer's widgets: the event image with overlays, top-k bars, confidence timeline, legend, controls."""
+"""The viewer's widgets: the event image with overlays, top-k bars, confidence timeline, legend, controls.
+
+Controls emit ``command(name, args)`` with ``args`` a dict declared ``object``: PySide drops a ``dict`` argument
+of a signal declared ``Signal(str, dict)`` on its way to a slot, so the server would get the command alone.
+"""
 
 from __future__ import annotations
 
+import time
 from collections import deque
+from typing import Any
 
 import numpy as np
 import pyqtgraph as pg
 from PySide6 import QtCore, QtGui, QtWidgets
 
+from mem_core.protocol import MAX_WINDOW_EVENTS, MAX_WINDOW_MS, SensorView
 from mem_core.visualize import histogram_rgb, label_palette
 
 pg.setConfigOptions(imageAxisOrder="row-major", antialias=True, background="#16181d", foreground="#c8ccd4")
@@ -19,6 +26,9 @@ TIMELINE_S = 20.0
 TIMELINE_REDRAW_S = 0.1  # the timeline is redrawn at most 10 times a second
 TIMELINE_CLASSES = 5
 ACCENT = "#e8eaf0"
+ACCUMULATION_RANGES = {"time": (1.0, MAX_WINDOW_MS), "events": (100.0, float(MAX_WINDOW_EVENTS))}  # log sliders
+PENDING_S = 2.0  # a control keeps the user's choice on screen this long while the server has not confirmed it
+Region = tuple[float, float, float, float]  # (top, left, height, width) in image px
 
 
 def class_colors(n: int) -> np.ndarray:
@@ -41,11 +51,13 @@ def token_colors(num_tokens: int) -> np.ndarray:
 
 
 class EventView(pg.GraphicsLayoutWidget):
-    """The model-input histogram (OFF blue, ON red, fixed levels) with a token grid and a segmentation mask.
+    """The window's events with a token grid and a segmentation mask over them, drawn at sensor resolution in the
+    sensor's aspect ratio (the ``sensor`` message) or as the model input (``hist``, toggled by ``show_input``).
 
-    The layers are blended into one RGB image in numpy and drawn as a single ``ImageItem`` (each extra image
-    layer would cost the GUI thread a full scaled draw per frame). The token overlay tints each grid cell by its
-    token id, draws the grid and shows the id under the mouse. Setters store a layer; ``render`` draws.
+    OFF blue, ON red, fixed levels. The token grid and the mask cover the part of the picture the model input
+    shows (the whole sensor unless the model crops it; a crop is outlined). The layers are blended into one RGB
+    image in numpy and drawn as a single ``ImageItem`` (each extra image layer would cost the GUI thread a full
+    scaled draw per frame). Setters store a layer; ``render`` draws.
     """
 
     def __init__(self, parent: QtWidgets.QWidget | None = None) -> None:
@@ -55,29 +67,37 @@ class EventView(pg.GraphicsLayoutWidget):
         self.view.setMouseEnabled(False, False)
         self.image = pg.ImageItem()
         self.grid = pg.PlotCurveItem(connect="pairs", pen=pg.mkPen(255, 255, 255, 50, width=1), antialias=False)
+        self.crop = QtWidgets.QGraphicsRectItem()
+        self.crop.setPen(pg.mkPen(255, 255, 255, 140, width=1, style=QtCore.Qt.PenStyle.DashLine, cosmetic=True))
         self.hover = pg.TextItem(color=ACCENT, fill=pg.mkBrush(0, 0, 0, 170), anchor=(0, 1))
-        for z, item in enumerate((self.image, self.grid, self.hover)):
+        for z, item in enumerate((self.image, self.grid, self.crop, self.hover)):
             item.setZValue(z)
             self.view.addItem(item)
-        self.hover.setVisible(False)
-        self.grid.setVisible(False)
+        for item in (self.hover, self.grid, self.crop):
+            item.setVisible(False)
         self.shape: tuple[int, int] | None = None  # (H, W) of the image shown
-        self.hist: np.ndarray | None = None
+        self.hist: np.ndarray | None = None  # (2, H, W) model input
+        self.sensor: SensorView | None = None
         self.tokens: np.ndarray | None = None
         self.mask: np.ndarray | None = None
         self.show_tokens = True
         self.show_mask = True
+        self.show_input = False  # the model input instead of the sensor view
         self._token_colors = token_colors(1)
         self._mask_colors = mask_colors(1)
         self._clear_ids: list[int] = []  # mask classes left untinted (named "background")
-        self._grid_shape: tuple | None = None  # (token grid, image shape) the grid lines were drawn for
+        self._grid_key: tuple | None = None  # (token grid shape, region) the grid lines were drawn for
         self.scene().sigMouseMoved.connect(self._mouse_moved)
 
     def set_histogram(self, hist: np.ndarray) -> None:
-        """A (2, H, W) OFF / ON histogram in [0, 1]; ``ValueError`` for another shape."""
+        """The (2, H, W) OFF / ON model input in [0, 1]; ``ValueError`` for another shape."""
         if hist.ndim != 3 or hist.shape[0] != 2 or hist.dtype.kind != "f":
             raise ValueError(f"a histogram must be float (2, H, W), got {hist.dtype} {hist.shape}")
         self.hist = hist
+
+    def set_sensor(self, view: SensorView | None) -> None:
+        """The window at sensor resolution (a checked ``sensor`` message), or None to forget it."""
+        self.sensor = view
 
     def set_tokens(self, tokens: np.ndarray | None, num_tokens: int) -> None:
         """Token ids (h, w) for the overlay (None: no overlay); ``ValueError`` for another shape."""
@@ -99,7 +119,7 @@ class EventView(pg.GraphicsLayoutWidget):
     def forget_layers(self) -> None:
         """Forget every layer (the image on screen stays until the next ``render`` with a histogram). Not named
         ``clear``: pyqtgraph sets its layout's ``clear`` on the instance, which would hide such a method."""
-        self.hist = self.tokens = self.mask = None
+        self.hist = self.sensor = self.tokens = self.mask = None
 
     def set_overlays(self, tokens: bool, mask: bool) -> None:
         """Toggle the token and mask overlays."""
@@ -108,20 +128,39 @@ class EventView(pg.GraphicsLayoutWidget):
             self.hover.setVisible(False)
         self.render()
 
-    def composite(self) -> np.ndarray | None:
-        """(H, W, 3) uint8: the histogram with the visible overlays blended in (None before the first frame)."""
+    def set_show_input(self, show_input: bool) -> None:
+        """Show the model input instead of the sensor view."""
+        self.show_input = show_input
+        self.render()
+
+    @property
+    def showing_sensor(self) -> bool:
+        """Whether the sensor view is drawn (without one, the model input is)."""
+        return self.sensor is not None and not (self.show_input and self.hist is not None)
+
+    def picture(self) -> tuple[np.ndarray, Region] | None:
+        """The (2, H, W) picture to draw and the region of it the model input covers (None before any frame)."""
+        if self.showing_sensor:
+            return self.sensor.image, self.sensor.input_region
         if self.hist is None:
             return None
-        rgb = histogram_rgb(self.hist, level=self.level)  # (H, W, 3) uint8
-        height, width = rgb.shape[:2]
+        return self.hist, (0.0, 0.0, *map(float, self.hist.shape[1:]))
+
+    def composite(self) -> np.ndarray | None:
+        """(H, W, 3) uint8: the picture with the visible overlays blended in (None before the first frame)."""
+        picture = self.picture()
+        if picture is None:
+            return None
+        image, region = picture
+        rgb = histogram_rgb(image, level=self.level)  # (H, W, 3) uint8
         layers = []
-        if self.show_mask and self.mask is not None and self.mask.shape == (height, width):
-            layers.append((self._mask_colors[self.mask], self._mask_alpha()))
+        if self.show_mask and self.mask is not None:
+            ids, inside = spread(self.mask, rgb.shape[:2], region)  # (H, W) each
+            layers.append((self._mask_colors[ids], self._mask_alpha(ids, inside)))
         if self.show_tokens and self.tokens is not None:
-            rows, cols = self.tokens.shape
-            cells = self.tokens[np.arange(height) * rows // height][:, np.arange(width) * cols // width]  # (H, W)
-            ids = np.clip(cells, 0, len(self._token_colors) - 1)
-            layers.append((self._token_colors[ids], TOKEN_ALPHA / 255))
+            ids, inside = spread(self.tokens, rgb.shape[:2], region)
+            ids = np.clip(ids, 0, len(self._token_colors) - 1)
+            layers.append((self._token_colors[ids], (TOKEN_ALPHA / 255 * inside)[..., None]))
         if not layers:
             return rgb
         out = rgb.astype(np.float32)
@@ -129,14 +168,15 @@ class EventView(pg.GraphicsLayoutWidget):
             out += alpha * (color - out)
         return out.astype(np.uint8)
 
-    def _mask_alpha(self) -> np.ndarray:
-        """(H, W, 1) opacity of the mask: a light fill, solid class borders, no tint on "background"."""
-        mask = self.mask
-        edge = np.zeros(mask.shape, bool)
-        edge[:, 1:] |= mask[:, 1:] != mask[:, :-1]
-        edge[1:, :] |= mask[1:, :] != mask[:-1, :]
+    def _mask_alpha(self, ids: np.ndarray, inside: np.ndarray) -> np.ndarray:
+        """(H, W, 1) opacity of the mask: a light fill, solid class borders, no tint on "background" or outside
+        the model's region."""
+        edge = np.zeros(ids.shape, bool)
+        edge[:, 1:] |= ids[:, 1:] != ids[:, :-1]
+        edge[1:, :] |= ids[1:, :] != ids[:-1, :]
         alpha = np.where(edge, 1.0, MASK_ALPHA / 255).astype(np.float32)
-        alpha[np.isin(mask, self._clear_ids) & ~edge] = 0.0
+        alpha[np.isin(ids, self._clear_ids) & ~edge] = 0.0
+        alpha[~inside] = 0.0
         return alpha[..., None]
 
     def render(self) -> None:
@@ -155,31 +195,38 @@ class EventView(pg.GraphicsLayoutWidget):
             self.shape = shape
             self.image.setRect(QtCore.QRectF(0, 0, shape[1], shape[0]))  # after the first setImage
             self.view.setRange(QtCore.QRectF(0, 0, shape[1], shape[0]), padding=0)
-            self._grid_shape = None
-        self._draw_grid()
+        self._draw_region()
 
-    def _draw_grid(self) -> None:
-        visible = self.show_tokens and self.tokens is not None and self.shape is not None
+    def _draw_region(self) -> None:
+        """The grid lines over the model's region, and its outline when it is a crop of the sensor."""
+        top, left, height, width = self.picture()[1]
+        cropped = self.showing_sensor and (height, width) != tuple(map(float, self.shape))
+        self.crop.setVisible(cropped)
+        if cropped:
+            self.crop.setRect(QtCore.QRectF(left, top, width, height))
+        visible = self.show_tokens and self.tokens is not None
         self.grid.setVisible(visible)
-        if not visible or self._grid_shape == (self.tokens.shape, self.shape):
+        key = (self.tokens.shape, (top, left, height, width)) if visible else None
+        if not visible or self._grid_key == key:
             return
-        self._grid_shape = (self.tokens.shape, self.shape)
-        height, width = self.shape
+        self._grid_key = key
         rows, cols = self.tokens.shape
-        xs, ys = np.linspace(0, width, cols + 1), np.linspace(0, height, rows + 1)
-        x = np.concatenate([np.repeat(xs, 2), np.tile([0.0, width], rows + 1)])  # vertical, then horizontal lines
-        y = np.concatenate([np.tile([0.0, height], cols + 1), np.repeat(ys, 2)])
+        xs, ys = np.linspace(left, left + width, cols + 1), np.linspace(top, top + height, rows + 1)
+        x = np.concatenate([np.repeat(xs, 2), np.tile([left, left + width], rows + 1)])  # vertical, horizontal
+        y = np.concatenate([np.tile([top, top + height], cols + 1), np.repeat(ys, 2)])
         self.grid.setData(x, y)
 
     def token_at(self, x: float, y: float) -> tuple[int, int, int] | None:
         """(row, col, token id) under image coordinates (x, y), or None outside the grid."""
-        if self.tokens is None or self.shape is None:
+        picture = self.picture()
+        if self.tokens is None or picture is None:
             return None
+        top, left, height, width = picture[1]
         rows, cols = self.tokens.shape
-        if not (0 <= x < self.shape[1] and 0 <= y < self.shape[0]):
+        if not (left <= x < left + width and top <= y < top + height):
             return None
-        r, c = int(y * rows / self.shape[0]), int(x * cols / self.shape[1])
-        return r, c, int(self.tokens[r, c])
+        r, c = int((y - top) * rows / height), int((x - left) * cols / width)
+        return r, c, int(self.tokens[min(r, rows - 1), min(c, cols - 1)])
 
     def _mouse_moved(self, pos: QtCore.QPointF) -> None:
         point = self.view.mapSceneToView(pos)
@@ -191,6 +238,22 @@ class EventView(pg.GraphicsLayoutWidget):
         self.hover.setText(f"token {token}  (row {r}, col {c})")
         self.hover.setPos(point)
         self.hover.setVisible(True)
+
+
+def spread(cells: np.ndarray, shape: tuple[int, int], region: Region) -> tuple[np.ndarray, np.ndarray]:
+    """A (rows, cols) grid of values (token ids, mask classes) laid over ``region`` of an image of ``shape``:
+    the value under each pixel centre (H, W) and whether the pixel lies in the region (H, W)."""
+    top, left, height, width = region
+    rows, inside_rows = _cells_along(shape[0], top, height, cells.shape[0])
+    cols, inside_cols = _cells_along(shape[1], left, width, cells.shape[1])
+    return cells[rows][:, cols], inside_rows[:, None] & inside_cols[None, :]
+
+
+def _cells_along(size: int, start: float, length: float, cells: int) -> tuple[np.ndarray, np.ndarray]:
+    """For each of ``size`` pixels along a side: the cell its centre falls in (clipped), and whether it is inside."""
+    index = np.floor((np.arange(size) + 0.5 - start) * cells / length).astype(np.intp)
+    inside = (index >= 0) & (index < cells)
+    return np.clip(index, 0, cells - 1), inside
 
 
 class TopKPanel(QtWidgets.QWidget):
@@ -325,7 +388,7 @@ class SegmentLegend(QtWidgets.QGroupBox):
 class ReplayControls(QtWidgets.QGroupBox):
     """Play / pause, speed and seek for a replayed file. Emits ``command(name, args)``."""
 
-    command = QtCore.Signal(str, dict)
+    command = QtCore.Signal(str, object)
     SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 
     def __init__(self, parent: QtWidgets.QWidget | None = None) -> None:
@@ -344,6 +407,7 @@ class ReplayControls(QtWidgets.QGroupBox):
         layout.addWidget(self.seek, 1, 0, 1, 3)
         self.playing = True
         self.duration_s = 0.0
+        self._seeking_until = 0.0  # monotonic: until then the slider shows where the user dropped it
         self.play.clicked.connect(self._toggle)
         self.speed.activated.connect(lambda i: self.command.emit("speed", {"value": self.SPEEDS[i]}))
         self.seek.sliderReleased.connect(self._seek)
@@ -352,26 +416,121 @@ class ReplayControls(QtWidgets.QGroupBox):
         self.command.emit("pause" if self.playing else "play", {})
 
     def _seek(self) -> None:
+        # stats sent before the seek still carry the old position: the slider must not jump back to it
+        self._seeking_until = time.monotonic() + PENDING_S
         self.command.emit("seek", {"position_s": self.seek.value() / 1000 * self.duration_s})
 
-    def set_state(self, replay: dict) -> None:
-        """Follow the server's replay state (``playing``, ``speed``, ``position_s``, ``duration_s``)."""
+    def set_state(self, replay: dict, confirmed: bool = False) -> None:
+        """Follow the server's replay state (``playing``, ``speed``, ``position_s``, ``duration_s``); ``confirmed``
+        for the state in a reply to a command (it shows the command's effect)."""
+        if confirmed:
+            self._seeking_until = 0.0
         self.playing = bool(replay.get("playing", True))
         self.play.setText("Pause" if self.playing else "Play")
         self.duration_s = float(replay.get("duration_s", 0.0))
         speed = float(replay.get("speed", 1.0))
         if speed in self.SPEEDS and not self.speed.view().isVisible():
             self.speed.setCurrentIndex(self.SPEEDS.index(speed))
+        if self.seek.isSliderDown() or time.monotonic() < self._seeking_until:
+            return
         position = float(replay.get("position_s", 0.0))
         self.position.setText(f"{position:.2f} / {self.duration_s:.2f} s")
-        if not self.seek.isSliderDown() and self.duration_s > 0:
+        if self.duration_s > 0:
             self.seek.setValue(round(1000 * min(position / self.duration_s, 1.0)))  # (a huge ratio is inf)
+
+
+class AccumulationControls(QtWidgets.QGroupBox):
+    """How much a window holds, like DV's and Metavision Studio's accumulation: a time span (at most the default
+    event count, the model's n_max) or an event count, on a logarithmic slider. Emits
+    ``command("window", {"events", "ms"})``; "Model's window" goes back to the server's default."""
+
+    command = QtCore.Signal(str, object)
+    STEPS = 240
+
+    def __init__(self, parent: QtWidgets.QWidget | None = None) -> None:
+        super().__init__("Accumulation", parent)
+        self.mode = QtWidgets.QComboBox()
+        self.mode.addItems(list(ACCUMULATION_RANGES))
+        self.slider = QtWidgets.QSlider(QtCore.Qt.Orientation.Horizontal)
+        self.slider.setRange(0, self.STEPS)
+        self.value = QtWidgets.QLabel()
+        self.reset = QtWidgets.QPushButton("Model's window")
+        layout = QtWidgets.QGridLayout(self)
+        layout.addWidget(self.mode, 0, 0)
+        layout.addWidget(self.value, 0, 1)
+        layout.addWidget(self.reset, 0, 2)
+        layout.addWidget(self.slider, 1, 0, 1, 3)
+        layout.setColumnStretch(1, 1)
+        self.state: dict[str, Any] = {"events": 30_000, "ms": None, "default_events": 30_000, "default_ms": None}
+        self._pending_until = 0.0  # monotonic: until then the controls show the user's choice, not the stats
+        self.mode.activated.connect(self._mode_changed)
+        self.slider.valueChanged.connect(self._slider_moved)
+        self.slider.sliderReleased.connect(self._send)
+        self.reset.clicked.connect(self._reset)
+        self._show(self.state)
+
+    def window(self) -> dict[str, Any]:
+        """The window the controls show: ``{"events", "ms"}`` as the ``window`` command takes it."""
+        lo, hi = ACCUMULATION_RANGES[self.mode.currentText()]
+        value = lo * (hi / lo) ** (self.slider.value() / self.STEPS)
+        if self.mode.currentText() == "time":
+            return {"events": self.state["default_events"], "ms": float(f"{value:.2g}")}
+        return {"events": int(float(f"{value:.2g}")), "ms": None}
+
+    def set_state(self, accumulation: dict[str, Any], confirmed: bool = False) -> None:
+        """Follow the server's window (``events``, ``ms``, ``default_events``, ``default_ms``); ``confirmed`` for
+        the state in a reply to a command."""
+        if confirmed:
+            self._pending_until = 0.0
+        self.state = {**self.state, **accumulation}
+        if time.monotonic() >= self._pending_until and not self.slider.isSliderDown():
+            self._show(self.state)
+
+    def _show(self, window: dict[str, Any]) -> None:
+        mode = "time" if window.get("ms") is not None else "events"
+        value = window["ms"] if mode == "time" else window["events"]
+        lo, hi = ACCUMULATION_RANGES[mode]
+        step = round(self.STEPS * np.log(min(max(value, lo), hi) / lo) / np.log(hi / lo))
+        blocked = self.slider.blockSignals(True)  # showing the server's state sends nothing back
+        self.mode.setCurrentText(mode)
+        self.slider.setValue(step)
+        self.slider.blockSignals(blocked)
+        self._label(window)
+
+    def _label(self, window: dict[str, Any]) -> None:
+        if window["ms"] is None:
+            self.value.setText(f"{window['events']:,} events")
+        else:
+            self.value.setText(f"{window['ms']:g} ms (\u2264 {window['events']:,} events)")
+
+    def _mode_changed(self) -> None:
+        """A mode starts from the default window (by time: its span, or 50 ms where the model has none)."""
+        time_mode = self.mode.currentText() == "time"
+        self._show(
+            {"events": self.state["default_events"], "ms": (self.state["default_ms"] or 50.0) if time_mode else None}
+        )
+        self._send()
+
+    def _slider_moved(self) -> None:
+        self._label(self.window())
+        if not self.slider.isSliderDown():  # keys and clicks; a drag sends on release
+            self._send()
+
+    def _send(self) -> None:
+        self._pending_until = time.monotonic() + PENDING_S
+        self.command.emit("window", self.window())
+
+    def _reset(self) -> None:
+        self._pending_until = time.monotonic() + PENDING_S
+        default = {"events": self.state["default_events"], "ms": self.state["default_ms"]}
+        self._show(default)
+        self.command.emit("window", default)
 
 
 class RecordControls(QtWidgets.QGroupBox):
     """Start / stop recording the live source into a corpus on the server side. Emits ``command(name, args)``."""
 
-    command = QtCore.Signal(str, dict)
+    command = QtCore.Signal(str, object)
 
     def __init__(self, parent: QtWidgets.QWidget | None = None) -> None:
         super().__init__("Recording", parent)

@@ -17,6 +17,7 @@ from PySide6 import QtCore, QtWidgets
 from app.config import ViewConfig
 from app.viewer.client import LiveClient
 from app.viewer.widgets import (
+    AccumulationControls,
     ConfidenceTimeline,
     EventView,
     RecordControls,
@@ -30,25 +31,36 @@ from mem_core.protocol import (
     Message,
     Prediction,
     ProtocolError,
+    SensorView,
     decode_hist,
     decode_pred,
+    decode_sensor,
     decode_stats,
     decode_tokens,
 )
 
 STALE_S = 2.0  # no message for this long: the status bar says so
 STATUS_MS = 250
-CHECKS = {"hist": decode_hist, "tokens": decode_tokens, "pred": decode_pred, "stats": decode_stats}  # in drawing order
+CHECKS = {  # in drawing order
+    "sensor": decode_sensor,
+    "hist": decode_hist,
+    "tokens": decode_tokens,
+    "pred": decode_pred,
+    "stats": decode_stats,
+}
+LOADING = "loading model..."
 
 
 class ViewerWindow(QtWidgets.QMainWindow):
-    """Histogram with token / mask overlays, prediction panel, controls and a status bar.
+    """The events at sensor resolution (or the model input) with token / mask overlays, prediction panel,
+    controls and a status bar.
 
     ``apply(messages)`` draws a drain's newest messages (topic -> ``Message``); with a ``client`` the window is
-    wired to it (messages in, control commands out). ``view_state()`` describes what is on screen.
+    wired to it (messages in, control commands out: ``control_command(name, args)`` reaches
+    ``client.send_control(name, **args)``). ``view_state()`` describes what is on screen.
     """
 
-    control_command = QtCore.Signal(str, dict)
+    control_command = QtCore.Signal(str, object)  # (name, args dict): see app.viewer.widgets on why object
 
     def __init__(self, client: LiveClient | None = None, parent: QtWidgets.QWidget | None = None) -> None:
         super().__init__(parent)
@@ -61,6 +73,7 @@ class ViewerWindow(QtWidgets.QMainWindow):
         self.last_stats: dict[str, Any] = {}
         self.last_pred: dict[str, Any] = {}
         self.frames_shown = 0
+        self.commands_confirmed = 0  # the server's command count in its latest reply: older stats are stale
         self.bad_messages = 0  # decodable messages whose content does not fit their topic (dropped)
         self._frame_times: deque[float] = deque(maxlen=1000)
         self._first_message: tuple[float, float] | None = None  # (monotonic, GUI thread CPU s) at the 1st message
@@ -68,7 +81,7 @@ class ViewerWindow(QtWidgets.QMainWindow):
         if client is not None:
             client.messages.connect(self.apply)
             client.control_reply.connect(self.apply_reply)
-            self.control_command.connect(client.send_control)
+            self.control_command.connect(self._send_command)
         self._status_timer = QtCore.QTimer(self)
         self._status_timer.timeout.connect(self.update_status)
         self._status_timer.start(STATUS_MS)
@@ -93,9 +106,12 @@ class ViewerWindow(QtWidgets.QMainWindow):
         self.brightness.setRange(1, 100)
         self.brightness.setValue(round(1 / self.view.level))
         self.brightness.valueChanged.connect(self._set_brightness)
+        self.input_box = QtWidgets.QCheckBox("show the model input instead of the sensor")
+        self.input_box.toggled.connect(self.view.set_show_input)
+        self.accumulation = AccumulationControls()
         self.replay = ReplayControls()
         self.record = RecordControls()
-        for controls in (self.replay, self.record):
+        for controls in (self.accumulation, self.replay, self.record):
             controls.command.connect(self.control_command)
             controls.setVisible(False)
         snapshot = QtWidgets.QPushButton("Save snapshot")
@@ -103,6 +119,7 @@ class ViewerWindow(QtWidgets.QMainWindow):
 
         overlays = QtWidgets.QGroupBox("Display")
         form = QtWidgets.QFormLayout(overlays)
+        form.addRow(self.input_box)
         form.addRow(self.tokens_box)
         form.addRow(self.mask_box)
         form.addRow("brightness", self.brightness)
@@ -114,6 +131,7 @@ class ViewerWindow(QtWidgets.QMainWindow):
         side.addWidget(self.legend)
         side.addWidget(self.timeline, 100)
         side.addWidget(overlays)
+        side.addWidget(self.accumulation)
         side.addWidget(self.replay)
         side.addWidget(self.record)
         side.addWidget(snapshot)
@@ -129,7 +147,8 @@ class ViewerWindow(QtWidgets.QMainWindow):
         self.setCentralWidget(splitter)
 
         self.status_labels = {
-            name: QtWidgets.QLabel() for name in ("link", "fps", "events", "window", "latency", "skipped", "dropped")
+            name: QtWidgets.QLabel()
+            for name in ("link", "view", "fps", "events", "window", "latency", "skipped", "dropped")
         }
         for label in self.status_labels.values():
             label.setStyleSheet("padding: 0 6px; color: #b8bdc8;")
@@ -155,6 +174,7 @@ class ViewerWindow(QtWidgets.QMainWindow):
         if session is not None and session != self.session:
             self._new_session(session)
         draw = {
+            "sensor": self._apply_sensor,
             "hist": self._apply_hist,
             "tokens": self._apply_tokens,
             "pred": self._apply_pred,
@@ -162,7 +182,8 @@ class ViewerWindow(QtWidgets.QMainWindow):
         }
         for topic, content in checked.items():
             draw[topic](content)
-        if checked.keys() & {"hist", "tokens", "pred"} and self._render() and "hist" in checked:
+        layers = checked.keys() & {"sensor", "hist", "tokens", "pred"}
+        if layers and self._render() and layers & {"sensor", "hist"}:
             # a frame is a new window on screen (its overlays may come in the next drain)
             self.frames_shown += 1
             self._frame_times.append(time.monotonic())
@@ -182,6 +203,9 @@ class ViewerWindow(QtWidgets.QMainWindow):
             return False
         return True
 
+    def _apply_sensor(self, view: SensorView) -> None:
+        self.view.set_sensor(view)
+
     def _apply_hist(self, hist: np.ndarray) -> None:
         self.view.set_histogram(hist)
 
@@ -196,10 +220,12 @@ class ViewerWindow(QtWidgets.QMainWindow):
     def _new_session(self, session: str) -> None:
         """A (re)started server: forget the previous one's history."""
         self.session = session
+        self.commands_confirmed = 0
         self.timeline.clear_history()
         self.view.set_tokens(None, 1)
         self.view.set_mask(None, [])
         self.tokens_box.setVisible(False)
+        self.top_k.set_top_k([])
 
     def _apply_pred(self, pred: Prediction) -> None:
         self.task, self.classes = pred.task, pred.classes
@@ -220,29 +246,45 @@ class ViewerWindow(QtWidgets.QMainWindow):
 
     def _apply_stats(self, stats: dict[str, Any]) -> None:
         self.last_stats = stats
+        loading = stats.get("model_state") == "loading"
+        if loading:
+            self.top_k.best.setText(LOADING)
+        # stats sent before the server carried out a command the viewer saw the reply to would undo its effect
+        current = stats.get("commands", 0) >= self.commands_confirmed
+        accumulation = stats.get("accumulation")
+        self.accumulation.setVisible(accumulation is not None)
+        if accumulation is not None and current:
+            self.accumulation.set_state(accumulation)
         source = stats.get("source") or {}
         replay = source.get("replay")
         self.replay.setVisible(replay is not None)
-        if replay is not None:
+        if replay is not None and current:
             self.replay.set_state(replay)
         recording = stats.get("recording")
         self.record.setVisible(bool(source.get("recordable")) and recording is not None)
-        if recording is not None:
+        if recording is not None and current:
             self.record.set_state(recording)
         size = f"{source.get('width', '?')} x {source.get('height', '?')}"
-        self.header.setText(
-            f"{stats.get('task', '')} \u00b7 source {source.get('kind', '?')} ({source.get('serial', '')}, {size})"
-        )
+        task = LOADING if loading else stats.get("task", "")
+        self.header.setText(f"{task} \u00b7 source {source.get('kind', '?')} ({source.get('serial', '')}, {size})")
 
     def apply_reply(self, reply: dict[str, Any]) -> None:
         """A control reply: show an error, follow the returned state."""
         if not reply.get("ok"):
             self.statusBar().showMessage(f"{reply.get('command')}: {reply.get('error')}", 5000)
         state = reply.get("state") or {}
+        self.commands_confirmed = max(self.commands_confirmed, state.get("commands", 0))
         if (state.get("source") or {}).get("replay"):
-            self.replay.set_state(state["source"]["replay"])
+            self.replay.set_state(state["source"]["replay"], confirmed=True)
+        if state.get("accumulation"):
+            self.accumulation.set_state(state["accumulation"], confirmed=True)
         if state.get("recording"):
             self.record.set_state(state["recording"])
+
+    def _send_command(self, command: str, args: dict[str, Any]) -> None:
+        """Send a control command to the server; its reply comes to ``apply_reply``."""
+        if self.client is not None and not self.client.send_control(command, **args):
+            self.statusBar().showMessage(f"{command}: the server's control socket is not reachable yet", 5000)
 
     # ---- status -------------------------------------------------------------------------------------------
 
@@ -256,14 +298,27 @@ class ViewerWindow(QtWidgets.QMainWindow):
         """Refresh the status bar (runs on a timer)."""
         labels, stats = self.status_labels, self.last_stats
         labels["link"].setText(self._link_text())
+        labels["view"].setText(self._view_text())
         labels["fps"].setText(f"{self.display_fps:.0f} fps")
-        labels["events"].setText(f"{stats.get('events_per_s', 0) / 1e6:.2f} Mev/s")
+        labels["events"].setText(event_rate(stats.get("events_per_s", 0)))
         labels["window"].setText(f"window {stats.get('window_events', 0):,} ev / {stats.get('window_ms', 0):.1f} ms")
         latency = stats.get("latency_ms") or {}
         labels["latency"].setText(f"latency {latency.get('p50', 0):.1f} ms (p95 {latency.get('p95', 0):.1f})")
         labels["skipped"].setText(f"skipped {stats.get('skipped_windows', 0):,}")
         dropped = (self.client.dropped if self.client else 0) + self.bad_messages + int(stats.get("malformed", 0))
         labels["dropped"].setText(f"dropped {dropped:,}")
+
+    def _view_text(self) -> str:
+        """What the picture is: ``sensor 120 x 100`` or ``model input 64 x 64 (sensor 120 x 100)``."""
+        view = self.view
+        sensor = f"sensor {view.sensor.sensor[1]} x {view.sensor.sensor[0]}" if view.sensor is not None else ""
+        if view.showing_sensor:
+            binned = f", shown {view.shape[1]} x {view.shape[0]}" if view.sensor.binning > 1 and view.shape else ""
+            return sensor + binned
+        if view.hist is None:
+            return "no picture yet"
+        text = f"model input {view.hist.shape[2]} x {view.hist.shape[1]}"
+        return f"{text} ({sensor})" if sensor else text
 
     def _link_text(self) -> str:
         if self.client is None:
@@ -277,23 +332,27 @@ class ViewerWindow(QtWidgets.QMainWindow):
         """What the window shows, as JSON-able data (written next to snapshots; used by tests and the bench)."""
         view = self.view
         hist = None
-        if view.shape is not None and view.hist is not None:
+        if view.shape is not None and view.picture() is not None:
             rect = view.mapFromScene(view.image.sceneBoundingRect()).boundingRect()
             top_left = view.viewport().mapTo(self, rect.topLeft())
             hist = {
+                "view": "sensor" if view.showing_sensor else "input",
                 "shape": list(view.shape),
-                "lit_fraction": float((np.asarray(view.hist).max(axis=0) > 0).mean()),  # pixels with events
+                "sensor": list(view.sensor.sensor) if view.sensor is not None else None,
+                "lit_fraction": float((np.asarray(view.picture()[0]).max(axis=0) > 0).mean()),  # px with events
                 "rect": [top_left.x(), top_left.y(), rect.width(), rect.height()],
             }
         client = self.client
         return {
             "endpoint": client.endpoint if client else None,
             "link": self._link_text(),
+            "model_state": self.last_stats.get("model_state"),
             "session": self.session,
             "frames_shown": self.frames_shown,
             "display_fps": self.display_fps,
             **self._activity(),
             "histogram": hist,
+            "input": None if view.hist is None else list(view.hist.shape[1:]),
             "tokens": None if view.tokens is None else {"grid": list(view.tokens.shape), "shown": view.show_tokens},
             "prediction": self.last_pred,
             "stats": {
@@ -306,7 +365,11 @@ class ViewerWindow(QtWidgets.QMainWindow):
                 "malformed": (client.malformed if client else 0) + self.bad_messages,
                 "restarts": client.tracker.restarts if client else 0,
             },
-            "controls": {"replay": self.replay.isVisibleTo(self), "record": self.record.isVisibleTo(self)},
+            "controls": {
+                "replay": self.replay.isVisibleTo(self),
+                "record": self.record.isVisibleTo(self),
+                "accumulation": self.accumulation.isVisibleTo(self),
+            },
         }
 
     def _activity(self) -> dict[str, float]:
@@ -336,6 +399,13 @@ class ViewerWindow(QtWidgets.QMainWindow):
             self.statusBar().showMessage(str(exc), 5000)
             return
         self.statusBar().showMessage(f"saved {path}", 5000)
+
+
+def event_rate(per_s: float) -> str:
+    """``2.50 Mev/s``, ``35.2 kev/s``, ``120 ev/s``."""
+    if per_s >= 1e6:
+        return f"{per_s / 1e6:.2f} Mev/s"
+    return f"{per_s / 1e3:.1f} kev/s" if per_s >= 1e3 else f"{per_s:.0f} ev/s"
 
 
 def run(config: ViewConfig) -> int:
