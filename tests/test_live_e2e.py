@@ -55,6 +55,19 @@ def wait_for_line(lines: queue.Queue, pattern: str, timeout: float) -> re.Match:
     raise AssertionError(f"no line matching {pattern!r} within {timeout} s; got {seen}")
 
 
+def wait_for_prediction(endpoint: str, timeout: float = START_S) -> None:
+    """Return once the server at ``endpoint`` publishes its first prediction (its model has loaded)."""
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, b"pred")
+    sub.connect(endpoint)
+    try:
+        if not sub.poll(int(timeout * 1000)):
+            raise AssertionError(f"no prediction from {endpoint} within {timeout} s")
+    finally:
+        sub.close(0)
+
+
 @pytest.fixture(scope="module")
 def export(tmp_path_factory):
     """A tiny random classifier (32 x 32 input, 3000-event windows) with a 64-token tokenizer."""
@@ -85,6 +98,7 @@ def test_view_shows_the_sensor_picture_and_prediction_of_a_served_file(tmp_path,
     recording = sorted((data_dir / "ncars-dev" / "val" / "cars").glob("*.dat"))[0]
     snapshot = tmp_path / "view.png"
     with mem_serve(export, recording) as endpoint:
+        wait_for_prediction(endpoint)  # the model loads while the server already streams pictures (slow when loaded)
         view = subprocess.run(
             [*CLI, "view", "--connect", endpoint, "--snapshot", str(snapshot), "--quit-after", "6"],
             env=ENV,
