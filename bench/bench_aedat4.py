@@ -11,20 +11,16 @@ Run: ``uv run mem bench aedat4 --json out.json``
 
 from __future__ import annotations
 
-import json
-import os
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import dv_processing as dv
 import numpy as np
-from rich.console import Console
-from rich.table import Table
 
+from bench.bench_data import best_seconds, report
 from mem_core import shared_data_dir
 from mem_core.io import read_events
+from mem_core.io.aedat4 import dv_processing_events
 
 REPEATS = 7
 LARGE_COPIES = 27  # 27 x 112 k = 3 M events
@@ -39,18 +35,9 @@ def dv_batches(path: Path) -> int:
     return n
 
 
-def dv_numpy(path: Path) -> np.ndarray:
-    """dv-processing's reader and the conversion a caller needs: one numpy array of all events."""
-    recording = dv.io.MonoCameraRecording(str(path))
-    batches = []
-    while (batch := recording.getNextEventBatch()) is not None:
-        batches.append(batch.numpy())
-    return np.concatenate(batches)
-
-
 def write_large(sample: Path, out: Path, copies: int) -> Path:
     """``copies`` of the sample's events, each shifted to start after the previous, written by dv-processing."""
-    events = dv_numpy(sample)
+    events = dv_processing_events(sample)
     width, height = dv.io.MonoCameraRecording(str(sample)).getEventResolution()
     config = dv.io.MonoCameraWriter.EventOnlyConfig("bench", (width, height))
     writer = dv.io.MonoCameraWriter(str(out), config)
@@ -66,26 +53,17 @@ def write_large(sample: Path, out: Path, copies: int) -> Path:
     return out
 
 
-def best_seconds(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    """Best CPU time of each function over ``repeats`` round-robin runs, after one warm-up call each."""
-    for fn in fns.values():
-        fn()
-    best = dict.fromkeys(fns, float("inf"))
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            start = time.process_time()
-            fn()
-            best[name] = min(best[name], time.process_time() - start)
-    return best
-
-
 def file_rows(label: str, path: Path, small: bool) -> list[dict]:
     ours = read_events(path).events
-    reference = dv_numpy(path)
+    reference = dv_processing_events(path)
     if not all(np.array_equal(ours[a], reference[b]) for a, b in zip("txyp", reference.dtype.names, strict=True)):
         raise RuntimeError(f"{path}: read_events and dv-processing disagree; the benchmark would compare nonsense")
     seconds = best_seconds(
-        {"ours": lambda: read_events(path), "batches": lambda: dv_batches(path), "numpy": lambda: dv_numpy(path)},
+        {
+            "ours": lambda: read_events(path),
+            "batches": lambda: dv_batches(path),
+            "numpy": lambda: dv_processing_events(path),
+        },
         REPEATS,
     )
     n = ours.size
@@ -120,19 +98,7 @@ def main(json_path: str | Path | None = None) -> list[dict]:
             f"dv-written, {n_large / 1e6:.1f} M events ({large.stat().st_size / 1e6:.0f} MB)", large, False
         )
 
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    table = Table(
-        title=f"AEDAT4 read, CPU time, best of {REPEATS} ({os.cpu_count()} cores, load average {load:.1f} at the end)"
-    )
-    for column in ("name", "value", "unit", "target", "ok"):
-        table.add_column(column, justify="right" if column == "value" else "left")
-    for r in rows:
-        ok = "" if r["ok"] is None else ("[green]yes" if r["ok"] else "[red]NO")
-        table.add_row(r["name"], f"{r['value']:.3f}", r["unit"], r["target"] or "", ok)
-    Console().print(table)
-    if json_path is not None:
-        Path(json_path).write_text(json.dumps(rows, indent=2) + "\n")
-    return rows
+    return report(rows, f"AEDAT4 read, CPU time, best of {REPEATS}", json_path)
 
 
 if __name__ == "__main__":

@@ -275,11 +275,18 @@ def main(json_path: str | Path | None = None) -> list[dict]:
     stream, sensor, source = load_stream(STREAM_EVENTS)
     rows = histogram_rows(stream, sensor) + pipeline_rows(stream, sensor) + loader_rows(stream, sensor)
 
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    table = Table(
-        title=f"MEM data pipeline, 1 thread, CPU time ({len(stream):,} events from {source}, sensor "
-        f"{sensor.width}x{sensor.height}; {os.cpu_count()} cores, load average {load:.1f} at the end)"
+    title = (
+        f"MEM data pipeline, 1 thread, CPU time ({len(stream):,} events from {source}, sensor "
+        f"{sensor.width}x{sensor.height})"
     )
+    return report(rows, title, json_path)
+
+
+def report(rows: list[dict], title: str, json_path: str | None) -> list[dict]:
+    """Print ``rows`` (name, value, unit, target, ok) as a table titled with the machine's cores and load, and
+    write them as JSON to ``json_path``."""
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    table = Table(title=f"{title} ({os.cpu_count()} cores, load average {load:.1f} at the end)")
     for column in ("name", "value", "unit", "target", "ok"):
         table.add_column(column, justify="right" if column == "value" else "left")
     for r in rows:

@@ -604,6 +604,16 @@ def decode_control(message: Message) -> tuple[str, dict[str, Any]]:
 # ------------------------------------------------------------------------------------------ sequence numbers
 
 
+# What the viewer draws, in drawing order: each topic's content check (the server -> viewer messages).
+VIEW_DECODERS: dict[str, Callable[[Message], Any]] = {
+    "sensor": decode_sensor,
+    "hist": decode_hist,
+    "tokens": decode_tokens,
+    "pred": decode_pred,
+    "stats": decode_stats,
+}
+
+
 class SeqTracker:
     """A subscriber's bookkeeping of ``seq`` per topic: messages received, missed (gaps) and publisher restarts.
 

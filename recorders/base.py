@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
@@ -26,7 +26,20 @@ class RecorderError(MemError):
     """A source, recording or ingest problem to show the user as one line (names what is wrong)."""
 
 
-class LiveSource(ABC):
+class Closing:
+    """``with obj:`` calls ``obj.close()`` at the end (sources, publishers, capture corpora)."""
+
+    def close(self) -> None:
+        """Release what the object holds (idempotent)."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close()
+
+
+class LiveSource(Closing, ABC):
     """An endless or finite stream of event batches on one sensor; use as a context manager or call ``close``."""
 
     sensor: SensorSize
@@ -35,15 +48,6 @@ class LiveSource(ABC):
     @abstractmethod
     def __iter__(self) -> Iterator[np.ndarray]:
         """Event batches (``EVENT_DTYPE``, time-sorted across batches); empty batches are heartbeats."""
-
-    def close(self) -> None:  # noqa: B027 (a source without a device or file has nothing to release)
-        """Release the device or file (idempotent)."""
-
-    def __enter__(self) -> LiveSource:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        self.close()
 
 
 class Pacer:

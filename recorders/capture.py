@@ -16,10 +16,10 @@ import numpy as np
 
 from mem_core.corpus import Corpus, CorpusWriter
 from mem_core.events import SensorSize
-from recorders.base import RecorderError
+from recorders.base import Closing, RecorderError
 
 
-class LabelledCaptures:
+class LabelledCaptures(Closing):
     """A labelled corpus at ``root`` (created, or continued), written one capture at a time."""
 
     def __init__(self, root: str | Path) -> None:
@@ -64,9 +64,3 @@ class LabelledCaptures:
 
     def close(self) -> None:
         self._writer.close()
-
-    def __enter__(self) -> LabelledCaptures:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        self.close()

@@ -17,7 +17,7 @@ import zmq
 
 from mem_core.events import SensorSize
 from mem_core.protocol import encode_events
-from recorders.base import RecorderError
+from recorders.base import Closing, RecorderError
 
 DEFAULT_HOST = "127.0.0.1"
 CLOSE_LINGER_MS = 200  # see the module docstring; bounds how long a context term waits for a stalled peer
@@ -34,7 +34,7 @@ def normalize_address(address: str) -> str:
     return f"tcp://{host or DEFAULT_HOST}:{port}"
 
 
-class EventPublisher:
+class EventPublisher(Closing):
     """A bound PUB socket sending ``events`` messages; ``sent`` and ``dropped`` count messages."""
 
     def __init__(self, address: str, *, sndhwm: int = 8, context: zmq.Context | None = None) -> None:
@@ -67,9 +67,3 @@ class EventPublisher:
 
     def close(self) -> None:
         self._socket.close()
-
-    def __enter__(self) -> EventPublisher:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        self.close()

@@ -39,16 +39,12 @@ from mem_core.protocol import (
     MAX_NUM_TOKENS,
     MAX_SENSOR_SIDE,
     TOPICS,
+    VIEW_DECODERS,
     ProtocolError,
     decode,
     decode_control,
     decode_events,
-    decode_hist,
-    decode_pred,
     decode_reply,
-    decode_sensor,
-    decode_stats,
-    decode_tokens,
     encode,
     encode_control,
     encode_events,
@@ -320,13 +316,7 @@ def received(receiver: Callable[[list[bytes]], object], frames: list[bytes], kin
             return None
 
 
-VIEWER_DECODERS = {
-    "sensor": decode_sensor,
-    "hist": decode_hist,
-    "tokens": decode_tokens,
-    "pred": decode_pred,
-    "stats": decode_stats,
-}
+VIEWER_DECODERS = VIEW_DECODERS
 
 
 def viewer_decode(frames: list[bytes]):

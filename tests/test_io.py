@@ -151,15 +151,7 @@ def test_multi_sample_aertb_hdf5_is_refused_with_a_reason(data_dir):
 SAMPLE_COMPRESSION_AT = 46  # the IOHeader's compression field in the real sample (int32, LZ4 = 1)
 
 
-def dv_events(path: Path) -> np.ndarray:
-    """dv-processing's own decoding, the reference (only for files it cannot hang on)."""
-    import dv_processing as dv
-
-    recording = dv.io.MonoCameraRecording(str(path))
-    batches = []
-    while (batch := recording.getNextEventBatch()) is not None:
-        batches.append(batch.numpy())
-    return np.concatenate(batches)
+dv_events = aedat4.dv_processing_events  # dv-processing's own decoding: the reference
 
 
 def write_with_dv(path: Path, events: np.ndarray, sensor: SensorSize, compression: str = "LZ4", packets: int = 3):

@@ -467,20 +467,27 @@ def test_control_pauses_seeks_and_changes_replay_speed(export, data_dir):
         assert not refused["ok"] and "live source" in refused["error"]
 
 
+def raw_requests(endpoint: str, requests: list[list[bytes]]) -> list[dict]:
+    """The reply headers to raw multipart ``requests`` sent over one REQ socket (each must be answered)."""
+    socket = zmq.Context.instance().socket(zmq.REQ)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.connect(endpoint)
+    replies = []
+    try:
+        for frames in requests:
+            socket.send_multipart(frames)
+            assert socket.poll(WAIT_S * 1000), f"no reply to {frames[1][:40]!r}"
+            replies.append(decode(socket.recv_multipart()).header)
+    finally:
+        socket.close(0)
+    return replies
+
+
 def test_malformed_control_requests_are_answered_and_counted(export):
     source = SyntheticSource(100_000, SENSOR, batch_us=5000)
     with serving(export, source) as server:
-        socket = zmq.Context.instance().socket(zmq.REQ)
-        socket.setsockopt(zmq.LINGER, 0)
-        socket.connect(server.control_endpoint)
-        try:
-            for frames in ([b"control", b"not json"], encode("control", 0, command="explode")):
-                socket.send_multipart(frames)
-                assert socket.poll(WAIT_S * 1000)
-                reply = decode(socket.recv_multipart()).header
-                assert reply["ok"] is False and reply["error"]
-        finally:
-            socket.close(0)
+        bad = [[b"control", b"not json"], encode("control", 0, command="explode")]
+        assert all(r["ok"] is False and r["error"] for r in raw_requests(server.control_endpoint, bad))
         assert request(server.control_endpoint, "pause")["error"].startswith("pause: the source")
         assert server.stats()["malformed"] == 2
 
@@ -521,17 +528,8 @@ HOSTILE_REQUESTS = [
 def test_control_answers_every_hostile_request_and_then_the_next_good_one(export):
     source = SyntheticSource(100_000, SENSOR, batch_us=5000)
     with serving(export, source) as server:
-        socket = zmq.Context.instance().socket(zmq.REQ)
-        socket.setsockopt(zmq.LINGER, 0)
-        socket.connect(server.control_endpoint)
-        try:
-            for frames in HOSTILE_REQUESTS:
-                socket.send_multipart(frames)
-                assert socket.poll(WAIT_S * 1000), f"no reply to {frames[1][:40]!r}"
-                reply = decode(socket.recv_multipart()).header
-                assert reply["ok"] is False and reply["error"].startswith("control message: ")
-        finally:
-            socket.close(0)
+        for reply in raw_requests(server.control_endpoint, HOSTILE_REQUESTS):
+            assert reply["ok"] is False and reply["error"].startswith("control message: ")
         assert request(server.control_endpoint, "state")["ok"] is True
         assert server.stats()["malformed"] == len(HOSTILE_REQUESTS)
 

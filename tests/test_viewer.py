@@ -302,13 +302,18 @@ def test_snapshot_saves_the_window_as_png_and_what_it_shows_as_json(window, tmp_
 # ---- the ZMQ client --------------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def publisher():
-    socket = zmq.Context.instance().socket(zmq.PUB)
+def bound_socket(kind: int):
+    """A ZMQ socket of ``kind`` bound to a free port on 127.0.0.1, with its endpoint; closed at the end."""
+    socket = zmq.Context.instance().socket(kind)
     socket.setsockopt(zmq.LINGER, 0)
     port = socket.bind_to_random_port("tcp://127.0.0.1")
     yield socket, f"tcp://127.0.0.1:{port}"
     socket.close(0)
+
+
+@pytest.fixture
+def publisher():
+    yield from bound_socket(zmq.PUB)
 
 
 @pytest.fixture
@@ -383,11 +388,7 @@ def test_client_started_first_waits_and_picks_up_a_restarted_server(qtbot):
 @pytest.fixture
 def control_socket():
     """A REP socket standing in for the server's control socket: what arrives there is what a server gets."""
-    rep = zmq.Context.instance().socket(zmq.REP)
-    rep.setsockopt(zmq.LINGER, 0)
-    port = rep.bind_to_random_port("tcp://127.0.0.1")
-    yield rep, f"tcp://127.0.0.1:{port}"
-    rep.close(0)
+    yield from bound_socket(zmq.REP)
 
 
 def test_the_window_s_controls_reach_the_control_socket_with_their_arguments(qtbot, publisher, client, control_socket):

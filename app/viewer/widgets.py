@@ -385,6 +385,17 @@ class SegmentLegend(QtWidgets.QGroupBox):
         self.grid.setColumnStretch(1, 1)
 
 
+def control_grid(
+    parent: QtWidgets.QWidget, top: tuple[QtWidgets.QWidget, ...], bottom: QtWidgets.QWidget
+) -> QtWidgets.QGridLayout:
+    """``top`` side by side in a row, and ``bottom`` (a slider) under them across the whole width."""
+    layout = QtWidgets.QGridLayout(parent)
+    for column, widget in enumerate(top):
+        layout.addWidget(widget, 0, column)
+    layout.addWidget(bottom, 1, 0, 1, len(top))
+    return layout
+
+
 class ReplayControls(QtWidgets.QGroupBox):
     """Play / pause, speed and seek for a replayed file. Emits ``command(name, args)``."""
 
@@ -400,11 +411,7 @@ class ReplayControls(QtWidgets.QGroupBox):
         self.seek = QtWidgets.QSlider(QtCore.Qt.Orientation.Horizontal)
         self.seek.setRange(0, 1000)
         self.position = QtWidgets.QLabel("0.00 / 0.00 s")
-        layout = QtWidgets.QGridLayout(self)
-        layout.addWidget(self.play, 0, 0)
-        layout.addWidget(self.speed, 0, 1)
-        layout.addWidget(self.position, 0, 2)
-        layout.addWidget(self.seek, 1, 0, 1, 3)
+        control_grid(self, (self.play, self.speed, self.position), self.seek)
         self.playing = True
         self.duration_s = 0.0
         self._seeking_until = 0.0  # monotonic: until then the slider shows where the user dropped it
@@ -455,12 +462,7 @@ class AccumulationControls(QtWidgets.QGroupBox):
         self.slider.setRange(0, self.STEPS)
         self.value = QtWidgets.QLabel()
         self.reset = QtWidgets.QPushButton("Model's window")
-        layout = QtWidgets.QGridLayout(self)
-        layout.addWidget(self.mode, 0, 0)
-        layout.addWidget(self.value, 0, 1)
-        layout.addWidget(self.reset, 0, 2)
-        layout.addWidget(self.slider, 1, 0, 1, 3)
-        layout.setColumnStretch(1, 1)
+        control_grid(self, (self.mode, self.value, self.reset), self.slider).setColumnStretch(1, 1)
         self.state: dict[str, Any] = {"events": 30_000, "ms": None, "default_events": 30_000, "default_ms": None}
         self._pending_until = 0.0  # monotonic: until then the controls show the user's choice, not the stats
         self.mode.activated.connect(self._mode_changed)

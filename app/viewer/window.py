@@ -28,26 +28,16 @@ from app.viewer.widgets import (
     dark_palette,
 )
 from mem_core.protocol import (
+    VIEW_DECODERS,
     Message,
     Prediction,
     ProtocolError,
     SensorView,
-    decode_hist,
-    decode_pred,
-    decode_sensor,
-    decode_stats,
-    decode_tokens,
 )
 
 STALE_S = 2.0  # no message for this long: the status bar says so
 STATUS_MS = 250
-CHECKS = {  # in drawing order
-    "sensor": decode_sensor,
-    "hist": decode_hist,
-    "tokens": decode_tokens,
-    "pred": decode_pred,
-    "stats": decode_stats,
-}
+CHECKS = VIEW_DECODERS  # in drawing order
 LOADING = "loading model..."
 
 
