@@ -66,7 +66,10 @@ def setup_runtime(device: str = "auto", amp: bool = True) -> Runtime:
 
 
 def teardown_runtime() -> None:
+    """Leave the process group together: a process that tore gloo down while another was still writing its results
+    aborted now and then ("terminate called without an active exception", SIGABRT)."""
     if dist.is_available() and dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
 
 
