@@ -13,7 +13,7 @@ from pathlib import Path
 class ServeConfig:
     """Everything ``mem serve`` needs; ``control=None`` binds the control socket on the port after ``pub``."""
 
-    model: Path
+    model: Path | None = None  # None: no model yet (sensor view, labelling and training only)
     source: str = "sim"
     tokenizer: Path | None = None
     window: int | None = None  # events per window; None: the model's n_max
@@ -29,6 +29,15 @@ class ServeConfig:
     stats_interval_s: float = 0.5
     record_dir: Path = Path("recordings")
     duration_s: float | None = None  # stop after this long (None: until interrupted)
+    # the label-a-few loop: captures go to ``labels`` (a labelled corpus), "Train" finetunes the pretraining run
+    # ``pretrain`` (default: the one behind ``model``) on them into ``train_out``; ``watch``: load newer exports of
+    # ``model`` as they appear
+    labels: Path = Path("labels")
+    classes: tuple[str, ...] = ()  # class names to label (default: the model's, else those already captured)
+    pretrain: Path | None = None
+    train_out: Path = Path("label-runs")
+    train_epochs: int = 100
+    watch: bool = False
 
 
 @dataclass(frozen=True)

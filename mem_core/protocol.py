@@ -344,6 +344,7 @@ class SensorView:
     sensor: tuple[int, int]  # (height, width) of the sensor, px
     binning: int  # sensor px per image px along each side
     input_region: tuple[float, float, float, float]  # (top, left, height, width) in image px: what the model sees
+    frame: int | None = None  # the window's id (a ``capture`` names it)
 
 
 def decode_sensor(message: Message) -> SensorView:
@@ -370,7 +371,8 @@ def decode_sensor(message: Message) -> SensorView:
         raise ProtocolError("sensor", f"input_region {_short(region)} is not a region of the {expected} image")
     if not np.isfinite(image).all():
         raise ProtocolError("sensor", "sensor holds NaN or infinite values")
-    return SensorView(image, (size[0], size[1]), binning, (top, left, height, width))
+    frame = _optional(_count)(header.get("frame"), "sensor", "frame")
+    return SensorView(image, (size[0], size[1]), binning, (top, left, height, width), frame)
 
 
 def decode_tokens(message: Message) -> tuple[np.ndarray, int]:
@@ -394,6 +396,8 @@ class Prediction:
     probs: np.ndarray | None = None
     top_k: list[dict[str, Any]] = field(default_factory=list)
     mask: np.ndarray | None = None
+    model_version: int | None = None  # which model of the server made it (it counts the models it served)
+    frame: int | None = None  # the window's id (a ``capture`` names it)
 
 
 def decode_pred(message: Message) -> Prediction:
@@ -402,17 +406,18 @@ def decode_pred(message: Message) -> Prediction:
     header = message.header
     classes = _classes(header.get("classes"), "pred")
     task = header.get("task")
+    ids = _fields(header, {"model_version": _optional(_count), "frame": _optional(_count)}, "pred", "")
     if task == "classification":
         probs = _array(message, "probs", "f", 1)
         if len(probs) != len(classes) or not ((probs >= 0) & (probs <= 1)).all():
             raise ProtocolError("pred", f"probs must be {len(classes)} values in [0, 1], got shape {probs.shape}")
-        return Prediction(task, classes, probs=probs, top_k=_top_k(header.get("top_k", []), classes))
+        return Prediction(task, classes, probs=probs, top_k=_top_k(header.get("top_k", []), classes), **ids)
     if task == "segmentation":
         mask = _array(message, "mask", "u", 2)
         _image_sides(message, "mask", mask.shape)
         if mask.max() >= len(classes):  # a bigger id would ask the viewer for a colour per id up to it
             raise ProtocolError("pred", f"mask holds class id {mask.max()}, only {len(classes)} classes")
-        return Prediction(task, classes, mask=mask)
+        return Prediction(task, classes, mask=mask, **ids)
     raise ProtocolError("pred", f"task must be 'classification' or 'segmentation', got {_short(task)}")
 
 
@@ -522,6 +527,42 @@ def _window_ms(value: Any, kind: str, key: str) -> float:
 _WINDOW = {"events": _window_events, "ms": _optional(_window_ms)}  # the window command's arguments
 _ACCUMULATION = {**_WINDOW, "default_events": _window_events, "default_ms": _optional(_window_ms)}
 _RECORDING = {"active": _flag, "root": _text, "name": _optional(_text), "events": _count, "error": _optional(_text)}
+
+
+def _counts(value: Any, kind: str, key: str) -> dict[str, int]:
+    """Captures per class: ``{name: count}`` of at most ``MAX_CLASSES`` names."""
+    value = _object(value, kind, key)
+    if len(value) > MAX_CLASSES:
+        raise ProtocolError(kind, f"{key} holds {len(value)} classes, at most {MAX_CLASSES}")
+    return {
+        _text(name, kind, f"{key} name"): _count(n, kind, f"{key}[{_short(name, 40)}]") for name, n in value.items()
+    }
+
+
+def _names(value: Any, kind: str, key: str) -> list[str]:
+    if not isinstance(value, list) or len(value) > MAX_CLASSES:
+        raise ProtocolError(kind, f"{key} must be a list of at most {MAX_CLASSES} names, got {_short(value)}")
+    return [_text(name, kind, f"{key} name") for name in value]
+
+
+# the label-a-few loop: captures, training from them, and the model being served (docs/protocol.md "Labelling")
+_LABELS = {
+    "root": _text,
+    "classes": _names,
+    "counts": _counts,
+    "captures": _count,  # captures taken since the server started (a client flashes when it grows)
+    "last": _optional(_text),  # class of the newest capture of this session
+    "error": _optional(_text),
+}
+_TRAINING = {
+    "state": _text,  # idle, running, exporting, done, failed
+    "epoch": _count,
+    "epochs": _count,
+    "val_top1": _optional(_number),
+    "run": _optional(_text),
+    "message": _optional(_text),
+}
+_MODEL = {"name": _text, "version": _count, "path": _text, "error": _optional(_text)}
 _STATS = {
     "session": _text,
     "events_per_s": _number,
@@ -542,6 +583,9 @@ _STATS = {
     "control": _endpoint,
     "source": _record(_SOURCE),
     "recording": _optional(_record(_RECORDING)),
+    "labels": _record(_LABELS),
+    "training": _record(_TRAINING),
+    "model": _optional(_record(_MODEL)),
 }
 _STATE = {
     "session": _text,
@@ -553,13 +597,30 @@ _STATE = {
     "accumulation": _record(_ACCUMULATION),
     "source": _record(_SOURCE),
     "recording": _optional(_record(_RECORDING)),
+    "labels": _record(_LABELS),
+    "training": _record(_TRAINING),
+    "model": _optional(_record(_MODEL)),
 }
 _REPLY = {"command": _text, "ok": _flag, "error": _optional(_text), "state": _optional(_record(_STATE))}
 
 
 # ---------------------------------------------------------------------------------------------------- control
 
-CONTROL_COMMANDS = ("state", "play", "pause", "speed", "seek", "window", "record_start", "record_stop")
+CONTROL_COMMANDS = (
+    "state",
+    "play",
+    "pause",
+    "speed",
+    "seek",
+    "window",
+    "record_start",
+    "record_stop",
+    "capture",
+    "undo_capture",
+    "train",
+)
+MAX_LABEL = 64  # characters of a class name given to ``capture``
+MAX_TRAIN_EPOCHS = 10_000
 MAX_SPEED = 1000.0
 MAX_SEEK_S = 1e9  # 31 years: a position in microseconds stays a 64-bit integer
 
@@ -574,8 +635,10 @@ def decode_control(message: Message) -> tuple[str, dict[str, Any]]:
 
     ``speed`` needs ``value`` in (0, MAX_SPEED]; ``seek`` needs ``position_s`` in [0, MAX_SEEK_S] (seconds from
     the start of the file); ``window`` needs ``events`` in [1, MAX_WINDOW_EVENTS] and takes ``ms`` in
-    (0, MAX_WINDOW_MS] or null (no time limit); ``record_start`` takes an optional ``name``; the other commands take
-    no arguments.
+    (0, MAX_WINDOW_MS] or null (no time limit); ``record_start`` takes an optional ``name``; ``capture`` needs a
+    class name ``label`` (1 to MAX_LABEL printable characters, not only spaces) and takes the ``frame`` id of the
+    window to capture (default: the newest); ``train`` takes ``epochs`` in [1, MAX_TRAIN_EPOCHS]; the other commands
+    take no arguments.
     """
     _expect_topic(message, "control")
     header = message.header
@@ -598,6 +661,23 @@ def decode_control(message: Message) -> tuple[str, dict[str, Any]]:
                 "control", f"record_start name must be a non-empty string without '/', got {_short(name)}"
             )
         args["name"] = name
+    elif command == "capture":
+        label = header.get("label")
+        if (
+            not isinstance(label, str)
+            or not 0 < len(label) <= MAX_LABEL
+            or not label.strip()
+            or not label.isprintable()
+        ):
+            raise ProtocolError(
+                "control",
+                f"capture: label must be a class name of 1 to {MAX_LABEL} printable characters, got {_short(label)}",
+            )
+        args["label"] = label.strip()
+        if header.get("frame") is not None:
+            args["frame"] = _count(header["frame"], "control", "capture: frame")
+    elif command == "train" and header.get("epochs") is not None:
+        args["epochs"] = _int(header["epochs"], "control", "train: epochs", 1, MAX_TRAIN_EPOCHS)
     return command, args
 
 

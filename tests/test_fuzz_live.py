@@ -341,12 +341,16 @@ def assert_drawable(topic: str, content) -> None:
         assert content.probs.shape == (len(content.classes),) and ((content.probs >= 0) & (content.probs <= 1)).all()
         assert all(entry["id"] < len(content.classes) and 0 <= entry["prob"] <= 1 for entry in content.top_k)
     else:  # stats: numbers where the status bar formats numbers, objects where it looks inside
-        objects = ("latency_ms", "stages_ms", "source", "recording", "accumulation")
+        objects = ("latency_ms", "stages_ms", "source", "recording", "accumulation", "labels", "training", "model")
         texts = ("session", "task", "model_state", "control")
         numbers = [v for k, v in content.items() if k not in (*texts, *objects)]
         numbers += [*content.get("latency_ms", {}).values(), *content.get("stages_ms", {}).values()]
         assert all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in numbers)
         assert isinstance(content.get("source", {}), dict) and isinstance(content.get("recording") or {}, dict)
+        for key in ("labels", "training", "model"):
+            assert isinstance(content.get(key) or {}, dict)
+        counts = (content.get("labels") or {}).get("counts", {})
+        assert all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts.values())
 
 
 @FUZZ

@@ -26,6 +26,7 @@ for command in (
     train.tokenizer,
     train.pretrain,
     train.finetune,
+    train.train_labels,
     train.segment,
     train.evaluate,
     train.export,

@@ -15,7 +15,14 @@ _S, _V = ServeConfig, ViewConfig
 
 
 def serve(
-    model: Annotated[Path, typer.Option("--model", help="Export directory (mem export) or finetune/segment run.")],
+    model: Annotated[
+        Path | None,
+        typer.Option(
+            "--model",
+            help="Export directory (mem export) or finetune/segment run. Without one the server streams the sensor "
+            "view for labelling (mem view: number keys capture, Train finetunes --pretrain on the captures).",
+        ),
+    ] = _S.model,
     source: Annotated[
         str, typer.Option("--source", help=f"{SPECS} (a file is replayed, in a loop unless --no-loop).")
     ] = _S.source,
@@ -53,6 +60,26 @@ def serve(
         Path, typer.Option("--record-dir", help="Corpus that record_start writes into (camera and sim sources).")
     ] = _S.record_dir,
     duration: Annotated[float | None, typer.Option("--duration", help="Stop after S seconds.")] = _S.duration_s,
+    labels: Annotated[
+        Path, typer.Option("--labels", help="Labelled corpus that the viewer's captures go into (created).")
+    ] = _S.labels,
+    classes: Annotated[
+        str | None,
+        typer.Option(
+            "--classes", help="Comma-separated class names to label (default: the model's, else those captured)."
+        ),
+    ] = None,
+    pretrain: Annotated[
+        Path | None,
+        typer.Option("--pretrain", help="Pretraining run that Train finetunes (default: the one behind --model)."),
+    ] = _S.pretrain,
+    train_out: Annotated[
+        Path, typer.Option("--train-out", help="Where Train writes its runs and exports.")
+    ] = _S.train_out,
+    train_epochs: Annotated[int, typer.Option("--train-epochs", help="Epochs of a Train run.")] = _S.train_epochs,
+    watch: Annotated[
+        bool, typer.Option("--watch", help="Load a newer export of --model when one appears (no restart).")
+    ] = _S.watch,
 ) -> None:
     """Live inference: run a model on the newest events of a source and publish over ZMQ (docs/protocol.md)."""
     import zmq
@@ -74,6 +101,12 @@ def serve(
         device=device,
         record_dir=record_dir,
         duration_s=duration,
+        labels=labels,
+        classes=tuple(c.strip() for c in classes.split(",") if c.strip()) if classes else (),
+        pretrain=pretrain,
+        train_out=train_out,
+        train_epochs=train_epochs,
+        watch=watch,
     )
     try:
         run(config)

@@ -103,6 +103,26 @@ def finetune(
     typer.echo((run.path / "result.json").read_text() if (run.path / "result.json").exists() else "")
 
 
+def train_labels(
+    labels: Annotated[Path, typer.Option("--labels", help="Labelled capture corpus (mem view's captures).")],
+    init: Annotated[Path, typer.Option("--init", help="Pretraining run to finetune (its model and input).")],
+    out: OutOpt,
+    export: Annotated[
+        Path | None, typer.Option("--export", help="Export directory for mem serve (default: OUT/export).")
+    ] = None,
+    epochs: Annotated[int, typer.Option("--epochs", help="Training epochs (tens of samples: one step each).")] = 100,
+    set_: SetOpt = None,
+) -> None:
+    """Finetune a pretraining run on a few labelled captures and export it (what the viewer's Train runs)."""
+    from mem_core.train.captures import train_captures
+
+    result = train_captures(labels, init, out, export or out / "export", epochs=epochs, overrides=set_ or [])
+    typer.echo(
+        f"held-out captures: top-1 {result['top1']:.3f} on {result['n']} ({', '.join(result['classes'])}); "
+        f"exported to {export or out / 'export'}"
+    )
+
+
 def segment(
     dataset: DatasetOpt,
     out: OutOpt,

@@ -11,7 +11,13 @@ Four threads:
   its ``sensor`` view and, once the model is loaded, runs the ``Predictor`` and publishes ``hist``, ``tokens``,
   ``pred``; windows that came and went while it was busy are counted as skipped, never queued; ``stats`` go out
   every ``stats_interval_s``;
-- the control thread answers JSON requests on a REP socket (replay, window and recording commands, state).
+- the control thread answers JSON requests on a REP socket (replay, window, recording, labelling commands, state);
+- with ``--watch``, a watcher loads a newer export of the model when one appears; a Train run (labelling) loads the
+  model it exported the same way. The new model takes over between two windows: the stream, the sockets and the
+  viewers' connections stay; ``model.version`` counts the models served.
+
+Without a model the server streams the sensor view only (``model_state: "none"``): a viewer can label windows
+(``capture``), and ``train`` finetunes the pretraining run on them (``app.live.labelling``).
 
 The window is the newest ``events`` events, none older than ``ms`` before the newest: by default the window the
 model was trained on (``mem export`` records it), changed at run time by the ``window`` command.
@@ -20,6 +26,7 @@ The wire format is in ``mem_core.protocol`` and docs/protocol.md.
 
 from __future__ import annotations
 
+import json
 import math
 import queue
 import threading
@@ -36,6 +43,7 @@ import numpy as np
 import zmq
 
 from app.config import ServeConfig
+from app.live.labelling import HeldWindow, LabelDesk, LabelError, pretraining_run_of
 from app.live.ring import EventRing
 from app.live.sensor_view import sensor_view
 from mem_core.configuration import ConfigError
@@ -64,6 +72,10 @@ LATENCY_HISTORY = 100_000  # (time, latency) pairs kept for benchmarks
 LOADING_WINDOW_EVENTS = 30_000  # the window until the model tells its own (the paper's n_max)
 PREVIEW_INTERVAL_S = 0.2  # sensor views while the model loads: 5 a second leave the CPU to the loading
 REPLAY_COMMAND_WAIT_S = 5.0  # the reader thread carries a replay command out within ~50 ms; a reply waits this long
+NO_MODEL_WINDOW = (30_000, 50.0)  # the window without a model: the sim dataset's 50 ms samples, crisp to label
+NO_MODEL_INTERVAL_S = 1 / 30  # sensor views a second without a model
+WATCH_INTERVAL_S = 1.0  # how often --watch looks at the model's files
+MODEL_FILES = ("model.json", "model.safetensors", "best.pt")
 
 
 class Window(NamedTuple):
@@ -91,6 +103,8 @@ def control_endpoint_for(pub: str) -> str:
 def configured_window(config: ServeConfig, model: tuple[int, float | None] | None) -> Window:
     """The window ``config`` asks for; what it leaves open comes from the model's training window (``model``,
     None while loading). ``window_ms`` 0 means no time limit."""
+    if model is None and config.model is None:  # no model coming: a window to label with
+        model = NO_MODEL_WINDOW
     events = config.window or min(model[0] if model else LOADING_WINDOW_EVENTS, MAX_WINDOW_EVENTS)
     ms = config.window_ms if config.window_ms is not None else (model[1] if model else None)
     return Window(events, ms or None)
@@ -98,13 +112,15 @@ def configured_window(config: ServeConfig, model: tuple[int, float | None] | Non
 
 def _check_options(config: ServeConfig, loading: bool) -> None:
     """Bad options as one line at once, not after the seconds of loading the model."""
-    if loading and not Path(config.model).is_dir():
+    if loading and config.model is not None and not Path(config.model).is_dir():
         raise ConfigError(f"model {config.model}: no such directory (an export or a finetune / segment run)")
     if config.window is not None and not 1 <= config.window <= MAX_WINDOW_EVENTS:
         raise ConfigError(f"window must be 1 to {MAX_WINDOW_EVENTS:,} events, got {config.window}")
     ms = config.window_ms
     if ms is not None and not (math.isfinite(ms) and 0 <= ms <= MAX_WINDOW_MS):
         raise ConfigError(f"window_ms must be 0 (no time limit) to {MAX_WINDOW_MS:g} ms, got {ms}")
+    if config.train_epochs < 1:
+        raise ConfigError(f"train_epochs must be at least 1, got {config.train_epochs}")
     if config.top_k <= 0 or config.stats_interval_s <= 0:
         raise ConfigError(f"top_k and stats_interval_s must be positive, got {config.top_k}, {config.stats_interval_s}")
 
@@ -138,6 +154,13 @@ class LiveServer:
         self.config = config
         self.predictor: Predictor | None = None  # set by the loader thread once the model is ready
         self._given_predictor = predictor
+        self._loading = predictor is not None or config.model is not None  # a first model is coming
+        self.model_path: Path | None = Path(config.model) if config.model is not None else None
+        self.model_version = 0  # models served so far: 1 for the first, +1 for each swap
+        self.model_name: str | None = None
+        self.model_error: str | None = None  # why a newer model could not be loaded (the old one stays)
+        self._model_stamp: tuple | None = None  # the served model's files (size, mtime), for --watch
+        self.labelling = LabelDesk(config.labels, config.train_out, config.train_epochs, config.classes)
         self._torch_threads = torch_threads
         self.default_window = configured_window(config, None)
         self.window = self.default_window
@@ -225,8 +248,13 @@ class LiveServer:
         self._threads = [
             threading.Thread(target=self._read_source, name="mem-serve-reader", daemon=True),
             threading.Thread(target=self._serve_control, name="mem-serve-control", daemon=True),
-            threading.Thread(target=self._load_model, args=(started,), name="mem-serve-loader", daemon=True),
         ]
+        if self._loading:
+            self._threads.append(
+                threading.Thread(target=self._load_model, args=(started,), name="mem-serve-loader", daemon=True)
+            )
+        if self.config.watch and self.model_path is not None:
+            self._threads.append(threading.Thread(target=self._watch_model, name="mem-serve-watch", daemon=True))
         for thread in self._threads:
             thread.start()
         try:
@@ -238,6 +266,7 @@ class LiveServer:
                 thread.join(5.0)
             if self.recorder is not None:
                 self.recorder.stop()
+            self.labelling.close()
             self._pub.close(0)
             self._control.close(0)
         if self._error is not None:
@@ -255,6 +284,7 @@ class LiveServer:
             if self._torch_threads is not None:
                 torch.set_num_threads(self._torch_threads)
             config = self.config
+            stamp = model_stamp(self.model_path)
             predictor = self._given_predictor or Predictor(config.model, config.tokenizer, config.device)
             predictor.warm_up()
         except Exception as exc:  # reported by run() in the main thread
@@ -262,19 +292,63 @@ class LiveServer:
             self._stop.set()
             self._new_events.set()
             return
-        self.default_window = configured_window(self.config, predictor.training_window)
-        if not self._window_chosen:
-            self._set_window(self.default_window)
-        self._refresh = True  # before the predictor: the loop must not end a finished file before this inference
-        self.predictor = predictor
+        self._install(predictor, self.model_path, stamp)
         self.model_ready_s = time.monotonic() - started
-        self.model_loaded.set()
-        self._new_events.set()
         if self.announce is not None:
             self.announce(
                 f"mem serve: {predictor.task} model ready after {self.model_ready_s:.1f} s, "
                 f"window {describe_window(self.window)}"
             )
+
+    def _install(self, predictor: Predictor, path: Path | None, stamp: tuple | None, keep_window: bool = False) -> None:
+        """Serve ``predictor`` from the next window on (the stream and the sockets stay)."""
+        self.default_window = configured_window(self.config, predictor.training_window)
+        if keep_window:  # a model trained on captures is served on windows like the captured ones
+            self._window_chosen = True
+        if not self._window_chosen:
+            self._set_window(self.default_window)
+        self._refresh = True  # before the predictor: the loop must not end a finished file before this inference
+        self.model_path, self._model_stamp = path, stamp
+        self.model_name = model_name(path)
+        self.model_error = None
+        self.model_version += 1
+        self.predictor = predictor
+        self._loading = False
+        self.model_loaded.set()
+        self._new_events.set()
+
+    def swap_model(self, path: Path | str, keep_window: bool = False) -> None:
+        """Load the model at ``path`` (an export or a run) and serve it from the next window on; raises what loading
+        raised and keeps the current model then. Runs in the calling thread (a watcher, a Train run)."""
+        from mem_core.inference import Predictor
+
+        path = Path(path)
+        stamp = model_stamp(path)
+        predictor = Predictor(path, None, self.config.device)
+        predictor.warm_up()
+        self._install(predictor, path, stamp, keep_window=keep_window)
+        if self.announce is not None:
+            self.announce(f"mem serve: now serving {path} (model version {self.model_version})")
+
+    def _watch_model(self) -> None:
+        """``--watch``: load the served model's files again when they changed and stayed unchanged for one look
+        (an export being written is not read half-way); a model that fails to load is reported, once."""
+        self.model_loaded.wait()
+        seen = failed = None
+        while not self._stop.wait(WATCH_INTERVAL_S):
+            path = self.model_path
+            stamp = model_stamp(path)
+            if stamp is None or stamp == self._model_stamp or stamp == failed:
+                seen = stamp
+                continue
+            if stamp != seen:  # changed since the last look: wait until it settles
+                seen = stamp
+                continue
+            try:
+                self.swap_model(path)
+            except Exception as exc:  # a broken export: keep serving the current model
+                failed = stamp
+                self.model_error = f"{path}: {type(exc).__name__}: {exc}"[:MAX_TEXT]
 
     # ---- reader thread -------------------------------------------------------------------------------------
 
@@ -362,10 +436,14 @@ class LiveServer:
                 next_stats = max(next_stats + interval, now)
             wait = max((next_stats if end is None else min(next_stats, end)) - now, 0.0)
             if self.predictor is None:
-                # loading: a sensor view now and then, no wake-up per batch (the CPU is the loader's)
-                self.model_loaded.wait(min(wait, PREVIEW_INTERVAL_S))
+                # loading: a sensor view now and then, no wake-up per batch (the CPU is the loader's); no model:
+                # sensor views at a display's rate
+                interval = PREVIEW_INTERVAL_S if self._loading else NO_MODEL_INTERVAL_S
+                self.model_loaded.wait(min(wait, interval))
                 if self.ring.total != self._seen_total:
                     self._infer_and_publish()
+                elif not self._loading and self._source_done:
+                    break  # no model, and a file played to its end
                 continue
             if self._new_events.wait(wait):
                 self._new_events.clear()
@@ -397,12 +475,13 @@ class LiveServer:
         out = predictor(events, sensor) if predictor is not None else None
         self.windows += 1
         common = self._frame_fields(events, sensor, snap.arrival)
+        self.labelling.windows.add(HeldWindow(self.windows, events, sensor, self._capture_info(events)))
         start = time.perf_counter()
         region = predictor.input_region(sensor) if predictor is not None else (0, 0, sensor.height, sensor.width)
         input_region = [v / binning for v in region]
         self._send("sensor", {"sensor": view}, binning=binning, input_region=input_region, **common)
         if out is not None:
-            self._publish_prediction(out, common, snap.arrival, record_latency=new_events > 0)
+            self._publish_prediction(predictor, out, common, snap.arrival, record_latency=new_events > 0)
             stages.update(out.stages_ms)
         self._last_stages = {**stages, "publish": (time.perf_counter() - start) * 1e3}
 
@@ -420,20 +499,38 @@ class LiveServer:
             "sensor": [sensor.height, sensor.width],
         }
 
-    def _publish_prediction(self, out: Output, common: dict[str, Any], arrival: float, record_latency: bool) -> None:
-        predictor = self.predictor
+    def _capture_info(self, events: np.ndarray) -> dict[str, Any]:
+        """What a capture of this window records besides its events: the source, the window, and for the simulator
+        the classes in view (its ground truth, when one scene spans the whole window)."""
+        meta = self.source.metadata
+        info: dict[str, Any] = {k: meta[k] for k in ("kind", "serial") if k in meta}
+        info["window"] = dict(self._last_window)
+        classes_at = getattr(self.source, "classes_at", None)
+        if classes_at is not None:
+            first, last = classes_at(int(events["t"][0])), classes_at(int(events["t"][-1]))
+            info["truth"] = last if first == last else None
+        return info
+
+    def _publish_prediction(
+        self, predictor: Predictor, out: Output, common: dict[str, Any], arrival: float, record_latency: bool
+    ) -> None:
         self.frames += 1
         self._send("hist", {"hist": out.hist}, **common)
         if out.tokens is not None:
             self._send("tokens", {"tokens": out.tokens}, num_tokens=predictor.tokenizer.config.num_tokens, **common)
-        arrays, fields = self._prediction(out)
+        arrays, fields = self._prediction(predictor, out)
+        if out.probs is not None:
+            self.labelling.windows.update(common["frame"], prediction=fields["top_k"][0]["name"])
+        self.labelling.windows.update(common["frame"], model_version=self.model_version)
         now = time.monotonic()
-        self._send("pred", arrays, latency_ms=(now - arrival) * 1e3, **fields, **common)
+        self._send(
+            "pred", arrays, latency_ms=(now - arrival) * 1e3, model_version=self.model_version, **fields, **common
+        )
         if record_latency:  # a refresh of an old window (after a window change) says nothing about latency
             self.latencies.append((now, now - arrival))
 
-    def _prediction(self, out: Output) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        classes = self.predictor.classes
+    def _prediction(self, predictor: Predictor, out: Output) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        classes = predictor.classes
         if out.probs is not None:
             order = np.argsort(-out.probs)[: self.config.top_k]
             top_k = [{"id": int(i), "name": classes[i], "prob": float(out.probs[i])} for i in order]
@@ -485,13 +582,20 @@ class LiveServer:
         """``commands`` carried out (read first: what follows is at least that recent), ``model_state``
         ("loading" / "ready"), the ``task`` once known, and the window (``accumulation``)."""
         commands = self.commands
-        window, default = self.window, self.default_window
+        window, default, predictor = self.window, self.default_window, self.predictor
         accumulation = {"events": window.events, "ms": window.ms}
         accumulation.update(default_events=default.events, default_ms=default.ms)
-        state = {"commands": commands, "model_state": "ready" if self.predictor is not None else "loading"}
-        state["accumulation"] = accumulation
-        if self.predictor is not None:
-            state["task"] = self.predictor.task
+        model_state = "ready" if predictor is not None else "loading" if self._loading else "none"
+        state = {"commands": commands, "model_state": model_state, "accumulation": accumulation}
+        if predictor is not None:
+            state["task"] = predictor.task
+        state["labels"], state["training"] = self.labelling.state(predictor.classes if predictor else None)
+        model = None
+        if self.model_version:
+            model = {"name": self.model_name or "model", "version": self.model_version, "path": str(self.model_path)}
+        if self.model_error is not None:
+            model = {**(model or {"name": "none", "version": 0, "path": ""}), "error": self.model_error}
+        state["model"] = model
         return state
 
     def source_state(self) -> dict[str, Any]:
@@ -565,6 +669,9 @@ class LiveServer:
             self._set_window(Window(args["events"], args["ms"]))
             self._request_refresh()  # the new window at once, also while a replay is paused
             return
+        if command in ("capture", "undo_capture", "train"):
+            self._label_command(command, args)
+            return
         if self.recorder is None:
             raise ControlError(
                 f"{command}: recording needs a live source ({' or '.join(RECORDABLE_KINDS)}), "
@@ -575,6 +682,19 @@ class LiveServer:
             self.recorder.start(name)
         else:
             self.recorder.stop()
+
+    def _label_command(self, command: str, args: dict[str, Any]) -> None:
+        desk = self.labelling
+        try:
+            if command == "capture":
+                desk.capture(args["label"], args.get("frame"))
+            elif command == "undo_capture":
+                desk.undo()
+            else:
+                pretrain = self.config.pretrain or pretraining_run_of(self.model_path)
+                desk.train(pretrain, args.get("epochs"), lambda export: self.swap_model(export, keep_window=True))
+        except LabelError as exc:
+            raise ControlError(str(exc)) from None
 
     def _replay_command(self, command: str, args: dict[str, Any]) -> None:
         """Have the reader thread carry out a replay command between two batches, and wait until it did (the
@@ -597,6 +717,31 @@ class LiveServer:
     def _set_window(self, window: Window) -> None:
         self.ring.resize(window.events)
         self.window = window
+
+
+def model_stamp(path: Path | None) -> tuple | None:
+    """(name, size, mtime) of a model directory's files, to tell a newer export; None when it has none."""
+    if path is None:
+        return None
+    stamp = []
+    for name in MODEL_FILES:
+        try:
+            info = (path / name).stat()
+        except OSError:
+            continue
+        stamp.append((name, info.st_size, info.st_mtime_ns))
+    return tuple(stamp) or None
+
+
+def model_name(path: Path | None) -> str | None:
+    """How the viewer names a model: the run an export came from (``label-003``), else its directory."""
+    if path is None:
+        return None
+    try:
+        source = json.loads((path / "model.json").read_text()).get("source_run")
+    except (OSError, ValueError):
+        source = None
+    return Path(source).name if isinstance(source, str) else path.name
 
 
 def newest_span(events: np.ndarray, ms: float | None) -> np.ndarray:

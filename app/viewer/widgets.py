@@ -28,6 +28,8 @@ TIMELINE_CLASSES = 5
 ACCENT = "#e8eaf0"
 ACCUMULATION_RANGES = {"time": (1.0, MAX_WINDOW_MS), "events": (100.0, float(MAX_WINDOW_EVENTS))}  # log sliders
 PENDING_S = 2.0  # a control keeps the user's choice on screen this long while the server has not confirmed it
+FLASH_MS = 350  # how long a capture lights the picture's frame
+HOTKEY_CLASSES = 9  # classes with a number key (1-9)
 Region = tuple[float, float, float, float]  # (top, left, height, width) in image px
 
 
@@ -320,26 +322,52 @@ class ConfidenceTimeline(pg.PlotWidget):
         self.legend = self.addLegend(offset=(8, 8), labelTextSize="8pt")
         self.history: deque[tuple[float, np.ndarray]] = deque(maxlen=2000)  # (monotonic time, probs (K,))
         self.curves: dict[int, pg.PlotDataItem] = {}
+        self.marks: list[tuple[float, pg.InfiniteLine]] = []  # (monotonic time, line): model switches
         self._drawn = -np.inf  # monotonic time of the last redraw
 
     def clear_history(self) -> None:
         """Forget everything (a new server session)."""
+        self._clear_curves()
+        for _, line in self.marks:
+            self.removeItem(line)
+        self.marks.clear()
+
+    def _clear_curves(self) -> None:
         self.history.clear()
         for curve in self.curves.values():
             self.removeItem(curve)
         self.curves.clear()
         self.legend.clear()
 
+    def mark(self, t: float, text: str) -> None:
+        """A labelled vertical line at monotonic time ``t`` (a new model took over), moving left with the curves."""
+        line = pg.InfiniteLine(
+            pos=0.0,
+            angle=90,
+            pen=pg.mkPen(ACCENT, width=1, style=QtCore.Qt.PenStyle.DashLine),
+            label=text,
+            labelOpts={"position": 0.92, "color": ACCENT, "fill": pg.mkBrush(0, 0, 0, 160)},
+        )
+        self.addItem(line)
+        self.marks.append((t, line))
+        self._drawn = -np.inf  # show it at the next prediction
+
     def add(self, t: float, probs: np.ndarray, classes: list[str], colors: np.ndarray) -> None:
         """Append one prediction at monotonic time ``t``; redraw when the last redraw is old enough."""
         if self.history and len(self.history[-1][1]) != len(probs):
-            self.clear_history()
+            self._clear_curves()  # another model's classes (the switch's mark stays)
         self.history.append((t, np.asarray(probs, np.float32)))
         while self.history and self.history[0][0] < t - TIMELINE_S:
             self.history.popleft()
         if t - self._drawn < TIMELINE_REDRAW_S:
             return
         self._drawn = t
+        for mark_t, line in list(self.marks):
+            if mark_t < t - TIMELINE_S:
+                self.removeItem(line)
+                self.marks.remove((mark_t, line))
+            else:
+                line.setPos(mark_t - t)
         times = np.array([s for s, _ in self.history]) - t
         probs_hist = np.stack([p for _, p in self.history])  # (T, K)
         leading = np.argsort(-probs_hist.mean(0))[:TIMELINE_CLASSES].tolist()
@@ -559,6 +587,129 @@ class RecordControls(QtWidgets.QGroupBox):
             )
         else:
             self.status.setText("not recording")
+
+
+class LabelPanel(QtWidgets.QGroupBox):
+    """Label the window on screen: a button per class (number keys 1-9 in the window), undo, captures per class,
+    and Train with its progress. Emits ``command("capture", {"label", "frame"})``, ``command("undo_capture", {})``
+    and ``command("train", {})``; the server stores and trains, this panel only shows its state."""
+
+    command = QtCore.Signal(str, object)
+
+    def __init__(self, parent: QtWidgets.QWidget | None = None) -> None:
+        super().__init__("Label windows", parent)
+        self.names = QtWidgets.QLineEdit()
+        self.names.setPlaceholderText("class names, comma-separated (Enter)")
+        self.names.editingFinished.connect(self._names_edited)
+        self.buttons: list[QtWidgets.QPushButton] = []
+        self._buttons_layout = QtWidgets.QGridLayout()
+        self.undo = QtWidgets.QPushButton("Undo last (Ctrl+Z)")
+        self.undo.clicked.connect(lambda: self.command.emit("undo_capture", {}))
+        self.train = QtWidgets.QPushButton("Train")
+        self.train.clicked.connect(lambda: self.command.emit("train", {}))
+        self.progress = QtWidgets.QProgressBar()
+        self.progress.setRange(0, 1)
+        self.progress.setTextVisible(True)
+        self.status = QtWidgets.QLabel("capture the window on screen with a class's button or number key")
+        self.status.setWordWrap(True)
+        self.result = QtWidgets.QLabel("")
+        self.result.setWordWrap(True)
+        layout = QtWidgets.QVBoxLayout(self)
+        layout.addWidget(self.names)
+        layout.addLayout(self._buttons_layout)
+        row = QtWidgets.QHBoxLayout()
+        row.addWidget(self.undo)
+        row.addWidget(self.train)
+        layout.addLayout(row)
+        layout.addWidget(self.progress)
+        layout.addWidget(self.status)
+        layout.addWidget(self.result)
+        self.classes: list[str] = []
+        self.counts: dict[str, int] = {}
+        self.frame: int | None = None  # the window on screen (what a capture names)
+        self.captures = 0  # the server's capture count: a reply with a higher one is a new capture
+        self.training: dict[str, Any] = {}
+        self._typed = False  # class names typed in: the server's list no longer replaces them
+
+    def set_classes(self, classes: list[str]) -> None:
+        if classes == self.classes:
+            return
+        self.classes = list(classes)
+        if not self.names.hasFocus():
+            self.names.setText(", ".join(self.classes))
+        for button in self.buttons:
+            self._buttons_layout.removeWidget(button)
+            button.deleteLater()
+        self.buttons = []
+        for i in range(len(self.classes)):
+            button = QtWidgets.QPushButton()
+            button.clicked.connect(lambda _=False, i=i: self.capture(i))
+            self._buttons_layout.addWidget(button, i // 2, i % 2)
+            self.buttons.append(button)
+        self._label_buttons()
+
+    def _label_buttons(self) -> None:
+        for i, (name, button) in enumerate(zip(self.classes, self.buttons, strict=True)):
+            key = f"{i + 1}  " if i < HOTKEY_CLASSES else ""
+            button.setText(f"{key}{name}  ({self.counts.get(name, 0)})")
+
+    def _names_edited(self) -> None:
+        names = [n.strip() for n in self.names.text().split(",") if n.strip()]
+        names = list(dict.fromkeys(names))  # no duplicates, in the typed order
+        if names and names != self.classes:
+            self._typed = True
+            self.set_classes(names)
+
+    def capture(self, index: int) -> None:
+        """Capture the window on screen as class ``index`` (a button or number key)."""
+        if not 0 <= index < len(self.classes):
+            return
+        args: dict[str, Any] = {"label": self.classes[index]}
+        if self.frame is not None:
+            args["frame"] = self.frame
+        self.command.emit("capture", args)
+
+    def set_state(self, labels: dict[str, Any] | None, training: dict[str, Any] | None) -> bool:
+        """Follow the server's ``labels`` and ``training`` state; True when it holds a new capture."""
+        new_capture = False
+        if labels:
+            if not self._typed and labels.get("classes"):
+                self.set_classes(labels["classes"])
+            elif self._typed:  # keep the typed names, add any the server has counts for
+                extra = [n for n in labels.get("counts", {}) if n not in self.classes]
+                if extra:
+                    self.set_classes(self.classes + extra)
+            self.counts = dict(labels.get("counts") or {})
+            self._label_buttons()
+            captures = int(labels.get("captures", 0))
+            new_capture = captures > self.captures
+            self.captures = captures
+            total = sum(self.counts.values())
+            if labels.get("error"):
+                self.status.setText(f"error: {labels['error']}")
+            elif new_capture and labels.get("last"):
+                self.status.setText(f"✓ captured {labels['last']!r} · {total} captures in {labels['root']}")
+            elif total:
+                self.status.setText(f"{total} captures in {labels['root']}")
+        if training:
+            self._show_training(training)
+        return new_capture
+
+    def _show_training(self, training: dict[str, Any]) -> None:
+        self.training = training
+        state = training.get("state", "idle")
+        running = state in ("running", "exporting")
+        self.train.setEnabled(not running)
+        self.train.setText("Training..." if running else "Train")
+        epochs = max(int(training.get("epochs") or 1), 1)
+        self.progress.setRange(0, epochs)
+        self.progress.setValue(min(int(training.get("epoch") or 0), epochs) if state != "done" else epochs)
+        self.progress.setFormat(f"{state} · epoch %v/%m" if state != "idle" else "not trained yet")
+        message = training.get("message") or ""
+        if state == "failed":
+            self.result.setText(f"training failed: {message}")
+        elif state != "idle":
+            self.result.setText(message)
 
 
 def dark_palette() -> QtGui.QPalette:

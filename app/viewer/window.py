@@ -12,14 +12,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PySide6 import QtCore, QtWidgets
+from PySide6 import QtCore, QtGui, QtWidgets
 
 from app.config import ViewConfig
 from app.viewer.client import LiveClient
 from app.viewer.widgets import (
+    FLASH_MS,
+    HOTKEY_CLASSES,
     AccumulationControls,
     ConfidenceTimeline,
     EventView,
+    LabelPanel,
     RecordControls,
     ReplayControls,
     SegmentLegend,
@@ -39,6 +42,7 @@ STALE_S = 2.0  # no message for this long: the status bar says so
 STATUS_MS = 250
 CHECKS = VIEW_DECODERS  # in drawing order
 LOADING = "loading model..."
+NO_MODEL = "no model yet: label windows (keys 1-9), then Train"
 
 
 class ViewerWindow(QtWidgets.QMainWindow):
@@ -67,6 +71,9 @@ class ViewerWindow(QtWidgets.QMainWindow):
         self.bad_messages = 0  # decodable messages whose content does not fit their topic (dropped)
         self._frame_times: deque[float] = deque(maxlen=1000)
         self._first_message: tuple[float, float] | None = None  # (monotonic, GUI thread CPU s) at the 1st message
+        self.model_version: int | None = None  # of the newest prediction
+        self.model_switches = 0  # newer models seen taking over (marked on the timeline)
+        self.flashes = 0  # captures confirmed by the server (each lit the picture's frame)
         self._build()
         if client is not None:
             client.messages.connect(self.apply)
@@ -101,9 +108,15 @@ class ViewerWindow(QtWidgets.QMainWindow):
         self.accumulation = AccumulationControls()
         self.replay = ReplayControls()
         self.record = RecordControls()
-        for controls in (self.accumulation, self.replay, self.record):
+        self.labels = LabelPanel()
+        for controls in (self.accumulation, self.replay, self.record, self.labels):
             controls.command.connect(self.control_command)
             controls.setVisible(False)
+        for i in range(HOTKEY_CLASSES):  # number keys capture (a text field being edited keeps its digits)
+            shortcut = QtGui.QShortcut(QtGui.QKeySequence(str(i + 1)), self)
+            shortcut.activated.connect(lambda i=i: self.labels.capture(i))
+        undo = QtGui.QShortcut(QtGui.QKeySequence.StandardKey.Undo, self)
+        undo.activated.connect(self.labels.undo.click)
         snapshot = QtWidgets.QPushButton("Save snapshot")
         snapshot.clicked.connect(self._snapshot_clicked)
 
@@ -124,6 +137,7 @@ class ViewerWindow(QtWidgets.QMainWindow):
         side.addWidget(self.accumulation)
         side.addWidget(self.replay)
         side.addWidget(self.record)
+        side.addWidget(self.labels)
         side.addWidget(snapshot)
         side.addStretch(1)  # takes the room of the timeline when it is hidden (segmentation)
         self.legend.setVisible(False)
@@ -195,6 +209,7 @@ class ViewerWindow(QtWidgets.QMainWindow):
 
     def _apply_sensor(self, view: SensorView) -> None:
         self.view.set_sensor(view)
+        self.labels.frame = view.frame  # a capture stores the window on screen
 
     def _apply_hist(self, hist: np.ndarray) -> None:
         self.view.set_histogram(hist)
@@ -216,9 +231,12 @@ class ViewerWindow(QtWidgets.QMainWindow):
         self.view.set_mask(None, [])
         self.tokens_box.setVisible(False)
         self.top_k.set_top_k([])
+        self.model_version = None
 
     def _apply_pred(self, pred: Prediction) -> None:
         self.task, self.classes = pred.task, pred.classes
+        switched = self.model_version is not None and pred.model_version not in (None, self.model_version)
+        self.model_version = pred.model_version if pred.model_version is not None else self.model_version
         if pred.probs is not None:
             colors = class_colors(len(self.classes))
             self.top_k.set_top_k(pred.top_k, colors)
@@ -228,6 +246,10 @@ class ViewerWindow(QtWidgets.QMainWindow):
             self.view.set_mask(pred.mask, self.classes)
             self.legend.set_classes(np.unique(pred.mask).tolist(), self.classes)
             self.last_pred = {"task": self.task, "present": self.legend.labels}
+        if switched:
+            self.model_switches += 1
+            self.timeline.mark(time.monotonic(), f"model v{self.model_version}")
+            self.statusBar().showMessage(f"model v{self.model_version} took over", 5000)
         segmentation = self.task == "segmentation"
         self.top_k.setVisible(not segmentation)
         self.timeline.setVisible(not segmentation)
@@ -237,8 +259,9 @@ class ViewerWindow(QtWidgets.QMainWindow):
     def _apply_stats(self, stats: dict[str, Any]) -> None:
         self.last_stats = stats
         loading = stats.get("model_state") == "loading"
-        if loading:
-            self.top_k.best.setText(LOADING)
+        no_model = stats.get("model_state") == "none"
+        if loading or no_model:
+            self.top_k.best.setText(LOADING if loading else NO_MODEL)
         # stats sent before the server carried out a command the viewer saw the reply to would undo its effect
         current = stats.get("commands", 0) >= self.commands_confirmed
         accumulation = stats.get("accumulation")
@@ -254,8 +277,16 @@ class ViewerWindow(QtWidgets.QMainWindow):
         self.record.setVisible(bool(source.get("recordable")) and recording is not None)
         if recording is not None and current:
             self.record.set_state(recording)
+        self.labels.setVisible("labels" in stats)
+        if current:
+            self.labels.set_state(stats.get("labels"), stats.get("training"))
         size = f"{source.get('width', '?')} x {source.get('height', '?')}"
-        task = LOADING if loading else stats.get("task", "")
+        task = LOADING if loading else "no model" if no_model else stats.get("task", "")
+        model = stats.get("model") or {}
+        if model.get("version"):
+            task += f" \u00b7 model {model.get('name')} v{model['version']}"
+        if model.get("error"):
+            self.statusBar().showMessage(f"newer model not loaded: {model['error']}", 5000)
         self.header.setText(f"{task} \u00b7 source {source.get('kind', '?')} ({source.get('serial', '')}, {size})")
 
     def apply_reply(self, reply: dict[str, Any]) -> None:
@@ -270,6 +301,14 @@ class ViewerWindow(QtWidgets.QMainWindow):
             self.accumulation.set_state(state["accumulation"], confirmed=True)
         if state.get("recording"):
             self.record.set_state(state["recording"])
+        if self.labels.set_state(state.get("labels"), state.get("training")) and reply.get("command") == "capture":
+            self._flash()
+
+    def _flash(self) -> None:
+        """Light the picture's frame: the capture was taken."""
+        self.flashes += 1
+        self.view.setStyleSheet("border: 4px solid #7cfc00;")
+        QtCore.QTimer.singleShot(FLASH_MS, lambda: self.view.setStyleSheet(""))
 
     def _send_command(self, command: str, args: dict[str, Any]) -> None:
         """Send a control command to the server; its reply comes to ``apply_reply``."""
@@ -359,6 +398,20 @@ class ViewerWindow(QtWidgets.QMainWindow):
                 "replay": self.replay.isVisibleTo(self),
                 "record": self.record.isVisibleTo(self),
                 "accumulation": self.accumulation.isVisibleTo(self),
+                "labels": self.labels.isVisibleTo(self),
+            },
+            "labels": {
+                "classes": self.labels.classes,
+                "counts": self.labels.counts,
+                "captures": self.labels.captures,
+                "flashes": self.flashes,
+                "status": self.labels.status.text(),
+            },
+            "training": self.labels.training,
+            "model": {
+                "version": self.model_version,
+                "switches": self.model_switches,
+                **(self.last_stats.get("model") or {}),
             },
         }
 

@@ -3,15 +3,17 @@
 ``format`` describes the layout and the crash-safety rules, ``writer`` holds ``CorpusWriter``, ``reader`` ``Corpus``.
 """
 
-from mem_core.corpus.format import MANIFEST, CorpusError, CorpusFullError, RecordingInfo
+from mem_core.corpus.format import MANIFEST, MIN_PER_CLASS, CorpusError, CorpusFullError, RecordingInfo, labels_problem
 from mem_core.corpus.reader import Corpus
 from mem_core.corpus.writer import CorpusWriter
 
 __all__ = [
     "MANIFEST",
+    "MIN_PER_CLASS",
     "Corpus",
     "CorpusError",
     "CorpusFullError",
     "CorpusWriter",
     "RecordingInfo",
+    "labels_problem",
 ]

@@ -164,6 +164,21 @@ def recording_info(entry: Any, where: str, shards: dict[str, ShardInfo]) -> Reco
     return RecordingInfo(**{**{f.name: e[f.name] for f in fields(RecordingInfo)}, "sensor": SensorSize(*sensor)})
 
 
+MIN_PER_CLASS = 2  # recordings of each class a labelled corpus needs to train a classifier: one is held out
+
+
+def labels_problem(counts: dict[str, int]) -> str | None:
+    """Why a labelled corpus with ``counts`` recordings per class cannot train a classifier (what to capture
+    still), or None."""
+    if len(counts) < 2:
+        have = f"only {', '.join(counts)}" if counts else "none"
+        return f"training needs captures of at least 2 classes, have {have}"
+    few = ", ".join(f"{name} has {n}" for name, n in sorted(counts.items()) if n < MIN_PER_CLASS)
+    if few:
+        return f"training needs at least {MIN_PER_CLASS} captures of every class (one is held out): {few}"
+    return None
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from mem_core.configuration import from_dict
 from mem_core.export import load_model
 from mem_core.representation import InputSpec
@@ -37,7 +39,9 @@ def evaluate_run(
     source = open_for_input(dataset, data, split, spec, split_file=_split_file(Path(run_path), dataset))
     classification = meta["task"] == "classification"
     classes = source.classes if classification else source.mask_classes
-    if classes != meta["classes"]:
+    if classification and classes != meta["classes"] and sorted(classes) == sorted(meta["classes"]):
+        model = _ClassOrder(model, [meta["classes"].index(name) for name in classes])  # the same names, reordered
+    elif classes != meta["classes"]:
         raise RunError(
             f"{dataset} {split} has classes {classes}, but the model in {run_path} was trained on {meta['classes']}"
         )
@@ -48,6 +52,19 @@ def evaluate_run(
     result = evaluate(model, loader, spec, runtime, len(classes))
     teardown_runtime()
     return json_safe({"run": str(run_path), "dataset": dataset, "split": split, "classes": classes, **result})
+
+
+class _ClassOrder(torch.nn.Module):
+    """A classifier whose outputs are reordered to a dataset's class order (``order[i]``: model id of class i); a
+    model trained on captures knows its classes in alphabetical order."""
+
+    def __init__(self, model: torch.nn.Module, order: list[int]) -> None:
+        super().__init__()
+        self.model = model
+        self.register_buffer("order", torch.tensor(order, dtype=torch.long, device=next(model.parameters()).device))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)[:, self.order]
 
 
 def _split_file(path: Path, dataset: str) -> str:

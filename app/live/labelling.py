@@ -1,0 +1,334 @@
+"""The server side of the label-a-few loop: the windows a viewer may capture, the captures, and Train runs.
+
+A viewer names the window on its screen by its ``frame`` id; ``RecentWindows`` keeps the exact events of the last
+windows the server published, so a capture stores what the user saw labelled, not a newer window. ``LabelDesk``
+writes captures into a labelled corpus (``recorders.capture.LabelledCaptures``) and runs ``mem train-labels`` on
+them in a child process (``TrainingJob``); the server loads the export it produces without a restart.
+Nothing here imports torch: training runs in its own process, and the server's loader loads the result.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from mem_core.corpus import labels_problem
+from mem_core.events import SensorSize
+from recorders.base import RecorderError
+from recorders.capture import LabelledCaptures
+
+RECENT_WINDOWS = 64  # windows a capture may still name (a few seconds of predictions)
+RECENT_EVENTS = 4_000_000  # and at most this many events in all (52 MB)
+TRAIN_LOG = "train.log"
+PROGRESS_POLL_S = 0.5
+
+
+class LabelError(Exception):
+    """A capture or Train request that cannot be carried out (the control reply's error)."""
+
+
+class HeldWindow(NamedTuple):
+    frame: int
+    events: np.ndarray
+    sensor: SensorSize
+    info: dict[str, Any]  # what the capture's metadata records about the window (source, times, prediction)
+
+
+class RecentWindows:
+    """The last published windows by frame id, bounded in count and events (thread-safe)."""
+
+    def __init__(self, max_windows: int = RECENT_WINDOWS, max_events: int = RECENT_EVENTS) -> None:
+        self.max_windows, self.max_events = max_windows, max_events
+        self._windows: collections.OrderedDict[int, HeldWindow] = collections.OrderedDict()
+        self._events = 0
+        self._lock = threading.Lock()
+
+    def add(self, window: HeldWindow) -> None:
+        with self._lock:
+            self._windows[window.frame] = window
+            self._events += len(window.events)
+            while len(self._windows) > 1 and (len(self._windows) > self.max_windows or self._events > self.max_events):
+                _, old = self._windows.popitem(last=False)
+                self._events -= len(old.events)
+
+    def update(self, frame: int, **info: Any) -> None:
+        """Add to the ``info`` of a held window (the prediction, known after the window was stored)."""
+        with self._lock:
+            if frame in self._windows:
+                self._windows[frame].info.update(info)
+
+    def get(self, frame: int | None = None) -> HeldWindow:
+        """The window ``frame`` (default: the newest); ``LabelError`` when it is no longer held."""
+        with self._lock:
+            if not self._windows:
+                raise LabelError("capture: no window yet (the source has not delivered events)")
+            if frame is None:
+                return next(reversed(self._windows.values()))
+            if frame not in self._windows:
+                newest = next(reversed(self._windows))
+                raise LabelError(
+                    f"capture: window {frame} is no longer held (the server keeps its last {len(self._windows)}, "
+                    f"up to {newest}); capture again"
+                )
+            return self._windows[frame]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._windows.clear()
+            self._events = 0
+
+
+def pretraining_run_of(model: Path | None) -> Path | None:
+    """The pretraining run behind a served model: an export's ``source_run`` or the run itself, then its
+    ``init.json``; None when the model was trained from scratch or is unknown."""
+    if model is None:
+        return None
+    run = model
+    meta = model / "model.json"
+    if meta.is_file():
+        try:
+            source = json.loads(meta.read_text()).get("source_run")
+        except (OSError, ValueError):
+            return None
+        if not isinstance(source, str):
+            return None
+        run = Path(source)
+    try:
+        init = json.loads((run / "init.json").read_text()).get("path")
+    except (OSError, ValueError):
+        return None
+    return Path(init) if isinstance(init, str) else None
+
+
+class TrainingJob:
+    """One Train run: ``mem train-labels`` in a child process writing the run ``out`` (log in ``out/train.log``),
+    followed from its ``metrics.jsonl``. ``on_done(export_dir)`` is called from the job's thread on success."""
+
+    def __init__(self, labels: Path, pretrain: Path, out: Path, epochs: int, on_done: Callable[[Path], None]) -> None:
+        self.labels, self.pretrain, self.out, self.epochs = labels, pretrain, out, epochs
+        self.export = out / "export"
+        self.on_done = on_done
+        self.status = "running"
+        self.epoch = 0
+        self.val_top1: float | None = None
+        self.message: str | None = f"training on {labels}"
+        self._process: subprocess.Popen | None = None
+        self._cancelled = False
+        self._thread = threading.Thread(target=self._run, name="mem-serve-train", daemon=True)
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "app.cli",
+            "train-labels",
+            "--labels",
+            str(self.labels),
+            "--init",
+            str(self.pretrain),
+            "--out",
+            str(self.out),
+            "--export",
+            str(self.export),
+            "--epochs",
+            str(self.epochs),
+        ]
+
+    def start(self) -> TrainingJob:
+        self.out.mkdir(parents=True, exist_ok=True)
+        log = (self.out / TRAIN_LOG).open("wb")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TERM": "dumb"}
+        try:
+            self._process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env)
+        finally:
+            log.close()
+        self._thread.start()
+        return self
+
+    @property
+    def running(self) -> bool:
+        return self.status in ("running", "exporting")
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "state": self.status,
+            "epoch": self.epoch,
+            "epochs": self.epochs,
+            "val_top1": self.val_top1,
+            "run": str(self.out),
+            "message": self.message,
+        }
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+
+    def _run(self) -> None:
+        process = self._process
+        while process.poll() is None:
+            self._follow()
+            time.sleep(PROGRESS_POLL_S)
+        self._follow()
+        if process.returncode != 0:
+            self.status = "failed"
+            self.message = "cancelled" if self._cancelled else self._error_line(process.returncode)
+            return
+        self.status = "exporting"
+        self.message = f"loading {self.export}"
+        try:
+            self.on_done(self.export)
+        except Exception as exc:  # a model that does not load: the job failed, the server keeps serving
+            self.status, self.message = "failed", f"the trained model did not load: {exc}"
+            return
+        self.status = "done"
+        top1 = f"{self.val_top1:.0%}" if self.val_top1 is not None else "?"
+        self.message = f"held-out captures: top-1 {top1}; now serving {self.export}"
+
+    def _follow(self) -> None:
+        """Epoch and newest validation top-1 from the run's metrics (lines are appended whole)."""
+        try:
+            lines = (self.out / "metrics.jsonl").read_text().splitlines()
+        except OSError:
+            return
+        for line in lines:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue  # a line being written
+            self.epoch = max(self.epoch, int(row.get("epoch", 0)))
+            if row.get("val_top1") is not None:
+                self.val_top1 = float(row["val_top1"])
+        self.message = f"epoch {self.epoch} of {self.epochs}"
+        result = self.out / "result.json"
+        if result.is_file():
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):  # (being written)
+                self.val_top1 = float(json.loads(result.read_text())["top1"])  # the best epoch: what is exported
+
+    def _error_line(self, code: int) -> str:
+        """The child's ``error: ...`` line, else its last line (the whole log is in ``train.log``)."""
+        try:
+            lines = [line.strip() for line in (self.out / TRAIN_LOG).read_text(errors="replace").splitlines()]
+        except OSError:
+            lines = []
+        lines = [line for line in lines if line]
+        errors = [line for line in lines if line.startswith("error:")]
+        last = (errors or lines or [f"exit status {code}"])[-1]
+        return f"{last} (log: {self.out / TRAIN_LOG})"
+
+
+class LabelDesk:
+    """Captures into the labelled corpus ``labels`` and Train runs into ``train_out`` for one server.
+
+    ``classes`` are the names offered for labelling (the server's option, else the model's, else those captured).
+    The corpus is opened at the first capture, so a server nobody labels with writes nothing.
+    """
+
+    def __init__(self, labels: Path, train_out: Path, epochs: int, classes: tuple[str, ...] = ()) -> None:
+        self.root, self.train_out, self.epochs = Path(labels), Path(train_out), epochs
+        self.classes = list(classes)
+        self.windows = RecentWindows()
+        self.captures_taken = 0
+        self.last: str | None = None
+        self.error: str | None = None
+        self.job: TrainingJob | None = None
+        self._captures: LabelledCaptures | None = None
+        self._counts: dict[str, int] | None = None
+        self._lock = threading.Lock()
+
+    def _open(self) -> LabelledCaptures:
+        if self._captures is None:
+            try:
+                self._captures = LabelledCaptures(self.root)
+            except Exception as exc:  # a corrupt corpus, no permission: one line for the viewer
+                raise LabelError(f"labels {self.root}: {exc}") from None
+        return self._captures
+
+    def counts(self) -> dict[str, int]:
+        if self._captures is not None:
+            return self._captures.counts()
+        if self._counts is None:  # what earlier sessions captured, read once
+            self._counts = {}
+            if (self.root / "manifest.json").is_file():
+                try:
+                    self._counts = self._open().counts()
+                except LabelError as exc:
+                    self.error = str(exc)
+        return self._counts
+
+    def capture(self, label: str, frame: int | None) -> str:
+        """Store the held window ``frame`` (default: the newest) as a capture of class ``label``."""
+        window = self.windows.get(frame)
+        with self._lock:
+            captures = self._open()
+            try:
+                name = captures.capture(window.events, window.sensor, label, {"frame": window.frame, **window.info})
+            except (RecorderError, OSError) as exc:
+                self.error = f"capture: {exc}"
+                raise LabelError(self.error) from None
+            self.captures_taken += 1
+            self.last, self.error = label, None
+            return name
+
+    def undo(self) -> str:
+        with self._lock:
+            label = self._captures.undo() if self._captures is not None else None
+            if label is None:
+                raise LabelError("undo_capture: nothing captured in this session to undo")
+            self.last = None
+            return label
+
+    def train(self, pretrain: Path | None, epochs: int | None, on_done: Callable[[Path], None]) -> TrainingJob:
+        if self.job is not None and self.job.running:
+            raise LabelError(f"train: a run is already training ({self.job.out})")
+        if pretrain is None:
+            raise LabelError(
+                "train: no pretraining run to finetune: start mem serve with --pretrain RUN (or a --model "
+                "finetuned from one)"
+            )
+        problem = labels_problem(self.counts())
+        if problem is not None:
+            raise LabelError(f"train: {problem}")
+        n = 1
+        while (self.train_out / f"label-{n:03d}").exists():
+            n += 1
+        out = self.train_out / f"label-{n:03d}"
+        try:
+            self.job = TrainingJob(self.root, pretrain, out, epochs or self.epochs, on_done).start()
+        except OSError as exc:
+            raise LabelError(f"train: cannot start the run in {out}: {exc}") from None
+        return self.job
+
+    def state(self, model_classes: list[str] | None) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The ``labels`` and ``training`` fields of stats and control replies."""
+        counts = self.counts()
+        classes = list(self.classes or model_classes or [])
+        classes += [name for name in sorted(counts) if name not in classes]  # captured under a name typed in
+        labels = {
+            "root": str(self.root),
+            "classes": classes,
+            "counts": counts,
+            "captures": self.captures_taken,
+            "last": self.last,
+            "error": self.error,
+        }
+        training = self.job.state() if self.job is not None else {"state": "idle", "epoch": 0, "epochs": self.epochs}
+        return labels, training
+
+    def close(self) -> None:
+        if self.job is not None:
+            self.job.cancel()
+        with self._lock:
+            if self._captures is not None:
+                self._captures.close()

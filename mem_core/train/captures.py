@@ -1,0 +1,88 @@
+"""Finetuning on a few labelled captures (the label-a-few loop of the live viewer): ``mem train-labels``.
+
+A capture corpus (``recorders.capture.LabelledCaptures``) holds tens of windows, each a recording with its class.
+Training from it needs no preset to be chosen: the model and the input representation are the pretraining run's
+(its ViT must be rebuilt exactly to take its weights), and the recipe is one for tens of samples (cpu-tiny's
+optimiser settings, every sample in one batch, no RandAugment). The best epoch on the held-out captures is
+exported for the live server, which loads it without a restart.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+from pathlib import Path
+from typing import Any
+
+from mem_core.corpus import Corpus, labels_problem
+from mem_core.datasets.base import DatasetError
+from mem_core.train.configs import FinetuneStageConfig, stage_config
+from mem_core.train.stage import pretraining_run
+
+# what a pretraining run's input settings say about the representation (its augmentations are its own business)
+REPRESENTATION_FIELDS = (
+    "n_max",
+    "size",
+    "channels",
+    "resize_to",
+    "hot_pixel_std",
+    "scale",
+    "log_gain",
+    "temporal_bins",
+)
+CAPTURE_RECIPE = (
+    "batch_size=8",  # a few steps per epoch: tens of samples need hundreds of steps
+    "warmup_epochs=5",
+    "eval_every=5",
+    "head_init_scale=1.0",
+    "input.randaug_ops=0",
+    "data.num_workers=0",
+)
+
+
+def capture_counts(labels: Path | str) -> dict[str, int]:
+    """Captures per class in the labelled corpus ``labels``; a ``DatasetError`` when there is none."""
+    labels = Path(labels)
+    if not (labels / "manifest.json").is_file():
+        raise DatasetError(f"{labels}: no labelled captures yet (capture windows in mem view first)")
+    return dict(collections.Counter(str(r.label) for r in Corpus(labels).recordings if r.label is not None))
+
+
+def captures_config(
+    labels: Path | str, pretrain: Path | str, epochs: int, overrides: list[str] | tuple[str, ...] = ()
+) -> FinetuneStageConfig:
+    """The finetuning config for the capture corpus ``labels``: ``pretrain``'s model and representation, the
+    capture recipe, ``epochs``, then ``overrides`` (``key=value``)."""
+    run, _ = pretraining_run(pretrain)
+    pretrained = run.read_config()["config"]
+    values: dict[str, Any] = {
+        "data.dataset": "corpus",
+        "data.path": str(labels),
+        "epochs": epochs,
+        "model": pretrained["model"],
+        "input": {k: pretrained["input"][k] for k in REPRESENTATION_FIELDS if k in pretrained["input"]},
+    }
+    return stage_config("finetune", preset="cpu-tiny", values=values, overrides=[*CAPTURE_RECIPE, *overrides])
+
+
+def train_captures(
+    labels: Path | str,
+    pretrain: Path | str,
+    out: Path | str,
+    export: Path | str,
+    *,
+    epochs: int = 100,
+    overrides: list[str] | tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """Finetune ``pretrain`` on the captures in ``labels`` into the run ``out`` and export its best epoch to
+    ``export``; returns the run's result (``top1`` on the held-out captures, ``n``, ``classes``, ...)."""
+    from mem_core.export import export_run
+    from mem_core.train import finetune
+
+    problem = labels_problem(capture_counts(labels))
+    if problem is not None:
+        raise DatasetError(f"{labels}: {problem}")
+    cfg = captures_config(labels, pretrain, epochs, overrides)
+    run = finetune.run(cfg, out, init=pretrain)
+    export_run(run.path, export)
+    return json.loads((run.path / "result.json").read_text())
