@@ -73,6 +73,7 @@ class ViewerWindow(QtWidgets.QMainWindow):
         self._first_message: tuple[float, float] | None = None  # (monotonic, GUI thread CPU s) at the 1st message
         self.model_version: int | None = None  # of the newest prediction
         self.model_switches = 0  # newer models seen taking over (marked on the timeline)
+        self._served_without_model = False  # the server said it had no model (its first one is a switch too)
         self.flashes = 0  # captures confirmed by the server (each lit the picture's frame)
         self._build()
         if client is not None:
@@ -232,10 +233,13 @@ class ViewerWindow(QtWidgets.QMainWindow):
         self.tokens_box.setVisible(False)
         self.top_k.set_top_k([])
         self.model_version = None
+        self._served_without_model = False
 
     def _apply_pred(self, pred: Prediction) -> None:
         self.task, self.classes = pred.task, pred.classes
-        switched = self.model_version is not None and pred.model_version not in (None, self.model_version)
+        # a newer model took over: after another model, or after a stream without one
+        before = self.model_version is not None or self._served_without_model
+        switched = before and pred.model_version not in (None, self.model_version)
         self.model_version = pred.model_version if pred.model_version is not None else self.model_version
         if pred.probs is not None:
             colors = class_colors(len(self.classes))
@@ -260,6 +264,7 @@ class ViewerWindow(QtWidgets.QMainWindow):
         self.last_stats = stats
         loading = stats.get("model_state") == "loading"
         no_model = stats.get("model_state") == "none"
+        self._served_without_model |= no_model
         if loading or no_model:
             self.top_k.best.setText(LOADING if loading else NO_MODEL)
         # stats sent before the server carried out a command the viewer saw the reply to would undo its effect

@@ -1,0 +1,154 @@
+"""The label-a-few loop on the simulated camera, as a user runs it: pretrain on an unlabeled simulated session,
+start a server with no model, label windows with the viewer's number keys (pytest-qt, real sockets), press Train,
+and the model trained on those captures takes over the live stream and classifies it well above chance."""
+
+from __future__ import annotations
+
+import collections
+import os
+import time
+from dataclasses import replace
+
+import pytest
+from PySide6 import QtCore
+
+from app import demo
+from app.config import ServeConfig
+from app.live.server import LiveServer
+from app.viewer.client import LiveClient
+from app.viewer.window import ViewerWindow
+from mem_core.corpus import Corpus
+from mem_core.simulator import task_config
+from recorders.simulated import SimulatorSource
+
+CLASSES = ("disc", "cross", "triangle")  # a 3-class camera: chance is 33 %
+PER_CLASS = 6
+CAPTURE_S = 90.0
+TRAIN_S = 300.0
+
+
+@pytest.fixture(scope="module")
+def pretrain_run(tmp_path_factory):
+    """A tiny MEM pretraining run on 10 s of the unlabeled simulated camera (the demo's recipe, shortened)."""
+    from mem_core.train import pretrain, tokenizer
+
+    out = tmp_path_factory.mktemp("unlabeled")
+    saved = demo.CORPUS_SIM_SECONDS
+    demo.CORPUS_SIM_SECONDS = 10
+    try:
+        demo.record_corpus(out / "corpus")
+    finally:
+        demo.CORPUS_SIM_SECONDS = saved
+    data = f"data.path={out / 'corpus'}"
+    tokenizer.run(demo._stage("tokenizer", "corpus", data, "epochs=4", "eval_every=4"), out / "tokenizer")
+    pretrain.run(
+        demo._stage("pretrain", "corpus", data, "epochs=6", "eval_every=6"),
+        out / "pretrain",
+        tokenizer=out / "tokenizer",
+    )
+    return out / "pretrain"
+
+
+def snapshot(window: ViewerWindow, name: str) -> None:
+    """With ``MEM_SNAPSHOT_DIR`` set, save what the user sees (the README's screenshots come from here)."""
+    if os.environ.get("MEM_SNAPSHOT_DIR"):
+        window.save_snapshot(os.path.join(os.environ["MEM_SNAPSHOT_DIR"], name))
+
+
+def wait_until(qtbot, condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {timeout_s:g} s")
+        qtbot.wait(50)
+
+
+def test_label_windows_in_the_viewer_train_and_the_new_model_takes_over(qtbot, tmp_path, pretrain_run):
+    camera = replace(task_config(seed=21), classes=CLASSES, scene_us=1_000_000)
+    source = SimulatorSource(camera, speed=1.0)
+    config = ServeConfig(
+        model=None,
+        pub="tcp://127.0.0.1:*",
+        control="tcp://127.0.0.1:*",
+        labels=tmp_path / "labels",
+        pretrain=pretrain_run,
+        train_out=tmp_path / "label-runs",
+        train_epochs=60,
+        stats_interval_s=0.2,
+    )
+    server = LiveServer(config, source=source, torch_threads=1).start()
+    client = LiveClient(server.pub_endpoint)
+    window = ViewerWindow(client)
+    qtbot.addWidget(window)
+    window.show()
+    try:
+        panel = window.labels
+        wait_until(qtbot, lambda: panel.isVisible() and panel.frame is not None, 30, "a labelling panel and a picture")
+        assert window.view_state()["model_state"] == "none"
+
+        # the user types the class names, then labels with the number keys what they see
+        panel.names.setFocus()
+        qtbot.keyClicks(panel.names, ", ".join(CLASSES))
+        qtbot.keyClick(panel.names, QtCore.Qt.Key.Key_Return)
+        assert panel.classes == list(CLASSES) and panel.buttons[0].text().startswith("1  disc")
+        window.view.setFocus()
+
+        taken: collections.Counter[str] = collections.Counter()
+        deadline = time.monotonic() + CAPTURE_S
+        last_frame = None
+        while min(taken[name] for name in CLASSES) < PER_CLASS:
+            assert time.monotonic() < deadline, f"captured only {dict(taken)} in {CAPTURE_S:g} s"
+            qtbot.wait(150)
+            frame = panel.frame
+            if frame == last_frame:
+                continue
+            truth = server.labelling.windows.get(frame).info.get("truth")  # what the user sees on screen
+            if not truth or taken[truth[0]] >= PER_CLASS:
+                continue
+            flashes = window.flashes
+            qtbot.keyClick(window, str(CLASSES.index(truth[0]) + 1))
+            wait_until(qtbot, lambda f=flashes: window.flashes > f, 10, "the capture's flash")
+            taken[truth[0]] += 1
+            last_frame = frame
+        assert panel.counts == {name: PER_CLASS for name in CLASSES}
+        snapshot(window, "label-panel.png")
+
+        # undo takes the last capture back out, on disk too
+        qtbot.keyClick(window, "z", QtCore.Qt.KeyboardModifier.ControlModifier)
+        wait_until(qtbot, lambda: sum(panel.counts.values()) == PER_CLASS * 3 - 1, 10, "undo")
+        corpus = Corpus(tmp_path / "labels")
+        assert len(corpus.recordings) == PER_CLASS * 3 - 1
+        stored = corpus.recordings[0]
+        assert stored.label in CLASSES and stored.sensor == camera.sensor
+        assert stored.metadata["truth"] == [stored.label] and stored.n_events == stored.metadata["window"]["events"]
+
+        qtbot.mouseClick(panel.train, QtCore.Qt.MouseButton.LeftButton)
+        wait_until(qtbot, lambda: panel.training.get("state") in ("done", "failed"), TRAIN_S, "training")
+        assert panel.training["state"] == "done", panel.training
+        wait_until(qtbot, lambda: window.model_switches == 1, 30, "the trained model's first prediction")
+        state = window.view_state()
+        assert state["model"]["version"] == 1 and state["model"]["name"] == "label-001"
+        assert "label-001 v1" in window.header.text()
+
+        # the new model classifies the live stream: its top-1 against the simulator's truth, over fresh windows
+        qtbot.wait(8000)
+        judged = []
+        for frame in range(server.windows - 200, server.windows + 1):
+            try:
+                info = server.labelling.windows.get(frame).info
+            except Exception:
+                continue
+            if info.get("model_version") == 1 and info.get("truth") and "prediction" in info:
+                judged.append(info["prediction"] == info["truth"][0])
+        accuracy = sum(judged) / len(judged)
+        print(
+            f"live accuracy of the model trained on {PER_CLASS * 3 - 1} captures: {accuracy:.0%} on "
+            f"{len(judged)} windows (chance {1 / len(CLASSES):.0%}); held-out captures: "
+            f"{panel.training['val_top1']:.0%}"
+        )
+        snapshot(window, "label-switch.png")
+        assert len(judged) >= 20 and accuracy >= 0.55
+    finally:
+        window.close()
+        client.close()
+        server.stop()
