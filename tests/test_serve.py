@@ -24,7 +24,9 @@ from mem_core.inference import Predictor
 from mem_core.models import TokenizerConfig, ViTConfig
 from mem_core.protocol import decode, decode_sensor, encode, encode_control, encode_events
 from mem_core.representation import InputSpec
+from mem_core.simulator import task_config
 from mem_core.train.rundir import RunError
+from recorders.simulated import SimulatorSource
 from recorders.sources import open_source
 from recorders.synthetic import SyntheticSource
 
@@ -585,3 +587,104 @@ def test_tcp_source_drops_hostile_messages_and_keeps_serving(export, events_fact
             assert server._runner.is_alive()
     finally:
         publisher.close(0)
+
+
+# ---- labelling, training from captures, and models taking over -------------------------------------------------
+
+
+def test_capture_stores_exactly_the_window_a_prediction_was_made_on_and_undo_takes_it_back(export, tmp_path):
+    labels = tmp_path / "labels"
+    with (
+        serving(export, SimulatorSource(task_config(seed=4)), labels=labels) as server,
+        subscriber(server.pub_endpoint) as sub,
+    ):
+        pred = of(collect(sub, lambda ms: of(ms, "pred")), "pred")[0].header
+        reply = request(server.control_endpoint, "capture", label="disc", frame=pred["frame"])
+        assert reply["ok"], reply
+        assert reply["state"]["labels"]["counts"] == {"disc": 1} and reply["state"]["labels"]["captures"] == 1
+        assert reply["state"]["labels"]["classes"] == ["background", "car", "disc"]  # the model's, then captured
+
+        gone = request(server.control_endpoint, "capture", label="disc", frame=10**9)
+        assert not gone["ok"] and f"window {10**9} is no longer held" in gone["error"]
+        blank = request(server.control_endpoint, "capture", label="  ")
+        assert not blank["ok"] and "capture: label must be a class name" in blank["error"]
+        assert request(server.control_endpoint, "capture", label="square")["ok"]  # the newest window
+        undone = request(server.control_endpoint, "undo_capture")
+        assert undone["ok"] and undone["state"]["labels"]["counts"] == {"disc": 1}
+
+    corpus = Corpus(labels)
+    (capture,) = corpus.recordings
+    window = pred["window"]
+    events = corpus.events(0)
+    assert capture.label == "disc" and capture.sensor == SensorSize(*pred["sensor"])
+    assert (len(events), int(events["t"][0]), int(events["t"][-1])) == (
+        window["events"],
+        window["t_first_us"],
+        window["t_last_us"],
+    )
+    assert capture.metadata["frame"] == pred["frame"] and capture.metadata["kind"] == "sim"
+    assert capture.metadata["prediction"] == pred["top_k"][0]["name"] and capture.metadata["model_version"] == 1
+
+
+def test_train_says_what_is_missing_before_it_starts(export, tmp_path):
+    with serving(export, SimulatorSource(task_config()), labels=tmp_path / "labels") as server:
+        reply = request(server.control_endpoint, "train")
+        assert not reply["ok"] and "no pretraining run to finetune" in reply["error"]
+    with (
+        serving(export, SimulatorSource(task_config()), labels=tmp_path / "labels", pretrain=tmp_path) as server,
+        subscriber(server.pub_endpoint) as sub,
+    ):
+        collect(sub, lambda ms: of(ms, "sensor"))  # a window to capture
+        assert request(server.control_endpoint, "capture", label="disc")["ok"]
+        reply = request(server.control_endpoint, "train")
+        assert not reply["ok"] and "at least 2 classes, have only disc" in reply["error"]
+        assert request(server.control_endpoint, "capture", label="ring")["ok"]
+        reply = request(server.control_endpoint, "train")
+        assert not reply["ok"] and "disc has 1, ring has 1" in reply["error"]
+        assert reply["state"]["training"]["state"] == "idle"
+    assert not (tmp_path / "label-runs").exists()
+
+
+def test_without_a_model_the_server_streams_sensor_views_to_label(tmp_path):
+    with (
+        serving(None, SimulatorSource(task_config()), labels=tmp_path / "labels") as server,
+        subscriber(server.pub_endpoint) as sub,
+    ):
+        messages = collect(sub, lambda ms: len(of(ms, "sensor")) >= 3 and of(ms, "stats"))
+        stats = of(messages, "stats")[-1].header
+        assert stats["model_state"] == "none" and stats["model"] is None
+        assert stats["accumulation"]["ms"] == 50.0  # a window to label with: crisp shapes
+        assert not of(messages, "pred")
+        assert request(server.control_endpoint, "capture", label="disc")["ok"]
+
+
+def test_watch_serves_a_newer_export_without_dropping_the_stream_and_keeps_it_when_one_is_broken(export, tmp_path):
+    served = tmp_path / "served"
+    shutil.copytree(export, served)
+    tiny = ViTConfig(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, drop_path=0.0)
+    with (
+        serving(served, SyntheticSource(2e5, sensor=SENSOR), watch=True) as server,
+        subscriber(server.pub_endpoint) as sub,
+    ):
+        first = of(collect(sub, lambda ms: of(ms, "pred")), "pred")[0].header
+        assert first["model_version"] == 1 and first["classes"] == ["background", "car"]
+        newer = export_random(
+            tmp_path / "newer",
+            classes=("a", "b", "c"),
+            architecture=tiny,
+            input_spec=InputSpec(n_max=2000, size=(32, 32)),
+            seed=1,
+        )
+        for name in ("model.safetensors", "model.json"):  # as mem export writes: weights, then the JSON
+            shutil.copy(newer / name, served / name)
+        messages = collect(sub, lambda ms: any(m.header.get("model_version") == 2 for m in of(ms, "pred")))
+        swapped = [m.header for m in of(messages, "pred") if m.header["model_version"] == 2][0]
+        assert swapped["classes"] == ["a", "b", "c"] and swapped["session"] == first["session"]
+        assert swapped["frame"] > first["frame"]
+
+        (served / "model.safetensors").write_bytes(b"not a model")
+        stats = collect(sub, lambda ms: any((m.header.get("model") or {}).get("error") for m in of(ms, "stats")))
+        model = [m.header["model"] for m in of(stats, "stats") if m.header["model"].get("error")][0]
+        assert model["version"] == 2 and "model.safetensors" in model["error"]
+        later = of(collect(sub, lambda ms: len(of(ms, "pred")) >= 3), "pred")
+        assert all(m.header["model_version"] == 2 for m in later)  # still serving the last good model

@@ -152,11 +152,12 @@ class LiveServer:
     ) -> None:
         _check_options(config, loading=predictor is None)
         self.config = config
-        self.predictor: Predictor | None = None  # set by the loader thread once the model is ready
+        # (predictor, its model version): one attribute, so a window never pairs one model's output with another's
+        # version; set by the loader thread once the model is ready, replaced by a swap
+        self._served: tuple[Predictor | None, int] = (None, 0)
         self._given_predictor = predictor
         self._loading = predictor is not None or config.model is not None  # a first model is coming
         self.model_path: Path | None = Path(config.model) if config.model is not None else None
-        self.model_version = 0  # models served so far: 1 for the first, +1 for each swap
         self.model_name: str | None = None
         self.model_error: str | None = None  # why a newer model could not be loaded (the old one stays)
         self._model_stamp: tuple | None = None  # the served model's files (size, mtime), for --watch
@@ -311,8 +312,7 @@ class LiveServer:
         self.model_path, self._model_stamp = path, stamp
         self.model_name = model_name(path)
         self.model_error = None
-        self.model_version += 1
-        self.predictor = predictor
+        self._served = (predictor, self.model_version + 1)
         self._loading = False
         self.model_loaded.set()
         self._new_events.set()
@@ -459,7 +459,7 @@ class LiveServer:
         self._new_events.set()
 
     def _infer_and_publish(self) -> None:
-        window, predictor, sensor = self.window, self.predictor, self._sensor  # (other threads may replace them)
+        window, (predictor, version), sensor = self.window, self._served, self._sensor  # (other threads replace them)
         snap = self.ring.snapshot(window.events)
         new_events = snap.total - self._seen_total
         self._seen_total = snap.total
@@ -481,7 +481,7 @@ class LiveServer:
         input_region = [v / binning for v in region]
         self._send("sensor", {"sensor": view}, binning=binning, input_region=input_region, **common)
         if out is not None:
-            self._publish_prediction(predictor, out, common, snap.arrival, record_latency=new_events > 0)
+            self._publish_prediction(predictor, version, out, common, snap.arrival, record_latency=new_events > 0)
             stages.update(out.stages_ms)
         self._last_stages = {**stages, "publish": (time.perf_counter() - start) * 1e3}
 
@@ -512,7 +512,13 @@ class LiveServer:
         return info
 
     def _publish_prediction(
-        self, predictor: Predictor, out: Output, common: dict[str, Any], arrival: float, record_latency: bool
+        self,
+        predictor: Predictor,
+        version: int,
+        out: Output,
+        common: dict[str, Any],
+        arrival: float,
+        record_latency: bool,
     ) -> None:
         self.frames += 1
         self._send("hist", {"hist": out.hist}, **common)
@@ -521,11 +527,9 @@ class LiveServer:
         arrays, fields = self._prediction(predictor, out)
         if out.probs is not None:
             self.labelling.windows.update(common["frame"], prediction=fields["top_k"][0]["name"])
-        self.labelling.windows.update(common["frame"], model_version=self.model_version)
+        self.labelling.windows.update(common["frame"], model_version=version)
         now = time.monotonic()
-        self._send(
-            "pred", arrays, latency_ms=(now - arrival) * 1e3, model_version=self.model_version, **fields, **common
-        )
+        self._send("pred", arrays, latency_ms=(now - arrival) * 1e3, model_version=version, **fields, **common)
         if record_latency:  # a refresh of an old window (after a window change) says nothing about latency
             self.latencies.append((now, now - arrival))
 
@@ -713,6 +717,16 @@ class LiveServer:
                     raise ControlError(
                         f"{command}: the replay did not respond within {REPLAY_COMMAND_WAIT_S:g} s"
                     ) from None
+
+    @property
+    def predictor(self) -> Predictor | None:
+        """The model being served (None while loading, or without a model)."""
+        return self._served[0]
+
+    @property
+    def model_version(self) -> int:
+        """Models served so far: 1 for the first, +1 for each swap (0: none yet)."""
+        return self._served[1]
 
     def _set_window(self, window: Window) -> None:
         self.ring.resize(window.events)
