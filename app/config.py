@@ -36,7 +36,7 @@ class ServeConfig:
     classes: tuple[str, ...] = ()  # class names to label (default: the model's, else those already captured)
     pretrain: Path | None = None
     train_out: Path = Path("label-runs")
-    train_epochs: int = 100
+    train_epochs: int = 150
     watch: bool = False
 
 

@@ -678,13 +678,13 @@ def test_watch_serves_a_newer_export_without_dropping_the_stream_and_keeps_it_wh
         for name in ("model.safetensors", "model.json"):  # as mem export writes: weights, then the JSON
             shutil.copy(newer / name, served / name)
         messages = collect(sub, lambda ms: any(m.header.get("model_version") == 2 for m in of(ms, "pred")))
-        swapped = [m.header for m in of(messages, "pred") if m.header["model_version"] == 2][0]
+        swapped = next(m.header for m in of(messages, "pred") if m.header["model_version"] == 2)
         assert swapped["classes"] == ["a", "b", "c"] and swapped["session"] == first["session"]
         assert swapped["frame"] > first["frame"]
 
         (served / "model.safetensors").write_bytes(b"not a model")
         stats = collect(sub, lambda ms: any((m.header.get("model") or {}).get("error") for m in of(ms, "stats")))
-        model = [m.header["model"] for m in of(stats, "stats") if m.header["model"].get("error")][0]
+        model = next(m.header["model"] for m in of(stats, "stats") if m.header["model"].get("error"))
         assert model["version"] == 2 and "model.safetensors" in model["error"]
         later = of(collect(sub, lambda ms: len(of(ms, "pred")) >= 3), "pred")
         assert all(m.header["model_version"] == 2 for m in later)  # still serving the last good model

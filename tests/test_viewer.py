@@ -565,3 +565,46 @@ def test_client_drops_and_counts_a_malformed_control_reply(qtbot, publisher, cli
     assert client.malformed == 1 and replies == [
         {"command": "state", "ok": True, "error": None, "state": {"classes": ["a"]}}
     ]
+
+
+def labels_state(counts: dict, captures: int, **fields) -> dict:
+    return {"root": "labels", "classes": ["disc", "ring"], "counts": counts, "captures": captures, **fields}
+
+
+def test_the_label_panel_captures_the_window_on_screen_with_number_keys_and_flashes_once_per_capture(window, qtbot):
+    sent = []
+    window.control_command.connect(lambda name, args: sent.append((name, args)))
+    window.apply({"stats": stats(labels=labels_state({}, 0), training={"state": "idle", "epoch": 0, "epochs": 9})})
+    image = np.zeros((2, 8, 8), np.float32)
+    window.apply({"sensor": sensor_message(image, [8, 8], frame=41)})
+    panel = window.labels
+    assert panel.isVisibleTo(window) and [b.text() for b in panel.buttons] == ["1  disc  (0)", "2  ring  (0)"]
+
+    qtbot.keyClick(window, "2")
+    qtbot.keyClick(window, "z", QtCore.Qt.KeyboardModifier.ControlModifier)
+    assert sent == [("capture", {"label": "ring", "frame": 41}), ("undo_capture", {})]
+
+    # the capture's news comes by reply or by stats, in either order: one flash per capture
+    window.apply({"stats": stats(labels=labels_state({"ring": 1}, 1, last="ring"), commands=1)})
+    window.apply_reply(
+        {
+            "command": "capture",
+            "ok": True,
+            "state": {"commands": 1, "labels": labels_state({"ring": 1}, 1, last="ring")},
+        }
+    )
+    assert window.flashes == 1 and panel.buttons[1].text() == "2  ring  (1)"
+    assert "captured 'ring'" in panel.status.text()
+
+    training = {"state": "running", "epoch": 3, "epochs": 9, "message": "epoch 3 of 9"}
+    window.apply({"stats": stats(labels=labels_state({"ring": 1}, 1), training=training, commands=1)})
+    assert not panel.train.isEnabled() and panel.progress.value() == 3
+
+
+def test_a_newer_model_taking_over_is_named_in_the_header_and_marked_on_the_timeline(window):
+    window.apply({"stats": stats(model={"name": "label-001", "version": 1, "path": "x"})})
+    window.apply({"pred": pred([0.1, 0.7, 0.2], seq=0, model_version=1)})
+    assert "model label-001 v1" in window.header.text() and window.model_switches == 0
+    window.apply({"pred": pred([0.6, 0.2, 0.2], seq=1, model_version=2)})
+    assert window.model_switches == 1 and len(window.timeline.marks) == 1
+    assert window.view_state()["model"]["version"] == 2

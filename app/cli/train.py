@@ -110,7 +110,7 @@ def train_labels(
     export: Annotated[
         Path | None, typer.Option("--export", help="Export directory for mem serve (default: OUT/export).")
     ] = None,
-    epochs: Annotated[int, typer.Option("--epochs", help="Training epochs (tens of samples: one step each).")] = 100,
+    epochs: Annotated[int, typer.Option("--epochs", help="Training epochs (tens of samples: a few steps each).")] = 150,
     set_: SetOpt = None,
 ) -> None:
     """Finetune a pretraining run on a few labelled captures and export it (what the viewer's Train runs)."""

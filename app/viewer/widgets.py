@@ -627,7 +627,7 @@ class LabelPanel(QtWidgets.QGroupBox):
         self.classes: list[str] = []
         self.counts: dict[str, int] = {}
         self.frame: int | None = None  # the window on screen (what a capture names)
-        self.captures = 0  # the server's capture count: a reply with a higher one is a new capture
+        self.captures: int | None = None  # the server's capture count (None: not heard yet); growth is a capture
         self.training: dict[str, Any] = {}
         self._typed = False  # class names typed in: the server's list no longer replaces them
 
@@ -682,12 +682,12 @@ class LabelPanel(QtWidgets.QGroupBox):
             self.counts = dict(labels.get("counts") or {})
             self._label_buttons()
             captures = int(labels.get("captures", 0))
-            new_capture = captures > self.captures
+            new_capture = self.captures is not None and captures > self.captures
             self.captures = captures
             total = sum(self.counts.values())
             if labels.get("error"):
                 self.status.setText(f"error: {labels['error']}")
-            elif new_capture and labels.get("last"):
+            elif labels.get("last"):  # the newest capture of this session (after an undo: none)
                 self.status.setText(f"✓ captured {labels['last']!r} · {total} captures in {labels['root']}")
             elif total:
                 self.status.setText(f"{total} captures in {labels['root']}")

@@ -42,7 +42,7 @@ STALE_S = 2.0  # no message for this long: the status bar says so
 STATUS_MS = 250
 CHECKS = VIEW_DECODERS  # in drawing order
 LOADING = "loading model..."
-NO_MODEL = "no model yet: label windows (keys 1-9), then Train"
+NO_MODEL = "no model yet"
 
 
 class ViewerWindow(QtWidgets.QMainWindow):
@@ -60,7 +60,7 @@ class ViewerWindow(QtWidgets.QMainWindow):
         super().__init__(parent)
         self.client = client
         self.setWindowTitle(f"MEM live viewer - {client.endpoint if client else 'offline'}")
-        self.resize(1180, 720)
+        self.resize(1240, 880)
         self.session: str | None = None
         self.task: str | None = None
         self.classes: list[str] = []
@@ -234,6 +234,7 @@ class ViewerWindow(QtWidgets.QMainWindow):
         self.top_k.set_top_k([])
         self.model_version = None
         self._served_without_model = False
+        self.labels.captures = None  # a restarted server counts its captures from 0
 
     def _apply_pred(self, pred: Prediction) -> None:
         self.task, self.classes = pred.task, pred.classes
@@ -283,8 +284,8 @@ class ViewerWindow(QtWidgets.QMainWindow):
         if recording is not None and current:
             self.record.set_state(recording)
         self.labels.setVisible("labels" in stats)
-        if current:
-            self.labels.set_state(stats.get("labels"), stats.get("training"))
+        if current and self.labels.set_state(stats.get("labels"), stats.get("training")):
+            self._flash()  # a capture, whether its reply or a newer stats message told first
         size = f"{source.get('width', '?')} x {source.get('height', '?')}"
         task = LOADING if loading else "no model" if no_model else stats.get("task", "")
         model = stats.get("model") or {}
@@ -306,7 +307,7 @@ class ViewerWindow(QtWidgets.QMainWindow):
             self.accumulation.set_state(state["accumulation"], confirmed=True)
         if state.get("recording"):
             self.record.set_state(state["recording"])
-        if self.labels.set_state(state.get("labels"), state.get("training")) and reply.get("command") == "capture":
+        if self.labels.set_state(state.get("labels"), state.get("training")):
             self._flash()
 
     def _flash(self) -> None:
@@ -413,10 +414,10 @@ class ViewerWindow(QtWidgets.QMainWindow):
                 "status": self.labels.status.text(),
             },
             "training": self.labels.training,
-            "model": {
+            "model": {  # the server's model, and the version of the newest prediction
+                **(self.last_stats.get("model") or {}),
                 "version": self.model_version,
                 "switches": self.model_switches,
-                **(self.last_stats.get("model") or {}),
             },
         }
 

@@ -71,7 +71,7 @@ def train_captures(
     out: Path | str,
     export: Path | str,
     *,
-    epochs: int = 100,
+    epochs: int = 150,
     overrides: list[str] | tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Finetune ``pretrain`` on the captures in ``labels`` into the run ``out`` and export its best epoch to
