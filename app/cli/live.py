@@ -64,11 +64,11 @@ def serve(
         Path, typer.Option("--labels", help="Labelled corpus that the viewer's captures go into (created).")
     ] = _S.labels,
     classes: Annotated[
-        str | None,
+        str,
         typer.Option(
             "--classes", help="Comma-separated class names to label (default: the model's, else those captured)."
         ),
-    ] = None,
+    ] = ",".join(_S.classes),
     pretrain: Annotated[
         Path | None,
         typer.Option("--pretrain", help="Pretraining run that Train finetunes (default: the one behind --model)."),
@@ -102,7 +102,7 @@ def serve(
         record_dir=record_dir,
         duration_s=duration,
         labels=labels,
-        classes=tuple(c.strip() for c in classes.split(",") if c.strip()) if classes else (),
+        classes=tuple(c.strip() for c in classes.split(",") if c.strip()),
         pretrain=pretrain,
         train_out=train_out,
         train_epochs=train_epochs,
