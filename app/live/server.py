@@ -593,7 +593,9 @@ class LiveServer:
         state = {"commands": commands, "model_state": model_state, "accumulation": accumulation}
         if predictor is not None:
             state["task"] = predictor.task
-        state["labels"], state["training"] = self.labelling.state(predictor.classes if predictor else None)
+        # a capture labels a whole window: a classifier's classes are the names to offer, a segmenter's are not
+        offered = predictor.classes if predictor is not None and predictor.task == "classification" else None
+        state["labels"], state["training"] = self.labelling.state(offered)
         model = None
         if self.model_version:
             model = {"name": self.model_name or "model", "version": self.model_version, "path": str(self.model_path)}

@@ -88,6 +88,7 @@ class ViewerWindow(QtWidgets.QMainWindow):
     def _build(self) -> None:
         self.view = EventView()
         self.header = QtWidgets.QLabel("waiting for the server")
+        self.header.setWordWrap(True)  # model and source names can be long
         self.header.setStyleSheet("color: #9aa1ad;")
         self.top_k = TopKPanel()
         self.legend = SegmentLegend()
