@@ -333,7 +333,9 @@ class LiveServer:
     def _watch_model(self) -> None:
         """``--watch``: load the served model's files again when they changed and stayed unchanged for one look
         (an export being written is not read half-way); a model that fails to load is reported, once."""
-        self.model_loaded.wait()
+        while not self.model_loaded.wait(0.2):
+            if self._stop.is_set():  # the server ended before its first model loaded
+                return
         seen = failed = None
         while not self._stop.wait(WATCH_INTERVAL_S):
             path = self.model_path
