@@ -24,10 +24,10 @@ class LabelledCaptures(Closing):
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
-        existing = Corpus(self.root).recordings if (self.root / "manifest.json").exists() else []
-        self._counts = collections.Counter(str(r.label) for r in existing if r.label is not None)
+        existing = Corpus(self.root) if (self.root / "manifest.json").exists() else None
+        self._counts = collections.Counter(existing.label_counts() if existing is not None else {})
         self._taken: list[tuple[str, str]] = []  # (name, label) captured in this session, for undo
-        self._next = len(existing)
+        self._next = len(existing) if existing is not None else 0
         self._writer = CorpusWriter(self.root, provenance={"tool": "mem label"}, flush_interval_s=0)
 
     def capture(

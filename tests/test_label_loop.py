@@ -123,7 +123,7 @@ def test_label_windows_in_the_viewer_train_and_the_new_model_takes_over(qtbot, t
             frame = panel.frame
             if frame == last_frame:
                 continue
-            truth = server.labelling.windows.get(frame).info.get("truth")  # what the user sees on screen
+            truth = server.window_truth(server.labelling.windows.get(frame).events).get("truth")  # what the user sees
             if not truth or taken[truth[0]] >= PER_CLASS:
                 continue
             flashes = window.flashes
@@ -156,9 +156,10 @@ def test_label_windows_in_the_viewer_train_and_the_new_model_takes_over(qtbot, t
         live = []
         for frame in range(server.windows - 150, server.windows + 1):
             with contextlib.suppress(LabelError):
-                info = server.labelling.windows.get(frame).info
-                if info.get("model_version") == 1 and info.get("truth") and "prediction" in info:
-                    live.append(info["prediction"] == info["truth"][0])
+                held = server.labelling.windows.get(frame)
+                truth = server.window_truth(held.events).get("truth")
+                if held.info.get("model_version") == 1 and truth and "prediction" in held.info:
+                    live.append(held.info["prediction"] == truth[0])
         assert len(live) >= 20  # the trained model predicts on the stream
         held_out = evaluate_run(tmp_path / "label-runs" / "label-001" / "export", "corpus", unseen_windows, "all")
         print(

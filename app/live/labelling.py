@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from mem_core.corpus import labels_problem
+from mem_core.corpus import Corpus, CorpusError, labels_problem
 from mem_core.events import SensorSize
 from recorders.base import RecorderError
 from recorders.capture import LabelledCaptures
@@ -125,6 +125,7 @@ class TrainingJob:
         self.message: str | None = f"training on {labels}"
         self._process: subprocess.Popen | None = None
         self._cancelled = False
+        self._metrics_read = 0  # bytes of metrics.jsonl already followed
         self._thread = threading.Thread(target=self._run, name="mem-serve-train", daemon=True)
 
     def command(self) -> list[str]:
@@ -197,16 +198,20 @@ class TrainingJob:
         self.message = f"held-out captures: top-1 {top1}; now serving {self.export}"
 
     def _follow(self) -> None:
-        """Epoch and newest validation top-1 from the run's metrics (lines are appended whole)."""
+        """Epoch and newest validation top-1 from the lines the run appended to its metrics since the last look."""
         try:
-            lines = (self.out / "metrics.jsonl").read_text().splitlines()
+            with (self.out / "metrics.jsonl").open("rb") as metrics:
+                metrics.seek(self._metrics_read)
+                chunk = metrics.read()
         except OSError:
             return
-        for line in lines:
+        whole = chunk[: chunk.rfind(b"\n") + 1]  # a line being written is read at the next look
+        self._metrics_read += len(whole)
+        for line in whole.splitlines():
             try:
                 row = json.loads(line)
             except ValueError:
-                continue  # a line being written
+                continue
             self.epoch = max(self.epoch, int(row.get("epoch", 0)))
             if row.get("val_top1") is not None:
                 self.val_top1 = float(row["val_top1"])
@@ -258,22 +263,26 @@ class LabelDesk:
     def counts(self) -> dict[str, int]:
         if self._captures is not None:
             return self._captures.counts()
-        if self._counts is None:  # what earlier sessions captured, read once
+        if self._counts is None:  # what earlier sessions captured, read once (nothing is opened for writing)
             self._counts = {}
             if (self.root / "manifest.json").is_file():
                 try:
-                    self._counts = self._open().counts()
-                except LabelError as exc:
-                    self.error = str(exc)
+                    self._counts = Corpus(self.root).label_counts()
+                except CorpusError as exc:
+                    self.error = f"labels {self.root}: {exc}"
         return self._counts
 
-    def capture(self, label: str, frame: int | None) -> str:
-        """Store the held window ``frame`` (default: the newest) as a capture of class ``label``."""
+    def capture(
+        self, label: str, frame: int | None, describe: Callable[[np.ndarray], dict[str, Any]] | None = None
+    ) -> str:
+        """Store the held window ``frame`` (default: the newest) as a capture of class ``label``; ``describe``
+        adds to its metadata from its events (the simulator's ground truth)."""
         window = self.windows.get(frame)
+        metadata = {"frame": window.frame, **window.info, **(describe(window.events) if describe else {})}
         with self._lock:
             captures = self._open()
             try:
-                name = captures.capture(window.events, window.sensor, label, {"frame": window.frame, **window.info})
+                name = captures.capture(window.events, window.sensor, label, metadata)
             except (RecorderError, OSError) as exc:
                 self.error = f"capture: {exc}"
                 raise LabelError(self.error) from None

@@ -502,16 +502,19 @@ class LiveServer:
         }
 
     def _capture_info(self, events: np.ndarray) -> dict[str, Any]:
-        """What a capture of this window records besides its events: the source, the window, and for the simulator
-        the classes in view (its ground truth, when one scene spans the whole window)."""
+        """What a capture of this window records besides its events and the prediction: the source and the window
+        (kept for every published window, so it stays cheap; the ground truth is looked up at capture)."""
         meta = self.source.metadata
-        info: dict[str, Any] = {k: meta[k] for k in ("kind", "serial") if k in meta}
-        info["window"] = dict(self._last_window)
+        return {**{k: meta[k] for k in ("kind", "serial") if k in meta}, "window": self._last_window}
+
+    def window_truth(self, events: np.ndarray) -> dict[str, Any]:
+        """The simulator's ground truth of a window: ``{"truth": class names in view}`` when one scene spans the
+        whole window (else None); ``{}`` for sources that know none."""
         classes_at = getattr(self.source, "classes_at", None)
-        if classes_at is not None:
-            first, last = classes_at(int(events["t"][0])), classes_at(int(events["t"][-1]))
-            info["truth"] = last if first == last else None
-        return info
+        if classes_at is None:
+            return {}
+        first, last = classes_at(int(events["t"][0])), classes_at(int(events["t"][-1]))
+        return {"truth": last if first == last else None}
 
     def _publish_prediction(
         self,
@@ -527,9 +530,8 @@ class LiveServer:
         if out.tokens is not None:
             self._send("tokens", {"tokens": out.tokens}, num_tokens=predictor.tokenizer.config.num_tokens, **common)
         arrays, fields = self._prediction(predictor, out)
-        if out.probs is not None:
-            self.labelling.windows.update(common["frame"], prediction=fields["top_k"][0]["name"])
-        self.labelling.windows.update(common["frame"], model_version=version)
+        top1 = {"prediction": fields["top_k"][0]["name"]} if out.probs is not None else {}
+        self.labelling.windows.update(common["frame"], model_version=version, **top1)
         now = time.monotonic()
         self._send("pred", arrays, latency_ms=(now - arrival) * 1e3, model_version=version, **fields, **common)
         if record_latency:  # a refresh of an old window (after a window change) says nothing about latency
@@ -648,7 +650,7 @@ class LiveServer:
             return {"command": "error", "ok": False, "error": str(exc)[:MAX_TEXT], "state": None}
         try:
             self._apply_control(command, args)
-        except (ControlError, RecorderError, ValueError, OSError) as exc:
+        except (ControlError, LabelError, RecorderError, ValueError, OSError) as exc:
             return {"command": command, "ok": False, "error": str(exc)[:MAX_TEXT], "state": self.control_state()}
         if command != "state":
             self.commands += 1
@@ -693,16 +695,13 @@ class LiveServer:
 
     def _label_command(self, command: str, args: dict[str, Any]) -> None:
         desk = self.labelling
-        try:
-            if command == "capture":
-                desk.capture(args["label"], args.get("frame"))
-            elif command == "undo_capture":
-                desk.undo()
-            else:
-                pretrain = self.config.pretrain or pretraining_run_of(self.model_path)
-                desk.train(pretrain, args.get("epochs"), lambda export: self.swap_model(export, keep_window=True))
-        except LabelError as exc:
-            raise ControlError(str(exc)) from None
+        if command == "capture":
+            desk.capture(args["label"], args.get("frame"), self.window_truth)
+        elif command == "undo_capture":
+            desk.undo()
+        else:
+            pretrain = self.config.pretrain or pretraining_run_of(self.model_path)
+            desk.train(pretrain, args.get("epochs"), lambda export: self.swap_model(export, keep_window=True))
 
     def _replay_command(self, command: str, args: dict[str, Any]) -> None:
         """Have the reader thread carry out a replay command between two batches, and wait until it did (the

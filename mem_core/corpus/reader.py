@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import functools
 import os
 import threading
@@ -84,6 +85,10 @@ class Corpus:
     @property
     def total_events(self) -> int:
         return sum(r.n_events for r in self.recordings)
+
+    def label_counts(self) -> dict[str, int]:
+        """Recordings per label (labels as names), sorted by name; unlabelled recordings are not counted."""
+        return dict(sorted(collections.Counter(str(r.label) for r in self.recordings if r.label is not None).items()))
 
     def index(self, name: str) -> int:
         """Position of the recording called ``name``."""

@@ -9,7 +9,6 @@ exported for the live server, which loads it without a restart.
 
 from __future__ import annotations
 
-import collections
 import json
 from pathlib import Path
 from typing import Any
@@ -45,7 +44,7 @@ def capture_counts(labels: Path | str) -> dict[str, int]:
     labels = Path(labels)
     if not (labels / "manifest.json").is_file():
         raise DatasetError(f"{labels}: no labelled captures yet (capture windows in mem view first)")
-    return dict(collections.Counter(str(r.label) for r in Corpus(labels).recordings if r.label is not None))
+    return Corpus(labels).label_counts()
 
 
 def captures_config(
