@@ -212,7 +212,7 @@ class TrainingJob:
                 row = json.loads(line)
             except ValueError:
                 continue
-            self.epoch = max(self.epoch, int(row.get("epoch", 0)))
+            self.epoch = max(self.epoch, int(row.get("epoch", 0)) + 1)  # epochs done (the run counts from 0)
             if row.get("val_top1") is not None:
                 self.val_top1 = float(row["val_top1"])
         self.message = f"epoch {self.epoch} of {self.epochs}"

@@ -779,9 +779,13 @@ def run(config: ServeConfig) -> None:
     final summary."""
     server = LiveServer(config, torch_threads=config.threads)
     server.announce = lambda line: print(line, flush=True)
+    start = (
+        f"loading model {config.model}; source {config.source!r} streams meanwhile"
+        if config.model is not None
+        else f"no model: source {config.source!r} streams for labelling into {config.labels}"
+    )
     print(
-        f"mem serve: loading model {config.model}; source {config.source!r} streams meanwhile\n"
-        f"publishing on {server.pub_endpoint}, control on {server.control_endpoint}",
+        f"mem serve: {start}\npublishing on {server.pub_endpoint}, control on {server.control_endpoint}",
         flush=True,
     )
     try:
