@@ -160,6 +160,7 @@ def test_speed_pause_seek_and_accumulation_set_in_the_viewer_change_what_the_ser
         qtbot.waitUntil(lambda: window.replay.isVisible() and window.frames_shown > 0, timeout=START_S * 1000)
         qtbot.waitUntil(lambda: client.send_control("state"), timeout=START_S * 1000)  # the control link is up
         qtbot.waitUntil(lambda: bool(replies), timeout=START_S * 1000)
+        preds_after(tap, 0.0, 0.0)  # the model serves (the viewer shows sensor views while it loads)
 
         def reply_to(action, command: str) -> dict:
             """Do ``action`` in the viewer; the server's (successful) reply to it."""
