@@ -109,6 +109,7 @@ def test_classification_shows_top_k_and_a_confidence_timeline(window):
     assert window.top_k.best.text().startswith("car")
     assert [n.text() for n in window.top_k.names] == ["car", "truck", "background", "", ""]
     assert window.top_k.bars[0].value() == 700
+    assert [p.text() for p in window.top_k.percents[:3]] == ["70.0 %", "20.0 %", "10.0 %"]
     assert window.top_k.isVisibleTo(window) and not window.legend.isVisibleTo(window)
     curve = window.timeline.curves[1]
     xs, ys = curve.getData()

@@ -267,19 +267,25 @@ class TopKPanel(QtWidgets.QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         self.best = QtWidgets.QLabel("waiting for predictions")
         self.best.setStyleSheet(f"font-size: 22px; font-weight: 600; color: {ACCENT};")
-        layout.addWidget(self.best, 0, 0, 1, 2)
+        layout.addWidget(self.best, 0, 0, 1, 3)
         self.names: list[QtWidgets.QLabel] = []
         self.bars: list[QtWidgets.QProgressBar] = []
+        self.percents: list[QtWidgets.QLabel] = []  # beside the bar: on it, a light class colour hid the text
         for i in range(k):
             name = QtWidgets.QLabel("")
             bar = QtWidgets.QProgressBar()
             bar.setRange(0, 1000)
-            bar.setTextVisible(True)
+            bar.setTextVisible(False)
             bar.setFixedHeight(18)
+            percent = QtWidgets.QLabel("")
+            percent.setAlignment(QtCore.Qt.AlignmentFlag.AlignRight | QtCore.Qt.AlignmentFlag.AlignVCenter)
+            percent.setMinimumWidth(percent.fontMetrics().horizontalAdvance("100.0 %") + 4)
             layout.addWidget(name, i + 1, 0)
             layout.addWidget(bar, i + 1, 1)
+            layout.addWidget(percent, i + 1, 2)
             self.names.append(name)
             self.bars.append(bar)
+            self.percents.append(percent)
         layout.setColumnStretch(1, 1)
         self.top_k: list[dict] = []
         self.set_top_k([])
@@ -289,16 +295,16 @@ class TopKPanel(QtWidgets.QWidget):
         self.top_k = top_k
         if top_k:
             self.best.setText(f"{top_k[0]['name']}  {100 * top_k[0]['prob']:.0f} %")
-        for i, (name, bar) in enumerate(zip(self.names, self.bars, strict=True)):
+        for i, (name, bar, percent) in enumerate(zip(self.names, self.bars, self.percents, strict=True)):
             visible = i < len(top_k)
-            name.setVisible(visible)
-            bar.setVisible(visible)
+            for widget in (name, bar, percent):
+                widget.setVisible(visible)
             if not visible:
                 continue
             entry = top_k[i]
             name.setText(entry["name"])
             bar.setValue(round(1000 * entry["prob"]))
-            bar.setFormat(f"{100 * entry['prob']:.1f} %")
+            percent.setText(f"{100 * entry['prob']:.1f} %")
             if colors is not None and 0 <= entry["id"] < len(colors):
                 r, g, b = (int(v) for v in colors[entry["id"]])
                 style = f"QProgressBar::chunk {{ background-color: rgb({r}, {g}, {b}); }}"
