@@ -2,29 +2,63 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 OFF_RGB = np.array([40, 120, 255], dtype=np.float32)  # blue
 ON_RGB = np.array([255, 70, 40], dtype=np.float32)  # red
 
 
-def histogram_rgb(hist: np.ndarray, level: float | None = None) -> np.ndarray:
-    """(2, H, W) counts or [0, 1] values -> (H, W, 3) uint8 on black: OFF blue, ON red, both magenta-ish.
+def _polarity_table() -> np.ndarray:
+    """(65536,) uint32: the RGBX colour (alpha 255) of every (OFF, ON) pair of 8-bit levels, indexed ``off << 8 | on``."""
+    a = np.arange(256, dtype=np.float32) / 255
+    rgb = np.clip(a[:, None, None] * OFF_RGB + a[None, :, None] * ON_RGB, 0, 255).astype(np.uint8).reshape(-1, 3)
+    rgbx = np.concatenate([rgb, np.full((len(rgb), 1), 255, np.uint8)], axis=1)
+    return rgbx.view(np.uint32).ravel()
 
-    ``level`` is the value shown at full brightness (default: the 99th percentile of non-zero values).
-    """
-    hist = np.asarray(hist, dtype=np.float32)
+
+POLARITY_RGBX = _polarity_table()
+
+
+@functools.lru_cache(maxsize=8)
+def _float16_levels(level: float) -> np.ndarray:
+    """(65536,) uint8: the 8-bit level of every float16 bit pattern (NaN and negative values: 0)."""
+    values = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+    values = np.nan_to_num(values, nan=0.0, posinf=np.inf, neginf=0.0)
+    return np.clip(values * (255.0 / level), 0, 255).astype(np.uint8)
+
+
+def polarity_index(hist: np.ndarray, level: float) -> np.ndarray:
+    """(2, H, W) OFF / ON values -> (H, W) uint16 index into ``POLARITY_RGBX``: each shown in 256 steps up to
+    ``level`` (full brightness). float16 input, what the live server sends, goes through a table: 10x faster."""
+    if hist.dtype == np.float16:
+        levels = _float16_levels(float(level))[hist[:2].view(np.uint16)]
+    else:
+        levels = np.clip(np.asarray(hist[:2], dtype=np.float32) * (255.0 / level), 0, 255).astype(np.uint8)
+    index = levels[0].astype(np.uint16) << 8
+    index |= levels[1]
+    return index
+
+
+def histogram_rgbx(hist: np.ndarray, level: float | None = None) -> np.ndarray:
+    """(2, H, W) counts or [0, 1] values -> (H, W, 4) uint8 RGBX (X = 255) on black: OFF blue, ON red, both
+    magenta-ish. ``level`` is the value shown at full brightness (default: the 99th percentile of non-zero
+    values)."""
+    hist = np.asarray(hist)
     if hist.ndim != 3 or hist.shape[0] < 2:
         raise ValueError(f"expected a (C>=2, H, W) histogram, got shape {hist.shape}")
-    off, on = hist[0], hist[1]
     if level is None:
+        off, on = hist[0].astype(np.float32), hist[1].astype(np.float32)
         nz = np.concatenate([off[off > 0], on[on > 0]])
         level = float(np.percentile(nz, 99)) if nz.size else 1.0
-    level = max(level, 1e-12)
-    a_off = np.clip(off / level, 0, 1)[..., None]
-    a_on = np.clip(on / level, 0, 1)[..., None]
-    rgb = a_off * OFF_RGB + a_on * ON_RGB
-    return np.clip(rgb, 0, 255).astype(np.uint8)
+    index = polarity_index(hist, max(level, 1e-12))
+    return POLARITY_RGBX[index].view(np.uint8).reshape(*index.shape, 4)
+
+
+def histogram_rgb(hist: np.ndarray, level: float | None = None) -> np.ndarray:
+    """``histogram_rgbx`` as (H, W, 3) uint8 RGB."""
+    return np.ascontiguousarray(histogram_rgbx(hist, level)[..., :3])
 
 
 def label_palette(n: int) -> np.ndarray:

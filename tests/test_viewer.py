@@ -15,7 +15,7 @@ from app.viewer.client import LiveClient, control_endpoint
 from app.viewer.widgets import TOKEN_ALPHA, token_colors
 from app.viewer.window import ViewerWindow
 from mem_core.protocol import decode, decode_control, encode, encode_control
-from mem_core.visualize import histogram_rgb
+from mem_core.visualize import OFF_RGB, ON_RGB, histogram_rgb
 
 WAIT_MS = 30_000
 CLASSES = ["background", "car", "truck"]
@@ -69,6 +69,23 @@ def test_messages_whose_content_does_not_fit_the_topic_are_dropped_and_counted(w
     np.testing.assert_array_equal(window.view.hist, good)  # the last good frame stays on screen
     window.update_status()
     assert window.status_labels["dropped"].text() == "dropped 3"
+
+
+def test_picture_colours_are_the_polarity_blend_whatever_the_input_type():
+    """The colour tables (the viewer's fast path) draw what the blend formula says, for float16 and other input."""
+    rng = np.random.default_rng(0)
+    hist = rng.random((2, 24, 32)) * 1.5 * (rng.random((2, 24, 32)) < 0.5)
+    level = 0.8
+    a = np.clip(hist / level, 0, 1)[..., None]
+    expected = np.clip(a[0] * OFF_RGB + a[1] * ON_RGB, 0, 255)
+    for dtype in (np.float16, np.float32, np.float64):
+        rgb = histogram_rgb(hist.astype(dtype), level=level).astype(np.float32)
+        assert np.abs(rgb - expected).max() <= 3, dtype
+    counts = np.zeros((2, 1, 3), np.int32)
+    counts[0, 0, 0], counts[1, 0, 1] = 5, 1  # a default level: the 99th percentile of the counts
+    off, on, empty = histogram_rgb(counts)[0].tolist()
+    assert off == [40, 120, 255] and empty == [0, 0, 0]
+    assert 40 < on[0] < 60 and on[0] > 3 * on[2], "one event against a peak of five: a dim red"
 
 
 def test_levels_are_fixed_so_a_frame_does_not_rescale_to_its_own_peak(window):
@@ -517,7 +534,7 @@ def test_a_huge_declared_codebook_costs_the_viewer_no_memory(window):
 def test_a_frame_that_cannot_be_drawn_is_dropped_and_the_next_one_drawn(window, monkeypatch):
     """The last line of defence behind the message checks: a drawing failure forgets that frame's layers."""
     window.apply({"hist": message("hist", 0, {"hist": hist_with_on_and_off()})})
-    monkeypatch.setattr(window.view, "composite", lambda: np.zeros((1, 1, 3), np.int64)[5])
+    monkeypatch.setattr(window.view, "composite_rgbx", lambda: np.zeros((1, 1, 4), np.int64)[5])
     window.apply({"tokens": message("tokens", 0, {"tokens": np.zeros((4, 4), np.int32)}, num_tokens=64)})
     assert window.bad_messages == 1 and "could not be drawn" in window.statusBar().currentMessage()
     monkeypatch.undo()

@@ -15,7 +15,7 @@ import pyqtgraph as pg
 from PySide6 import QtCore, QtGui, QtWidgets
 
 from mem_core.protocol import MAX_WINDOW_EVENTS, MAX_WINDOW_MS, SensorView
-from mem_core.visualize import histogram_rgb, label_palette
+from mem_core.visualize import POLARITY_RGBX, label_palette, polarity_index
 
 pg.setConfigOptions(imageAxisOrder="row-major", antialias=True, background="#16181d", foreground="#c8ccd4")
 
@@ -52,6 +52,23 @@ def token_colors(num_tokens: int) -> np.ndarray:
     return np.random.default_rng(num_tokens).integers(40, 256, size=(num_tokens, 3)).astype(np.uint8)
 
 
+def _packed_tints(colors: np.ndarray) -> np.ndarray:
+    """(N,) uint32: RGBX colours premultiplied by the token overlay's opacity, X = 0 (added to ``_DIMMED_RGBX``)."""
+    tints = np.zeros((len(colors), 4), np.uint8)
+    tints[:, :3] = np.floor(colors.astype(np.float32) * (TOKEN_ALPHA / 255))
+    return tints.view(np.uint32).ravel()
+
+
+def _dimmed_table() -> np.ndarray:
+    """``POLARITY_RGBX`` with the colour channels times (1 - the token overlay's opacity), X = 255."""
+    table = POLARITY_RGBX.view(np.uint8).reshape(-1, 4).copy()
+    table[:, :3] = np.floor(table[:, :3].astype(np.float32) * (1 - TOKEN_ALPHA / 255))
+    return table.view(np.uint32).ravel()
+
+
+_DIMMED_RGBX = _dimmed_table()
+
+
 class EventView(pg.GraphicsLayoutWidget):
     """The window's events with a token grid and a segmentation mask over them, drawn at sensor resolution in the
     sensor's aspect ratio (the ``sensor`` message) or as the model input (``hist``, toggled by ``show_input``).
@@ -86,6 +103,7 @@ class EventView(pg.GraphicsLayoutWidget):
         self.show_mask = True
         self.show_input = False  # the model input instead of the sensor view
         self._token_colors = token_colors(1)
+        self._token_tints: np.ndarray | None = None  # (num_tokens,) packed RGBX of the colours times TOKEN_ALPHA
         self._mask_colors = mask_colors(1)
         self._clear_ids: list[int] = []  # mask classes left untinted (named "background")
         self._grid_key: tuple | None = None  # (token grid shape, region) the grid lines were drawn for
@@ -150,25 +168,40 @@ class EventView(pg.GraphicsLayoutWidget):
 
     def composite(self) -> np.ndarray | None:
         """(H, W, 3) uint8: the picture with the visible overlays blended in (None before the first frame)."""
+        rgbx = self.composite_rgbx()
+        return None if rgbx is None else rgbx[..., :3]
+
+    def composite_rgbx(self) -> np.ndarray | None:
+        """``composite`` as (H, W, 4) RGBX, what is drawn. Colours come from tables (``POLARITY_RGBX``): a 320 x 240
+        sensor picture with the token overlay costs 0.5 ms, a tenth of blending it in floats."""
         picture = self.picture()
         if picture is None:
             return None
         image, region = picture
-        rgb = histogram_rgb(image, level=self.level)  # (H, W, 3) uint8
-        layers = []
-        if self.show_mask and self.mask is not None:
-            ids, inside = spread(self.mask, rgb.shape[:2], region)  # (H, W) each
-            layers.append((self._mask_colors[ids], self._mask_alpha(ids, inside)))
-        if self.show_tokens and self.tokens is not None:
-            ids, inside = spread(self.tokens, rgb.shape[:2], region)
-            ids = np.clip(ids, 0, len(self._token_colors) - 1)
-            layers.append((self._token_colors[ids], (TOKEN_ALPHA / 255 * inside)[..., None]))
-        if not layers:
-            return rgb
-        out = rgb.astype(np.float32)
-        for color, alpha in layers:
-            out += alpha * (color - out)
-        return out.astype(np.uint8)
+        index = polarity_index(image, max(self.level, 1e-12))  # (H, W)
+        shape = index.shape
+        show_mask = self.show_mask and self.mask is not None
+        show_tokens = self.show_tokens and self.tokens is not None
+        if show_tokens:
+            token_ids, token_inside = spread(self.tokens, shape, region)
+            token_ids = np.clip(token_ids, 0, len(self._token_colors) - 1)
+            if not show_mask:  # a constant opacity: the picture dimmed plus the premultiplied tint, no overflow
+                if self._token_tints is None or len(self._token_tints) != len(self._token_colors):
+                    self._token_tints = _packed_tints(self._token_colors)
+                packed = np.where(
+                    token_inside, _DIMMED_RGBX[index] + self._token_tints[token_ids], POLARITY_RGBX[index]
+                )
+                return packed.view(np.uint8).reshape(*shape, 4)
+        rgbx = POLARITY_RGBX[index].view(np.uint8).reshape(*shape, 4)
+        if not show_mask:
+            return rgbx
+        rgb = rgbx[..., :3].astype(np.float32)
+        ids, inside = spread(self.mask, shape, region)
+        rgb += self._mask_alpha(ids, inside) * (self._mask_colors[ids] - rgb)
+        if show_tokens:
+            rgb += (TOKEN_ALPHA / 255 * token_inside)[..., None] * (self._token_colors[token_ids] - rgb)
+        rgbx[..., :3] = rgb
+        return rgbx
 
     def _mask_alpha(self, ids: np.ndarray, inside: np.ndarray) -> np.ndarray:
         """(H, W, 1) opacity of the mask: a light fill, solid class borders, no tint on "background" or outside
@@ -183,16 +216,13 @@ class EventView(pg.GraphicsLayoutWidget):
 
     def render(self) -> None:
         """Draw the current layers."""
-        rgb = self.composite()
-        if rgb is None:
+        rgbx = self.composite_rgbx()
+        if rgbx is None:
             return
-        # RGBX bytes with no levels pass straight to a QImage: the fastest draw pyqtgraph offers (levels are
-        # fixed by ``histogram_rgb`` already)
-        rgbx = np.empty((*rgb.shape[:2], 4), np.uint8)
-        rgbx[..., :3] = rgb
-        rgbx[..., 3] = 255
+        # RGBX bytes with no levels pass straight to a QImage: the fastest draw pyqtgraph offers (the levels are
+        # fixed by the colour tables already)
         self.image.setImage(rgbx, autoLevels=False)
-        shape = rgb.shape[:2]
+        shape = rgbx.shape[:2]
         if shape != self.shape:
             self.shape = shape
             self.image.setRect(QtCore.QRectF(0, 0, shape[1], shape[0]))  # after the first setImage
