@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -273,7 +274,7 @@ def test_every_paper_preset_runs_its_code_paths_at_tiny_size(tmp_path, preset, d
     assert spec["randaug_ops"] == 2 and (preset != "paper-nimagenet" or spec["resize_to"] == [40, 52])
 
 
-def test_label_efficiency_experiment_reports_curves_and_both_columns(tmp_path):
+def test_label_efficiency_experiment_reports_curves_and_both_columns(tmp_path, monkeypatch, capsys):
     from mem_core.train.experiment import LabelEfficiencyConfig
     from mem_core.train.experiment import run as run_experiment
 
@@ -291,6 +292,22 @@ def test_label_efficiency_experiment_reports_curves_and_both_columns(tmp_path):
     assert "top-1 final epoch" in table and "top-1 best epoch" in table and "per seed (final / best)" in table
     for png in ("label_efficiency.png", "val_curves.png"):
         assert (tmp_path / png).stat().st_size > 10_000
+
+    # the command a user runs: the finished runs are reused, the table printed, the exit clean
+    args = ["experiment", "label-efficiency", "--dataset", "sim", "--out", str(tmp_path), "--fractions", "0.5,1.0"]
+    args += [
+        "--seeds",
+        "0",
+        *(a for stage, items in overrides.items() for item in items for a in ("--set", f"{stage}:{item}")),
+    ]
+    monkeypatch.setattr(sys, "argv", ["mem", *args])
+    from app.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    assert exit_info.value.code == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "top-1 final epoch" in out and "per seed (final / best)" in out and "results:" in out
 
 
 def test_a_shard_damaged_inside_its_data_stops_training_with_one_line_from_a_worker(tmp_path, events_factory):

@@ -224,5 +224,5 @@ def label_efficiency(
     except ValueError as exc:
         raise fail(f"--fractions/--seeds: {exc}") from None
     report = run(cfg)
-    typer.echo(markdown_table(report["summary"]))
+    typer.echo(markdown_table(report["summary"], report["rows"]))
     typer.echo(f"results: {out / 'results.json'}, plot: {out / 'label_efficiency.png'}")
