@@ -3,6 +3,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from mem_core import configuration
 from mem_core.configuration import ConfigError, apply_overrides, load_preset, merge, preset_names, to_dict
 from mem_core.train.configs import STAGES, stage_config, stage_tables
 from recorders.config import IngestConfig, RecordConfig
@@ -108,6 +109,25 @@ def test_unknown_tables_and_bad_files_are_errors(tmp_path):
         load_preset("nope")
 
 
+def test_a_config_file_extends_a_preset_and_states_only_its_changes(tmp_path, monkeypatch):
+    path = tmp_path / "mine.toml"
+    path.write_text('extends = "cpu-small"\n[finetune]\nlr = 3e-4\n')
+    mine = stage_config("finetune", config_file=path)
+    tiny = stage_config("finetune", preset="cpu-tiny")
+    assert mine.lr == 3e-4 and mine.epochs == 15  # its own change, then cpu-small's over cpu-tiny's 20
+    assert mine.model == tiny.model and mine.input == tiny.input and mine.layer_decay == tiny.layer_decay
+    assert stage_config("pretrain", config_file=path).epochs == 200
+
+    path.write_text("extends = 3\n")
+    with pytest.raises(ConfigError, match="extends must be the name of a bundled preset"):
+        stage_config("finetune", config_file=path)
+    monkeypatch.setattr(configuration, "PRESET_DIR", tmp_path)
+    (tmp_path / "a.toml").write_text('extends = "b"\n')
+    (tmp_path / "b.toml").write_text('extends = "a"\n')
+    with pytest.raises(ConfigError, match="in a loop: a -> b -> a"):
+        stage_config("finetune", preset="a")
+
+
 @pytest.mark.parametrize("preset", preset_names())
 def test_presets_state_only_what_differs_from_the_defaults(preset):
     """Defaults live in the dataclasses: a preset value equal to what it would get anyway is noise, and a default
@@ -140,7 +160,7 @@ def _leaves(table: dict, prefix: str = "") -> list[tuple[str, object]]:
 
 
 def test_bundled_presets_exist():
-    assert {"cpu-tiny", "paper-ncars", "paper-ncaltech101", "paper-nimagenet"} <= set(preset_names())
+    assert {"cpu-tiny", "cpu-small", "paper-ncars", "paper-ncaltech101", "paper-nimagenet"} <= set(preset_names())
 
 
 def test_overrides_that_only_fit_together_may_come_in_any_order():

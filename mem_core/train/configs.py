@@ -162,15 +162,27 @@ STAGES = {
 
 SHARED_TABLES = ("input", "data")  # preset tables that every stage takes as its field of that name
 VIT_TABLE = "vit"  # the preset table that is the ``model`` of every stage with a ViT
+EXTENDS_KEY = "extends"  # top-level key: the bundled preset a file builds on
 
 
-def stage_tables(doc: dict[str, Any], stage: str, where: str) -> list[dict[str, Any]]:
-    """The tables of a preset or config file that apply to ``stage``, in the order they apply (general first)."""
-    unknown = sorted(set(doc) - {*STAGES, *SHARED_TABLES, VIT_TABLE})
+def stage_tables(doc: dict[str, Any], stage: str, where: str, _seen: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """The tables of a preset or config file that apply to ``stage``, in the order they apply (general first).
+
+    ``extends = "PRESET"`` at the top of a file applies that bundled preset's tables first, so a file states only
+    what it changes (``configs/cpu-small.toml`` is cpu-tiny with the N-Cars schedule)."""
+    tables: list[dict[str, Any]] = []
+    if EXTENDS_KEY in doc:
+        base = doc[EXTENDS_KEY]
+        if not isinstance(base, str):
+            raise ConfigError(f"{where}: {EXTENDS_KEY} must be the name of a bundled preset, got {base!r}")
+        if base in _seen:
+            raise ConfigError(f"{where}: presets extend each other in a loop: {' -> '.join([*_seen, base])}")
+        tables += stage_tables(load_preset(base), stage, f"preset {base}", (*_seen, base))
+    unknown = sorted(set(doc) - {*STAGES, *SHARED_TABLES, VIT_TABLE, EXTENDS_KEY})
     if unknown:
         known = ", ".join(f"[{t}]" for t in (*SHARED_TABLES, VIT_TABLE, *STAGES))
         raise ConfigError(f"{where}: unknown table(s) {', '.join(f'[{t}]' for t in unknown)}; known: {known}")
-    tables = [{key: doc[key]} for key in SHARED_TABLES if key in doc]
+    tables += [{key: doc[key]} for key in SHARED_TABLES if key in doc]
     if VIT_TABLE in doc and stage != "tokenizer":
         tables.append({"model": doc[VIT_TABLE]})
     return [*tables, doc.get(stage, {})]
@@ -192,7 +204,7 @@ def stage_config(
     config = STAGES[stage]()
     layers = []
     if preset:
-        layers += stage_tables(load_preset(preset), stage, f"preset {preset}")
+        layers += stage_tables(load_preset(preset), stage, f"preset {preset}", (preset,))
     if config_file:
         layers += stage_tables(load_toml(Path(config_file)), stage, str(config_file))
     for table in [*layers, values or {}]:
