@@ -102,12 +102,15 @@ class EventView(pg.GraphicsLayoutWidget):
         self.show_tokens = True
         self.show_mask = True
         self.show_input = False  # the model input instead of the sensor view
-        self._token_colors = token_colors(1)
-        self._token_tints: np.ndarray | None = None  # (num_tokens,) packed RGBX of the colours times TOKEN_ALPHA
+        self._set_token_colors(1)
         self._mask_colors = mask_colors(1)
         self._clear_ids: list[int] = []  # mask classes left untinted (named "background")
         self._grid_key: tuple | None = None  # (token grid shape, region) the grid lines were drawn for
         self.scene().sigMouseMoved.connect(self._mouse_moved)
+
+    def _set_token_colors(self, num_tokens: int) -> None:
+        self._token_colors = token_colors(num_tokens)
+        self._token_tints = _packed_tints(self._token_colors)  # (num_tokens,) RGBX of the colours times TOKEN_ALPHA
 
     def set_histogram(self, hist: np.ndarray) -> None:
         """The (2, H, W) OFF / ON model input in [0, 1]; ``ValueError`` for another shape."""
@@ -125,7 +128,7 @@ class EventView(pg.GraphicsLayoutWidget):
             raise ValueError(f"token ids must be integer (h, w), got {tokens.dtype} {tokens.shape}")
         self.tokens = tokens
         if len(self._token_colors) != num_tokens:
-            self._token_colors = token_colors(num_tokens)
+            self._set_token_colors(num_tokens)
 
     def set_mask(self, mask: np.ndarray | None, classes: list[str]) -> None:
         """Class ids (H, W) drawn over the histogram (None: no overlay); ``ValueError`` for another shape."""
@@ -186,8 +189,6 @@ class EventView(pg.GraphicsLayoutWidget):
             token_ids, token_inside = spread(self.tokens, shape, region)
             token_ids = np.clip(token_ids, 0, len(self._token_colors) - 1)
             if not show_mask:  # a constant opacity: the picture dimmed plus the premultiplied tint, no overflow
-                if self._token_tints is None or len(self._token_tints) != len(self._token_colors):
-                    self._token_tints = _packed_tints(self._token_colors)
                 packed = np.where(
                     token_inside, _DIMMED_RGBX[index] + self._token_tints[token_ids], POLARITY_RGBX[index]
                 )
