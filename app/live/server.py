@@ -26,7 +26,6 @@ The wire format is in ``mem_core.protocol`` and docs/protocol.md.
 
 from __future__ import annotations
 
-import json
 import math
 import queue
 import threading
@@ -43,7 +42,7 @@ import numpy as np
 import zmq
 
 from app.config import ServeConfig
-from app.live.labelling import HeldWindow, LabelDesk, LabelError, pretraining_run_of
+from app.live.labelling import HeldWindow, LabelDesk, LabelError, pretraining_run_of, source_run
 from app.live.ring import EventRing
 from app.live.sensor_view import sensor_view
 from mem_core.configuration import ConfigError
@@ -754,11 +753,8 @@ def model_name(path: Path | None) -> str | None:
     """How the viewer names a model: the run an export came from (``label-003``), else its directory."""
     if path is None:
         return None
-    try:
-        source = json.loads((path / "model.json").read_text()).get("source_run")
-    except (OSError, ValueError):
-        source = None
-    return Path(source).name if isinstance(source, str) else path.name
+    source = source_run(path)
+    return source.name if source is not None else path.name
 
 
 def newest_span(events: np.ndarray, ms: float | None) -> np.ndarray:
