@@ -17,6 +17,7 @@ from mem_core.configuration import from_dict
 from mem_core.events import SensorSize, make_events
 from mem_core.export import load_model, load_tokenizer, tokenizer_of
 from mem_core.representation import InputSpec, histograms_to_input, input_histogram
+from mem_core.representation.pipeline import extent_boxes, remove_hot_pixels
 from mem_core.train.rundir import RunError
 
 
@@ -25,6 +26,7 @@ class Output:
     """What one window gives: the arrays the server publishes and the time each stage took."""
 
     hist: np.ndarray  # (2, H, W) float16 in [0, 1]: the model input folded to OFF / ON
+    region: tuple[float, float, float, float]  # (top, left, height, width) in sensor px: what the input shows
     tokens: np.ndarray | None = None  # (h, w) int32 token ids, with a tokenizer
     probs: np.ndarray | None = None  # (K,) float32 class probabilities (classification)
     mask: np.ndarray | None = None  # (H, W) uint8 / uint16 class ids (segmentation)
@@ -60,14 +62,23 @@ class Predictor:
         window = self.meta["training_window"]
         return int(window["events"]), None if window["ms"] is None else float(window["ms"])
 
-    def input_region(self, sensor: SensorSize) -> tuple[float, float, float, float]:
-        """(top, left, height, width) in sensor px of what the model input shows: the whole sensor, or the centre
-        that is cropped after ``resize_to`` (the crop at evaluation)."""
-        if self.spec.resize_to is None:
-            return 0.0, 0.0, float(sensor.height), float(sensor.width)
-        (rh, rw), (h, w) = self.spec.resize_to, self.spec.size
-        sy, sx = sensor.height / rh, sensor.width / rw  # sensor px per resized px
-        return (rh - h) // 2 * sy, (rw - w) // 2 * sx, h * sy, w * sx
+    def input_region(self, sensor: SensorSize, counts: torch.Tensor | None = None) -> tuple[float, float, float, float]:
+        """(top, left, height, width) in sensor px of what the model input shows: the whole sensor, or with
+        ``crop="extent"`` the square around the events of the window whose sensor histogram is ``counts``
+        (C, H, W); then the centre that is cropped after ``resize_to`` (the crop at evaluation)."""
+        spec = self.spec
+        top, left, height, width = 0.0, 0.0, float(sensor.height), float(sensor.width)
+        if spec.crop == "extent" and counts is not None:
+            hist = counts[None].float()
+            if spec.hot_pixel_std is not None:
+                hist = remove_hot_pixels(hist, spec.hot_pixel_std, spec.count_channels)
+            box_top, box_left, side = extent_boxes(hist, spec.count_channels)[0]
+            top, left, height, width = float(box_top), float(box_left), float(side), float(side)
+        if spec.resize_to is None:
+            return top, left, height, width
+        (rh, rw), (h, w) = spec.resize_to, spec.size
+        sy, sx = height / rh, width / rw  # sensor px per resized px
+        return top + (rh - h) // 2 * sy, left + (rw - w) // 2 * sx, h * sy, w * sx
 
     @property
     def token_grid(self) -> tuple[int, int] | None:
@@ -89,7 +100,7 @@ class Predictor:
         start = time.perf_counter()
         counts = torch.from_numpy(input_histogram(events, sensor, spec.channels, spec.temporal_bins))
         x = histograms_to_input(counts[None].to(self.device), spec, train=False)  # (1, C, H, W)
-        out = Output(hist=_fold_polarity(x[0], spec))
+        out = Output(hist=_fold_polarity(x[0], spec), region=self.input_region(sensor, counts))
         stages = out.stages_ms
         stages["preprocess"], start = _ms_since(start)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda"):

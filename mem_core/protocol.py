@@ -18,6 +18,7 @@ raises ``ProtocolError`` naming its kind; receivers drop and count such messages
 from __future__ import annotations
 
 import json
+import functools
 import math
 import re
 import time
@@ -349,7 +350,8 @@ class SensorView:
 
 def decode_sensor(message: Message) -> SensorView:
     """The checked view of a ``sensor`` message: a finite float16/32 (2, h, w) image whose sides follow from the
-    header's ``sensor`` and ``binning``, and an ``input_region`` inside it (default: the whole image)."""
+    header's ``sensor`` and ``binning``, and an ``input_region`` inside it (default: the whole image) or inside the
+    square of its longer side centred on it (the extent crop of a wide object, ``InputSpec.crop``)."""
     _expect_topic(message, "sensor")
     image = _array(message, "sensor", "f", 3)
     if image.dtype.itemsize > 4 or image.shape[0] != 2:
@@ -366,8 +368,18 @@ def decode_sensor(message: Message) -> SensorView:
             "sensor", f"a {size[0]} x {size[1]} sensor binned by {binning} is {expected}, got {image.shape[1:]}"
         )
     region = header.get("input_region", [0, 0, *expected])
-    top, left, height, width = _sized(_number, 4)(region, "sensor", "input_region")
-    if height <= 0 or width <= 0 or top + height > expected[0] + 1e-6 or left + width > expected[1] + 1e-6:
+    signed = functools.partial(_number, lo=-MAX_SENSOR_SIDE, hi=MAX_SENSOR_SIDE)
+    top, left, height, width = _sized(signed, 4)(region, "sensor", "input_region")
+    # inside the image, or (a model that crops each window's extent) inside the square of the image's longer side
+    # centred on it: a square around a wide object reaches past the shorter side
+    room = [(max(expected) - side) / 2 + 1e-6 for side in expected]
+    if (
+        height <= 0
+        or width <= 0
+        or min(top + room[0], left + room[1]) < 0
+        or top + height > expected[0] + room[0]
+        or left + width > expected[1] + room[1]
+    ):
         raise ProtocolError("sensor", f"input_region {_short(region)} is not a region of the {expected} image")
     if not np.isfinite(image).all():
         raise ProtocolError("sensor", "sensor holds NaN or infinite values")

@@ -293,6 +293,8 @@ SENSOR_FIELDS = {"sensor": [100, 120], "binning": 1}
         ("sensor", {"sensor": VIEW}, {"sensor": [10**9, 120], "binning": 1}, "sensor"),
         ("sensor", {"sensor": VIEW}, {"sensor": [100, 120]}, "binning"),
         ("sensor", {"sensor": VIEW}, {**SENSOR_FIELDS, "input_region": [0, 0, 200, 120]}, "input_region"),
+        ("sensor", {"sensor": VIEW}, {**SENSOR_FIELDS, "input_region": [-11, 0, 120, 120]}, "input_region"),
+        ("sensor", {"sensor": VIEW}, {**SENSOR_FIELDS, "input_region": [0, -1, 100, 100]}, "input_region"),
         ("sensor", {"sensor": VIEW}, {**SENSOR_FIELDS, "input_region": [0, 0, 0, 120]}, "input_region"),
         ("sensor", {"sensor": VIEW}, {**SENSOR_FIELDS, "input_region": [0, 0, 100]}, "input_region"),
         ("sensor", {"sensor": VIEW.astype(np.float64)}, SENSOR_FIELDS, "float16/32"),
@@ -324,6 +326,9 @@ def test_what_the_server_sends_is_accepted_as_it_is():
     region = [0.0, 10.0, 100.0, 100.0]  # a centre crop of the model input
     view = decode_sensor(decode(encode("sensor", 0, {"sensor": VIEW}, **SENSOR_FIELDS, input_region=region)))
     assert view.sensor == (100, 120) and view.binning == 1 and view.input_region == tuple(region)
+    region = [-10.0, 0.0, 120.0, 120.0]  # the extent crop of an object as wide as the sensor: past its top and foot
+    view = decode_sensor(decode(encode("sensor", 0, {"sensor": VIEW}, **SENSOR_FIELDS, input_region=region)))
+    assert view.input_region == tuple(region)
     gen4 = np.zeros((2, 360, 640), np.float16)  # 1280 x 720 binned by 2
     view = decode_sensor(decode(encode("sensor", 0, {"sensor": gen4}, sensor=[720, 1280], binning=2)))
     assert view.input_region == (0, 0, 360, 640)  # the default: the whole picture

@@ -16,6 +16,7 @@ from mem_core.representation.histogram import (
 )
 from mem_core.representation.pipeline import (
     batch_preprocess,
+    extent_boxes,
     histograms_to_input,
     log_scale,
     normalize_histogram,
@@ -257,9 +258,10 @@ def test_batch_histogram_rejects_off_sensor_events(events_factory):
             batch_histogram(batch, backend=backend)
 
 
+@pytest.mark.parametrize("crop", ["sensor", "extent"])
 @pytest.mark.parametrize("channels", CHANNELS)
-def test_batched_equals_per_sample_at_evaluation(events_factory, channels):
-    spec = InputSpec(n_max=1500, size=(40, 56), channels=channels, resize_to=(44, 60))
+def test_batched_equals_per_sample_at_evaluation(events_factory, channels, crop):
+    spec = InputSpec(n_max=1500, size=(40, 56), channels=channels, resize_to=(44, 60), crop=crop)
     streams = [events_factory(n, SENSOR, seed=n) for n in (4000, 800, 0, 1500)]
     windows = [prepare_events(s, SENSOR, spec, train=False) for s in streams]
     batched = batch_preprocess(collate_events(windows, SENSOR), spec, train=False)
@@ -363,3 +365,47 @@ def test_labels_with_randaugment_are_refused(events_factory):
     batch = collate_events([events_factory(100, SENSOR)], SENSOR)
     with pytest.raises(ValueError, match="randaug_ops = 0"):
         batch_preprocess(batch, SMALL, train=True, generator=torch.Generator(), labels=torch.zeros(1, *SENSOR))
+
+
+def block_events(sensor: SensorSize, rows: slice, cols: slice, repeat: int = 3) -> np.ndarray:
+    """Every pixel of a block, ``repeat`` times, alternating polarity: an object in one part of the sensor."""
+    ys, xs = np.mgrid[rows, cols]
+    n = ys.size * repeat
+    return make_events(np.arange(n), np.tile(xs.ravel(), repeat), np.tile(ys.ravel(), repeat), np.arange(n) % 2)
+
+
+def lit_extent(x: torch.Tensor) -> tuple[int, int]:
+    """(rows, cols) spanned by the non-zero pixels of one (C, H, W) input."""
+    ys, xs = np.nonzero(x.sum(0).numpy() > 0.05)
+    return int(ys.max() - ys.min() + 1), int(xs.max() - xs.min() + 1)
+
+
+def test_extent_crop_shows_an_object_in_a_corner_at_the_full_input_size_with_its_aspect_ratio():
+    # An N-Cars-like sample: a 20 x 30 object in the top-left corner of a 100 x 120 frame.
+    sensor = SensorSize(100, 120)
+    events = block_events(sensor, slice(0, 20), slice(0, 30))
+    spec = dict(n_max=len(events), size=(64, 64), hot_pixel_std=None)
+    whole = preprocess(events, sensor, InputSpec(**spec), train=False)
+    extent = preprocess(events, sensor, InputSpec(**spec, crop="extent"), train=False)
+    assert lit_extent(whole)[1] <= 30 * 64 / 120 + 2  # the sensor squeezed: the object is a sixth of the input
+    rows, cols = lit_extent(extent)
+    assert cols >= 62 and abs(rows - 64 * 20 / 30) <= 2  # the full width, and the height keeps the aspect ratio
+    assert extent[:, 0].amax() > 0 and extent[:, -10:].amax() == 0  # the square stays in the frame: its foot is empty
+    assert extent.min() >= 0 and extent.max() == pytest.approx(1.0)
+
+
+def test_extent_boxes_of_empty_tiny_and_wide_windows():
+    hist = torch.zeros(4, 2, 40, 60)
+    hist[1, 1, 5, 7] = 1  # one event: a square of a quarter of the shorter side around it, inside the sensor
+    hist[2, 0, 10:20, 50:60] = 1  # a 10 x 10 block at the right edge
+    hist[3, 0, 20:25, 0:60] = 1  # wider than the sensor is tall: the square reaches past top and bottom
+    assert extent_boxes(hist) == [(-10, 0, 60), (0, 2, 10), (10, 50, 10), (-10, 0, 60)]
+
+
+def test_extent_crop_refuses_label_images(events_factory):
+    batch = collate_events([events_factory(100, SENSOR)], SENSOR)
+    spec = InputSpec(n_max=2000, size=(16, 16), crop="extent", randaug_ops=0)
+    with pytest.raises(ValueError, match='crop="sensor"'):
+        batch_preprocess(batch, spec, train=False, labels=torch.zeros(1, *SENSOR))
+    with pytest.raises(ValueError, match="unknown input crop 'box'"):
+        InputSpec(crop="box")

@@ -301,6 +301,28 @@ def test_sensor_views_stream_while_the_model_loads_and_predictions_follow(export
     assert of(ready, "pred")[-1].header["frame"] in {m.header["frame"] for m in of(ready, "sensor")}
 
 
+def test_a_model_that_crops_each_window_s_extent_shows_where_it_looks(tmp_path):
+    # An N-Cars-like model (InputSpec.crop="extent"): the input is the square around each window's events, and
+    # the sensor view the viewer gets marks that square, also where it reaches past the sensor's short side.
+    extent_export = export_random(
+        tmp_path / "extent",
+        architecture=ViTConfig(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, drop_path=0.0),
+        input_spec=InputSpec(n_max=2000, size=(32, 32), crop="extent"),
+    )
+    predictor = Predictor(extent_export)
+    ys, xs = np.mgrid[4:12, 30:46]  # an 8 x 16 object: a 16 px square around it
+    events = make_events(np.arange(ys.size), xs.ravel(), ys.ravel(), np.arange(ys.size) % 2)
+    out = predictor(events, SENSOR)
+    assert out.region == (0.0, 30.0, 16.0, 16.0)
+    assert out.hist[..., 0].max() > 0 and out.hist[..., -1].max() > 0  # the object spans the input's width
+    source = SyntheticSource(100_000, SENSOR, batch_us=5000)  # events everywhere: the sensor's longer side
+    with serving(extent_export, source) as server, subscriber(server.pub_endpoint) as sub:
+        messages = collect(sub, lambda ms: of(ms, "pred") and of(ms, "sensor"))
+    frame = of(messages, "pred")[-1].header["frame"]
+    view = decode_sensor(next(m for m in of(messages, "sensor") if m.header["frame"] == frame))
+    assert view.input_region == (-8.0, 0.0, 48.0, 48.0)
+
+
 def test_a_model_that_cannot_be_loaded_ends_the_server_with_its_error(tmp_path):
     with pytest.raises(ConfigError, match="missing: no such directory"):  # at once, before loading anything
         LiveServer(ServeConfig(model=tmp_path / "missing"), source=SyntheticSource(1000, SENSOR))

@@ -478,7 +478,7 @@ class LiveServer:
         common = self._frame_fields(events, sensor, snap.arrival)
         self.labelling.windows.add(HeldWindow(self.windows, events, sensor, self._capture_info(events)))
         start = time.perf_counter()
-        region = predictor.input_region(sensor) if predictor is not None else (0, 0, sensor.height, sensor.width)
+        region = out.region if out is not None else (0, 0, sensor.height, sensor.width)
         input_region = [v / binning for v in region]
         self._send("sensor", {"sensor": view}, binning=binning, input_region=input_region, **common)
         if out is not None:

@@ -46,6 +46,47 @@ def resize_histogram(hist: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     return F.interpolate(hist, size=tuple(size), mode="bilinear", align_corners=False, antialias=antialias)
 
 
+def extent_boxes(hist: torch.Tensor, count_channels: int | None = None) -> list[tuple[int, int, int]]:
+    """(top, left, side) of the square that ``crop="extent"`` resizes to the input, per sample of (B, C, H, W).
+
+    The square is the events' bounding box (pixels with a count in any count channel) grown to its longer side
+    around its centre, so an object keeps its aspect ratio; at least a quarter of the shorter sensor side, so a
+    window of a few events is not blown up to the whole input. It is kept inside the sensor where it fits and
+    may reach past a side where it does not (those pixels read as empty). An empty window gets the whole sensor,
+    centred. Hot pixels must be removed first or one of them stretches the box.
+    """
+    n = hist.shape[1] if count_channels is None else count_channels
+    height, width = hist.shape[-2:]
+    lit = hist[:, :n].amax(1) > 0  # (B, H, W)
+    rows, cols = lit.any(2), lit.any(1)  # (B, H), (B, W)
+    boxes = []
+    for r, c in zip(rows.cpu().numpy(), cols.cpu().numpy(), strict=True):
+        ys, xs = np.flatnonzero(r), np.flatnonzero(c)
+        y0, y1, x0, x1 = (ys[0], ys[-1] + 1, xs[0], xs[-1] + 1) if len(ys) else (0, height, 0, width)
+        side = int(max(y1 - y0, x1 - x0, min(height, width) // 4, 1))
+        boxes.append((_place(y0 + y1, side, height), _place(x0 + x1, side, width), int(side)))
+    return boxes
+
+
+def _place(twice_centre: int, side: int, extent: int) -> int:
+    """Start of a ``side`` span centred at ``twice_centre / 2``, moved inside ``[0, extent)`` where it fits."""
+    start = (int(twice_centre) - side) // 2
+    return int(min(max(start, 0), extent - side) if side <= extent else (extent - side) // 2)
+
+
+def crop_to_extent(hist: torch.Tensor, boxes: list[tuple[int, int, int]], size: tuple[int, int]) -> torch.Tensor:
+    """Each sample's square ``boxes`` (``extent_boxes``) of (B, C, H, W), resized to ``size`` (zeros past the
+    sensor's sides)."""
+    height, width = hist.shape[-2:]
+    out = []
+    for sample, (top, left, side) in zip(hist, boxes, strict=True):
+        y0, x0 = max(top, 0), max(left, 0)
+        square = sample[None, :, y0 : top + side, x0 : left + side]
+        pad = (x0 - left, left + side - min(left + side, width), y0 - top, top + side - min(top + side, height))
+        out.append(resize_histogram(F.pad(square, pad) if any(pad) else square, size))
+    return torch.cat(out) if out else hist.new_zeros((0, hist.shape[1], *size))
+
+
 def resize_labels(labels: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     """Nearest-neighbour resize of label images (B, H, W) to ``size``: class ids stay class ids. int64 out."""
     if tuple(labels.shape[-2:]) == tuple(size):
@@ -126,7 +167,8 @@ def histograms_to_input(
     the same resize (nearest neighbour) and the same crop, so every label stays on its pixel. RandAugment moves
     pixels without moving labels: a spec for labelled images must have ``randaug_ops = 0``.
 
-    Order: hot pixels -> normalize -> resize (+ crop) -> log scale -> RandAugment (train). Hot pixels are
+    Order: hot pixels -> normalize -> resize (of the sensor or of the events' extent, ``spec.crop``) (+ crop) ->
+    log scale -> RandAugment (train). Hot pixels are
     removed at sensor resolution: there a hot pixel is one outlier that the mean + k * std rule removes exactly,
     while after an upsampling resize its interpolated halo survives the threshold and would set the
     normalization scale. Normalizing before the resize gives the same image up to one scalar (the resize is
@@ -141,7 +183,12 @@ def histograms_to_input(
     if labels is not None and train and spec.randaug_ops > 0:
         raise ValueError("RandAugment would move pixels away from their labels: use randaug_ops = 0 with labels")
     hist = normalize_histogram(hist, spec.count_channels)  # a new tensor: the steps below may work in place
-    hist = resize_histogram(hist, spec.resize_to or spec.size)
+    if spec.crop == "extent":
+        if labels is not None:
+            raise ValueError('crop="extent" resizes each window by its own scale: label images need crop="sensor"')
+        hist = crop_to_extent(hist, extent_boxes(hist, spec.count_channels), spec.resize_to or spec.size)
+    else:
+        hist = resize_histogram(hist, spec.resize_to or spec.size)
     labels = None if labels is None else resize_labels(labels.to(hist.device), spec.resize_to or spec.size)
     if spec.resize_to is not None:
         offsets = crop_offsets(len(hist), spec.resize_to, spec.size, generator if train else None)

@@ -14,6 +14,8 @@ Channels = Literal["hist", "temporal", "timestamp"]
 CHANNELS: tuple[str, ...] = ("hist", "temporal", "timestamp")
 Scale = Literal["linear", "log"]
 SCALES: tuple[str, ...] = ("linear", "log")
+Crop = Literal["sensor", "extent"]
+CROPS: tuple[str, ...] = ("sensor", "extent")
 LOG_GAIN = 50.0  # default gain of the log scale (``log_scale``)
 
 
@@ -34,7 +36,10 @@ class InputSpec:
     ``resize_to`` (e.g. (256, 341) for N-ImageNet) resizes first, then crops ``size``: random at train, centred
     at evaluation. ``hot_pixel_std=None`` disables hot-pixel removal; ``temporal_bins`` is used by "temporal".
     ``scale`` is how counts map to [0, 1]: "linear" (divide by the peak, the paper's) or "log" (then
-    ``log_scale`` with ``log_gain`` after the resize).
+    ``log_scale`` with ``log_gain`` after the resize). ``crop`` is what is resized to the input: the whole
+    sensor ("sensor"), or the smallest square around each window's events ("extent", see
+    ``mem_core.representation.pipeline.extent_boxes``): for datasets whose samples are object crops of varying
+    size in a corner of a fixed frame (N-Cars), it shows every object at the full input resolution.
     """
 
     n_max: int = 30000
@@ -43,6 +48,7 @@ class InputSpec:
     resize_to: tuple[int, int] | None = None
     hot_pixel_std: float | None = 10.0
     scale: Scale = "linear"
+    crop: Crop = "sensor"
     log_gain: float = LOG_GAIN
     shift_px: int = 15
     flip_polarity_p: float = 0.5
@@ -65,6 +71,8 @@ class InputSpec:
             raise ValueError(f"shift_px and randaug_ops must be >= 0, got {self.shift_px}, {self.randaug_ops}")
         if self.scale not in SCALES:
             raise ValueError(f"unknown input scale {self.scale!r}; expected one of {SCALES}")
+        if self.crop not in CROPS:
+            raise ValueError(f"unknown input crop {self.crop!r}; expected one of {CROPS}")
         if not (math.isfinite(self.log_gain) and self.log_gain > 0):
             raise ValueError(f"log_gain must be a positive number, got {self.log_gain}")
         for name in ("flip_polarity_p", "hflip_p"):

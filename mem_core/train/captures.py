@@ -26,6 +26,7 @@ REPRESENTATION_FIELDS = (
     "resize_to",
     "hot_pixel_std",
     "scale",
+    "crop",
     "log_gain",
     "temporal_bins",
 )
