@@ -17,8 +17,8 @@ raises ``ProtocolError`` naming its kind; receivers drop and count such messages
 
 from __future__ import annotations
 
-import json
 import functools
+import json
 import math
 import re
 import time
