@@ -136,6 +136,12 @@ def test_segmentation_on_simulated_labels(tmp_path):
     assert evaluated["miou"] == pytest.approx(result["miou"])
 
 
+def test_segmentation_refuses_the_extent_crop_before_it_trains(tmp_path):
+    with pytest.raises(RunError, match=r'segmentation needs input\.crop = "sensor"'):
+        segment.run(config("segment", "model.depth=4", "input.crop=extent"), tmp_path / "seg")
+    assert not (tmp_path / "seg" / "checkpoint.pt").exists()
+
+
 class Interrupted(Exception):
     pass
 

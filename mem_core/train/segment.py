@@ -35,6 +35,11 @@ class SegmentStage(TaskStage):
         cfg = super().configure(cfg, init)
         if cfg.model.depth < 4:
             raise RunError(f"segmentation taps the last four blocks: model.depth must be >= 4, got {cfg.model.depth}")
+        if cfg.input.crop != "sensor":
+            raise RunError(
+                f'input.crop = "{cfg.input.crop}" resizes each window by its own scale, away from its label image: '
+                'segmentation needs input.crop = "sensor"'
+            )
         return cfg
 
     def prepare(self, train_src, val_src, indices) -> None:
