@@ -387,7 +387,7 @@ def test_extent_crop_shows_an_object_in_a_corner_at_the_full_input_size_with_its
     spec = dict(n_max=len(events), size=(64, 64), hot_pixel_std=None)
     whole = preprocess(events, sensor, InputSpec(**spec), train=False)
     extent = preprocess(events, sensor, InputSpec(**spec, crop="extent"), train=False)
-    assert lit_extent(whole)[1] <= 30 * 64 / 120 + 2  # the sensor squeezed: the object is a sixth of the input
+    assert lit_extent(whole)[1] <= 30 * 64 / 120 + 2  # the whole frame squeezed: a quarter of the width
     rows, cols = lit_extent(extent)
     assert cols >= 62 and abs(rows - 64 * 20 / 30) <= 2  # the full width, and the height keeps the aspect ratio
     assert extent[:, 0].amax() > 0 and extent[:, -10:].amax() == 0  # the square stays in the frame: its foot is empty
