@@ -168,10 +168,9 @@ def histograms_to_input(
     pixels without moving labels: a spec for labelled images must have ``randaug_ops = 0``.
 
     Order: hot pixels -> normalize -> resize (of the sensor or of the events' extent, ``spec.crop``) (+ crop) ->
-    log scale -> RandAugment (train). Hot pixels are
-    removed at sensor resolution: there a hot pixel is one outlier that the mean + k * std rule removes exactly,
-    while after an upsampling resize its interpolated halo survives the threshold and would set the
-    normalization scale. Normalizing before the resize gives the same image up to one scalar (the resize is
+    log scale -> RandAugment (train). Hot pixels are removed at sensor resolution: there a hot pixel is one
+    outlier that the mean + k * std rule removes exactly, while after an upsampling resize its interpolated halo
+    survives the threshold and would set the normalization scale. Normalizing before the resize gives the same image up to one scalar (the resize is
     linear), keeps the peak count of the sensor as the unit, and costs a pass over the small histogram instead of
     the large one; the bilinear resize is a convex combination, so values stay in [0, 1]. At train time the random
     crop and RandAugment draw from ``generator`` (a CPU ``torch.Generator``).

@@ -37,7 +37,7 @@ class InputSpec:
     at evaluation. ``hot_pixel_std=None`` disables hot-pixel removal; ``temporal_bins`` is used by "temporal".
     ``scale`` is how counts map to [0, 1]: "linear" (divide by the peak, the paper's) or "log" (then
     ``log_scale`` with ``log_gain`` after the resize). ``crop`` is what is resized to the input: the whole
-    sensor ("sensor"), or the smallest square around each window's events ("extent", see
+    sensor ("sensor"), or the square around each window's events ("extent", see
     ``mem_core.representation.pipeline.extent_boxes``): for datasets whose samples are object crops of varying
     size in a corner of a fixed frame (N-Cars), it shows every object at the full input resolution.
     """
