@@ -6,3 +6,7 @@ Kept free of imports on purpose: the CLI catches ``MemError`` without loading to
 
 class MemError(Exception):
     """A user-facing error: the message names the file or value and what is wrong."""
+
+
+class RunError(MemError, RuntimeError):
+    """A run or export directory that cannot be used: missing, incomplete, malformed or from another stage."""

@@ -27,16 +27,16 @@ from safetensors.torch import load_file, save_file
 
 from mem_core.configuration import from_dict, to_dict
 from mem_core.errors import MemError
+from mem_core.lineage import MODEL_JSON, TOKENIZER_LINK, read_json, tokenizer_of
 from mem_core.models import DiscreteVAE, MEMViT, SegmentationModel, TokenizerConfig, ViTConfig
 from mem_core.representation import InputSpec
 from mem_core.train.rundir import RunDir, RunError, atomic_write_bytes, json_safe, load_checkpoint
 
 EXPORT_VERSION = 1
-MODEL_FILE, MODEL_JSON = "model.safetensors", "model.json"
-TOKENIZER_FILE, TOKENIZER_JSON = "tokenizer.safetensors", "tokenizer.json"
+MODEL_FILE, TOKENIZER_FILE = "model.safetensors", "tokenizer.safetensors"
+TOKENIZER_JSON = TOKENIZER_LINK  # an export's tokenizer description (in a pretraining run, the link to its tokenizer)
 TASKS = {"finetune": "classification", "segment": "segmentation"}  # training stage -> task of its model
 # Limits on what a model file may describe (the paper's models are far inside them).
-MAX_JSON_BYTES = 1 << 20  # model.json / tokenizer.json / classes.json: a few kB in practice
 MAX_DEPTH = 256  # transformer blocks, tokenizer layers and residual blocks: bounds the time to build the skeleton
 MAX_CLASSES = 100_000
 MAX_INPUT_SIDE = 4096  # pixels of the model input (the paper: 224)
@@ -136,24 +136,6 @@ def _checkpoint_model(path: Path) -> dict[str, Any]:
     if not isinstance(weights, dict):
         raise RunError(f"{path}: the checkpoint holds no model weights (no 'model' dict)")
     return weights
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    """A JSON object from a model file, at most ``MAX_JSON_BYTES`` (``RunError`` naming the file otherwise)."""
-    try:
-        with path.open("rb") as f:
-            data = f.read(MAX_JSON_BYTES + 1)
-    except OSError as e:
-        raise RunError(f"{path}: cannot read ({e.strerror or e})") from e
-    if len(data) > MAX_JSON_BYTES:
-        raise RunError(f"{path}: larger than {MAX_JSON_BYTES} bytes, not a MEM model description")
-    try:
-        value = json.loads(data)
-    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise RunError(f"{path}: not valid JSON ({e})") from e
-    if not isinstance(value, dict):
-        raise RunError(f"{path}: expected a JSON object, got {type(value).__name__}")
-    return value
 
 
 def check_meta(meta: dict[str, Any], where: Path) -> None:
@@ -294,27 +276,6 @@ def _tokenizer_config(values: Any, where: Path) -> TokenizerConfig:
     if config.img_size > MAX_INPUT_SIDE:
         raise RunError(f"{where}: tokenizer img_size {config.img_size} > {MAX_INPUT_SIDE}")
     return config
-
-
-def tokenizer_of(path: Path | str) -> Path | None:
-    """Where the tokenizer behind a model lives: the export directory itself when it carries one, or for a finetune
-    run the chain init.json -> pretraining run -> tokenizer.json -> tokenizer run; None when there is none."""
-    path = Path(path)
-    if (path / TOKENIZER_JSON).is_file():
-        return path
-    link = path / "init.json"
-    if not link.is_file():
-        return None
-    init = read_json(link).get("path")
-    if not isinstance(init, str):
-        raise RunError(f"{link}: no 'path' of the pretraining run")
-    link = Path(init) / "tokenizer.json"
-    if not link.is_file():
-        return None
-    tokenizer = read_json(link).get("path")
-    if not isinstance(tokenizer, str):
-        raise RunError(f"{link}: no 'path' of the tokenizer run")
-    return Path(tokenizer)
 
 
 def export_model(

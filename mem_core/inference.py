@@ -15,7 +15,8 @@ import torch.nn.functional as F
 
 from mem_core.configuration import from_dict
 from mem_core.events import SensorSize, make_events
-from mem_core.export import load_model, load_tokenizer, tokenizer_of
+from mem_core.export import load_model, load_tokenizer
+from mem_core.lineage import tokenizer_of
 from mem_core.representation import InputSpec, histograms_to_input, input_histogram
 from mem_core.representation.pipeline import extent_boxes, remove_hot_pixels
 from mem_core.train.rundir import RunError

@@ -153,6 +153,11 @@ def test_the_viewer_never_reaches_torch():
     assert [chain for m in gui for chain in reaches(m, GUI_NEVER_REACHES)] == []
 
 
+def test_the_run_lineage_never_reaches_torch():
+    # `mem serve` asks which pretraining run a served model came from before it loads any model
+    assert reaches("mem_core.lineage", GUI_NEVER_REACHES) == []
+
+
 def test_the_command_line_starts_without_heavy_libraries():
     # `mem --help`, `mem view` and every other command import app.cli first: torch alone takes seconds to import
     code = "import sys, app.cli; print(sorted(m for m in ('torch', 'timm', 'numba', 'h5py', 'PySide6') if m in sys.modules))"

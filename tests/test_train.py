@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from mem_core.export import export_run, load_model, load_tokenizer, tokenizer_of
+from mem_core.export import export_run, load_model, load_tokenizer
+from mem_core.lineage import pretraining_run_of, source_run, tokenizer_of
 from mem_core.train import finetune, pretrain, segment, tokenizer
 from mem_core.train.configs import stage_config
 from mem_core.train.engine import NonFiniteLossError
@@ -70,7 +71,7 @@ def test_finetune_from_pretraining_starts_from_its_weights(tmp_path, pretrain_ru
     assert meta["classes"] == ["disc", "square", "triangle", "cross", "ring"]
 
 
-def test_finetune_evaluate_export_roundtrip(tmp_path, pretrain_run):
+def test_finetune_evaluate_export_roundtrip(tmp_path, pretrain_run, tokenizer_run):
     run = finetune.run(config("finetune", "epochs=2"), tmp_path / "ft", init=pretrain_run)
     result = json.loads((run.path / "result.json").read_text())
     assert result["split"] == "val" and result["n"] == 200 and 0 <= result["top1"] <= 1
@@ -82,10 +83,26 @@ def test_finetune_evaluate_export_roundtrip(tmp_path, pretrain_run):
     model, meta = load_model(export_dir)
     assert meta["task"] == "classification" and meta["classes"] == result["classes"]
     assert tokenizer_of(export_dir) == export_dir  # the MEM tokenizer travels with the export for the token overlay
+    # the lineage `mem serve` follows to finetune a served model on labelled windows
+    assert source_run(export_dir) == run.path.resolve()
+    assert pretraining_run_of(export_dir) == pretraining_run_of(run.path) == pretrain_run.resolve()
+    assert tokenizer_of(run.path) == tokenizer_of(pretrain_run) == tokenizer_run.resolve()
     assert load_tokenizer(export_dir).config.num_tokens == 64
     x = torch.rand(2, 2, 32, 32)
     reference, _ = load_model(run.path)
     assert torch.allclose(model(x), reference(x))
+
+
+def test_a_malformed_lineage_link_is_an_error_naming_it(tmp_path):
+    run = tmp_path / "ft"
+    run.mkdir()
+    assert pretraining_run_of(run) is None and tokenizer_of(run) is None  # trained from scratch: no link, no error
+    (run / "init.json").write_text('{"path": 3}')
+    with pytest.raises(RunError, match=r"ft/init\.json: no 'path'"):
+        pretraining_run_of(run)
+    (run / "init.json").write_text("{truncated")
+    with pytest.raises(RunError, match=r"ft/init\.json: not valid JSON"):
+        tokenizer_of(run)
 
 
 def test_linear_probe_trains_only_the_head(tmp_path, pretrain_run):

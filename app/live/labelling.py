@@ -89,31 +89,6 @@ class RecentWindows:
             self._events = 0
 
 
-def source_run(model: Path) -> Path | None:
-    """The run an export was made from (its ``model.json``'s ``source_run``); None for a run directory, an export
-    that does not say, or an unreadable one."""
-    try:
-        source = json.loads((model / "model.json").read_text()).get("source_run")
-    except (OSError, ValueError):
-        return None
-    return Path(source) if isinstance(source, str) else None
-
-
-def pretraining_run_of(model: Path | None) -> Path | None:
-    """The pretraining run behind a served model: an export's ``source_run`` or the run itself, then its
-    ``init.json``; None when the model was trained from scratch or is unknown."""
-    if model is None:
-        return None
-    run = source_run(model) if (model / "model.json").is_file() else model
-    if run is None:
-        return None
-    try:
-        init = json.loads((run / "init.json").read_text()).get("path")
-    except (OSError, ValueError):
-        return None
-    return Path(init) if isinstance(init, str) else None
-
-
 class TrainingJob:
     """One Train run: ``mem train-labels`` in a child process writing the run ``out`` (log in ``out/train.log``),
     followed from its ``metrics.jsonl``. ``on_done(export_dir)`` is called from the job's thread on success."""

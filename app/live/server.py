@@ -42,11 +42,13 @@ import numpy as np
 import zmq
 
 from app.config import ServeConfig
-from app.live.labelling import HeldWindow, LabelDesk, LabelError, pretraining_run_of, source_run
+from app.live.labelling import HeldWindow, LabelDesk, LabelError
 from app.live.ring import EventRing
 from app.live.sensor_view import sensor_view
 from mem_core.configuration import ConfigError
+from mem_core.errors import RunError
 from mem_core.events import SensorSize
+from mem_core.lineage import pretraining_run_of, source_run
 from mem_core.protocol import (
     MAX_TEXT,
     MAX_WINDOW_EVENTS,
@@ -649,7 +651,7 @@ class LiveServer:
             return {"command": "error", "ok": False, "error": str(exc)[:MAX_TEXT], "state": None}
         try:
             self._apply_control(command, args)
-        except (ControlError, LabelError, RecorderError, ValueError, OSError) as exc:
+        except (ControlError, LabelError, RecorderError, RunError, ValueError, OSError) as exc:
             return {"command": command, "ok": False, "error": str(exc)[:MAX_TEXT], "state": self.control_state()}
         if command != "state":
             self.commands += 1
@@ -699,7 +701,9 @@ class LiveServer:
         elif command == "undo_capture":
             desk.undo()
         else:
-            pretrain = self.config.pretrain or pretraining_run_of(self.model_path)
+            pretrain = self.config.pretrain
+            if pretrain is None and self.model_path is not None:
+                pretrain = pretraining_run_of(self.model_path)
             desk.train(pretrain, args.get("epochs"), lambda export: self.swap_model(export, keep_window=True))
 
     def _replay_command(self, command: str, args: dict[str, Any]) -> None:
@@ -753,7 +757,10 @@ def model_name(path: Path | None) -> str | None:
     """How the viewer names a model: the run an export came from (``label-003``), else its directory."""
     if path is None:
         return None
-    source = source_run(path)
+    try:
+        source = source_run(path)
+    except RunError:  # a model.json that does not say cleanly: the loader reports it, the name falls back
+        source = None
     return source.name if source is not None else path.name
 
 

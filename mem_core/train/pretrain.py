@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from mem_core.export import load_tokenizer
+from mem_core.lineage import TOKENIZER_LINK
 from mem_core.models import (
     BlockMaskGenerator,
     EMAEPretrainModel,
@@ -52,7 +53,7 @@ class PretrainStage(Stage):
                     f"tokenizer {tokenizer} makes a {tok.grid_size} grid from {tok.in_chans} channels, the ViT has "
                     f"a {cfg.model.grid_size} patch grid and {cfg.model.in_chans} channels: they must match"
                 )
-            run.write_json("tokenizer.json", {"path": str(Path(tokenizer).resolve())})
+            run.write_json(TOKENIZER_LINK, {"path": str(Path(tokenizer).resolve())})
         if cfg.method == "mem":  # BEiT's blocks for MEM, MAE's uniformly random patches for eMAE (as the paper)
             self.masks = BlockMaskGenerator(cfg.model.grid_size, cfg.mask_ratio, min_block=cfg.mask_min_block)
         else:

@@ -21,17 +21,13 @@ from typing import Any
 
 import torch
 
-from mem_core.errors import MemError
+from mem_core.errors import RunError
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_FILE = "checkpoint.pt"
 BEST_FILE = "best.pt"
 RESULT_FILE = "result.json"
-
-
-class RunError(MemError, RuntimeError):
-    """A run directory that cannot be used: missing, incomplete or from another stage."""
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

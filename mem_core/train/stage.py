@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader
 
 from mem_core.configuration import from_dict
 from mem_core.datasets import EventSource
+from mem_core.lineage import INIT_LINK
 from mem_core.models import MEMViT, ViTConfig, load_pretrained_backbone
 from mem_core.representation import EventBatch, batch_preprocess
 from mem_core.train.common import batch_generator, fit_input, open_split, start_run, train_indices, wrap_model
@@ -204,7 +205,7 @@ class TaskStage(Stage):
         super().__init__(cfg, runtime, run)
         self.init = init
         if init is not None:
-            run.write_json("init.json", {"path": str(Path(init).resolve())})
+            run.write_json(INIT_LINK, {"path": str(Path(init).resolve())})
 
     @classmethod
     def configure(cls, cfg, init: Path | str | None = None):
