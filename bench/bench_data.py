@@ -23,11 +23,9 @@ import numpy as np
 import torch
 from rich.console import Console
 from rich.table import Table
-from torch.utils.data import DataLoader
 
 from mem_core import shared_data_dir
 from mem_core.corpus import CorpusWriter
-from mem_core.datasets import WindowDataset, collate_windows
 from mem_core.datasets.corpus import CorpusSource
 from mem_core.events import SensorSize, make_events
 from mem_core.io import read_events
@@ -39,7 +37,8 @@ from mem_core.representation import (
     prepare_events,
     preprocess,
 )
-from mem_core.train.engine import EpochBatchSampler
+from mem_core.train.fit import build_loader
+from mem_core.train.runtime import Runtime
 
 NCARS_SENSOR = SensorSize(100, 120)
 STREAM_EVENTS = 1_000_000
@@ -226,15 +225,15 @@ def loader_rows(stream: np.ndarray, sensor: SensorSize) -> list[dict]:
                 writer.append(shifted)
             writer.end_recording()
         source = CorpusSource(Path(tmp), "all")
-        dataset = WindowDataset(source, spec, train=True, seed=0)
-        for workers in (0, 1):
-            sampler = EpochBatchSampler(len(dataset), BATCH, seed=0, shuffle=True, drop_last=True)
-            loader = DataLoader(
-                dataset,
-                batch_sampler=sampler,
+        for workers in (0, 1):  # the training stages' own loader
+            loader, sampler = build_loader(
+                source,
+                spec,
+                train=True,
+                seed=0,
+                batch_size=BATCH,
+                runtime=Runtime(torch.device("cpu")),
                 num_workers=workers,
-                collate_fn=lambda items: collate_windows(items, sensor),
-                persistent_workers=workers > 0,
             )
             seen, epoch, start, worker_cpu = 0, 0, None, None
             while seen < LOADER_SAMPLES:

@@ -23,21 +23,20 @@ import numpy as np
 import torch
 from rich.console import Console
 from rich.table import Table
-from torch.utils.data import DataLoader
 
 from mem_core.corpus import CorpusWriter
-from mem_core.datasets import WindowDataset, collate_windows
 from mem_core.datasets.corpus import CorpusSource
 from mem_core.events import SensorSize, make_events
 from mem_core.export import export_tokenizer
 from mem_core.models import DiscreteVAE
 from mem_core.representation import collate_events, prepare_events
 from mem_core.train.configs import stage_config
-from mem_core.train.engine import EpochBatchSampler, train_one_epoch
+from mem_core.train.engine import train_one_epoch
 from mem_core.train.finetune import FinetuneStage
+from mem_core.train.fit import build_loader
 from mem_core.train.pretrain import PretrainStage
 from mem_core.train.rundir import RunDir
-from mem_core.train.runtime import setup_runtime
+from mem_core.train.runtime import Runtime, setup_runtime
 from mem_core.train.stage import Stage
 from mem_core.train.tokenizer import TokenizerStage
 
@@ -123,15 +122,15 @@ def bench_loader(cfg, workers: int, samples: int = 2000) -> float:
                 writer.append(w)
             writer.end_recording()
         source = CorpusSource(Path(tmp), "all", window=cfg.input.n_max)
-        dataset = WindowDataset(source, cfg.input, train=True, seed=0)
-        batch = min(cfg.batch_size, len(dataset))
-        sampler = EpochBatchSampler(len(dataset), batch, seed=0, shuffle=True, drop_last=True)
-        loader = DataLoader(
-            dataset,
-            batch_sampler=sampler,
+        batch = min(cfg.batch_size, len(source))
+        loader, sampler = build_loader(  # the training stages' own loader
+            source,
+            cfg.input,
+            train=True,
+            seed=0,
+            batch_size=batch,
+            runtime=Runtime(torch.device("cpu")),
             num_workers=workers,
-            collate_fn=lambda items: collate_windows(items, SENSOR),
-            persistent_workers=workers > 0,
         )
         seen, epoch, start = 0, 0, None
         while seen < samples:
