@@ -170,7 +170,7 @@ def fit(run: RunDir, cfg, runtime: Runtime, training: Training, *, resume: bool 
 
     Each epoch: reseed, train, step the schedules, evaluate every ``cfg.eval_every`` epochs (and at the last), log
     one JSON line, write the checkpoint atomically; with ``training.select`` (a metric to maximise) also keep
-    ``best.pt``. With ``resume`` the run continues after its last checkpointed epoch and reproduces the
+    ``best.pt`` (the latest of equally good epochs). With ``resume`` the run continues after its last checkpointed epoch and reproduces the
     uninterrupted run.
     """
     t = training
@@ -218,7 +218,9 @@ def fit(run: RunDir, cfg, runtime: Runtime, training: Training, *, resume: bool 
             metrics = t.evaluate(epoch)
             record.update({f"val_{k}": v for k, v in metrics.items() if isinstance(v, float)})
         key = f"val_{t.select}"
-        if t.select is not None and key in record and (best is None or record[key] > best[key]):
+        # ties go to the later epoch: with a validation split of a few samples (the label-a-few loop holds out 3
+        # captures) many epochs read 100 %, and the first of them is the least trained
+        if t.select is not None and key in record and (best is None or record[key] >= best[key]):
             best = {"epoch": epoch, key: record[key]}
             if runtime.is_main:
                 weights = t.ema.module.state_dict() if t.ema is not None else t.model.state_dict()
