@@ -17,7 +17,7 @@ from PySide6 import QtCore, QtWidgets
 from app import demo
 from app.config import ServeConfig
 from app.live.labelling import LabelError
-from app.live.server import LiveServer, Window, newest_span
+from app.live.server import LiveServer, Window, newest_span, source_truth
 from app.viewer.client import LiveClient
 from app.viewer.widgets import dark_palette
 from app.viewer.window import ViewerWindow
@@ -63,30 +63,21 @@ def pretrain_run(tmp_path_factory):
     return out / "pretrain"
 
 
-@pytest.fixture(scope="module")
-def unseen_stream():
-    """UNSEEN_S seconds of the same camera that nobody sees or captures (another seed): its 10 ms batches and the
-    classes in view during each."""
+def held_out_windows(window: Window, root) -> Corpus:
+    """Windows of UNSEEN_S seconds of the same camera that nobody sees or captures (another seed), cut the way the
+    server cuts them (its newest ``window.events``, at most ``window.ms``) at every UNSEEN_EVERY-th 10 ms batch,
+    and labelled by the server's own rule (``source_truth``: the class in view when one scene spans the window)."""
     source = SimulatorSource(replace(CAMERA, seed=99), speed=0, duration_us=UNSEEN_S * 1_000_000)
-    stream = []
-    for batch in source:
-        if len(batch):
-            stream.append((batch, source.classes_at(int(batch["t"][-1]))))
-    return stream
-
-
-def held_out_windows(stream, window: Window, root):
-    """Windows cut from ``stream`` the way the server cuts them (its newest ``window.events``, at most
-    ``window.ms``), every UNSEEN_EVERY batches, labelled with the class in view when one scene spans the window."""
-    events = np.concatenate([batch for batch, _ in stream])
-    ends = np.cumsum([len(batch) for batch, _ in stream])
-    last_t = np.array([batch["t"][-1] for batch, _ in stream])
+    tail = None
     with LabelledCaptures(root) as windows:
-        for k in range(UNSEEN_EVERY, len(stream), UNSEEN_EVERY):
-            cut = newest_span(events[max(0, ends[k] - window.events) : ends[k]], window.ms)
-            first = stream[np.searchsorted(last_t, cut["t"][0])][1]
-            if first and first == stream[k][1]:
-                windows.capture(cut, CAMERA.sensor, first[0])
+        for k, batch in enumerate(source, 1):
+            tail = batch if tail is None else np.concatenate([tail, batch])[-window.events :]
+            if k % UNSEEN_EVERY or not len(tail):
+                continue
+            cut = newest_span(tail, window.ms)
+            truth = source_truth(source, cut).get("truth")
+            if truth:
+                windows.capture(cut, CAMERA.sensor, truth[0])
     return Corpus(root)
 
 
@@ -104,7 +95,7 @@ def wait_until(qtbot, condition, timeout_s: float, what: str) -> None:
         qtbot.wait(50)
 
 
-def test_label_windows_in_the_viewer_train_and_the_new_model_takes_over(qtbot, tmp_path, pretrain_run, unseen_stream):
+def test_label_windows_in_the_viewer_train_and_the_new_model_takes_over(qtbot, tmp_path, pretrain_run):
     camera = CAMERA
     source = SimulatorSource(camera, speed=1.0)
     config = ServeConfig(
@@ -186,7 +177,7 @@ def test_label_windows_in_the_viewer_train_and_the_new_model_takes_over(qtbot, t
                 if held.info.get("model_version") == 1 and truth and "prediction" in held.info:
                     live.append(held.info["prediction"] == truth[0])
         assert len(live) >= 20  # the trained model predicts on the stream
-        held_out = held_out_windows(unseen_stream, server.window, tmp_path / "held-out")
+        held_out = held_out_windows(server.window, tmp_path / "held-out")
         scored = evaluate_run(tmp_path / "label-runs" / "label-001" / "export", "corpus", held_out.root, "all")
         print(
             f"model trained on {PER_CLASS * 3 - 1} captures: top-1 {scored['top1']:.0%} on {scored['n']} held-out "

@@ -509,13 +509,8 @@ class LiveServer:
         return {**{k: meta[k] for k in ("kind", "serial") if k in meta}, "window": self._last_window}
 
     def window_truth(self, events: np.ndarray) -> dict[str, Any]:
-        """The simulator's ground truth of a window: ``{"truth": class names in view}`` when one scene spans the
-        whole window (else None); ``{}`` for sources that know none."""
-        classes_at = getattr(self.source, "classes_at", None)
-        if classes_at is None:
-            return {}
-        first, last = classes_at(int(events["t"][0])), classes_at(int(events["t"][-1]))
-        return {"truth": last if first == last else None}
+        """The live source's ground truth of a window (``source_truth``)."""
+        return source_truth(self.source, events)
 
     def _publish_prediction(
         self,
@@ -762,6 +757,16 @@ def model_name(path: Path | None) -> str | None:
     except RunError:  # a model.json that does not say cleanly: the loader reports it, the name falls back
         source = None
     return source.name if source is not None else path.name
+
+
+def source_truth(source: Any, events: np.ndarray) -> dict[str, Any]:
+    """A simulated source's ground truth of a window of its events: ``{"truth": class names in view}`` when one
+    scene spans the whole window (else None); ``{}`` for sources that know none."""
+    classes_at = getattr(source, "classes_at", None)
+    if classes_at is None:
+        return {}
+    first, last = classes_at(int(events["t"][0])), classes_at(int(events["t"][-1]))
+    return {"truth": last if first == last else None}
 
 
 def newest_span(events: np.ndarray, ms: float | None) -> np.ndarray:

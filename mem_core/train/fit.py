@@ -170,8 +170,8 @@ def fit(run: RunDir, cfg, runtime: Runtime, training: Training, *, resume: bool 
 
     Each epoch: reseed, train, step the schedules, evaluate every ``cfg.eval_every`` epochs (and at the last), log
     one JSON line, write the checkpoint atomically; with ``training.select`` (a metric to maximise) also keep
-    ``best.pt`` (the latest of equally good epochs). With ``resume`` the run continues after its last checkpointed epoch and reproduces the
-    uninterrupted run.
+    ``best.pt`` (the latest of equally good epochs). With ``resume`` the run continues after its last checkpointed
+    epoch and reproduces the uninterrupted run.
     """
     t = training
     steps_per_epoch = len(t.sampler)
