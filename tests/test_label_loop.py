@@ -10,13 +10,13 @@ import os
 import time
 from dataclasses import replace
 
-import numpy as np
 import pytest
 from PySide6 import QtCore, QtWidgets
 
 from app import demo
 from app.config import ServeConfig
 from app.live.labelling import LabelError
+from app.live.ring import EventRing
 from app.live.server import LiveServer, Window, newest_span, source_truth
 from app.viewer.client import LiveClient
 from app.viewer.widgets import dark_palette
@@ -65,16 +65,18 @@ def pretrain_run(tmp_path_factory):
 
 def held_out_windows(window: Window, root) -> Corpus:
     """Windows of UNSEEN_S seconds of the same camera that nobody sees or captures (another seed), cut the way the
-    server cuts them (its newest ``window.events``, at most ``window.ms``) at every UNSEEN_EVERY-th 10 ms batch,
-    and labelled by the server's own rule (``source_truth``: the class in view when one scene spans the window)."""
+    server cuts them (the newest ``window.events`` of an ``EventRing``, at most ``window.ms``) at every
+    UNSEEN_EVERY-th 10 ms batch, and labelled by the server's own rule (``source_truth``: the class in view when one
+    scene spans the window)."""
     source = SimulatorSource(replace(CAMERA, seed=99), speed=0, duration_us=UNSEEN_S * 1_000_000)
-    tail = None
+    ring = EventRing(window.events)
     with LabelledCaptures(root) as windows:
         for k, batch in enumerate(source, 1):
-            tail = batch if tail is None else np.concatenate([tail, batch])[-window.events :]
-            if k % UNSEEN_EVERY or not len(tail):
+            ring.push(batch, arrival=0.0)
+            if k % UNSEEN_EVERY or ring.total == 0:
                 continue
-            cut = newest_span(tail, window.ms)
+            newest = ring.snapshot(window.events).events
+            cut = newest_span(newest, window.ms)
             truth = source_truth(source, cut).get("truth")
             if truth:
                 windows.capture(cut, CAMERA.sensor, truth[0])
