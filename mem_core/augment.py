@@ -28,6 +28,7 @@ class EventAugmentation(Protocol):
     flip_polarity_p: float
     hflip_p: float
     shift_px: int
+    event_drop_p: float
 
 
 @njit(cache=True, nogil=True)
@@ -61,7 +62,8 @@ def augment_events(
 ) -> np.ndarray:
     """Training-time event augmentations drawn from ``rng``: polarity flip with ``spec.flip_polarity_p``,
     horizontal flip with ``spec.hflip_p``, then a shift of up to +-``spec.shift_px`` in x and y (uniform
-    integers) that drops events leaving the frame. Returns a new array.
+    integers) that drops events leaving the frame, then EventDrop with ``spec.event_drop_p`` (``drop_events``).
+    Returns a new array.
 
     One numba pass (three numpy steps - flip, mirror, shift and drop - cost ~1 ms on a 30 000-event window, mostly
     copies of the 13-byte records).
@@ -73,7 +75,43 @@ def augment_events(
     kept, invalid = _augment_kernel(events, out, flip, mirror, dx, dy, sensor.width, sensor.height)
     if invalid:
         raise ValueError(f"{invalid} events fall outside the sensor {sensor.width}x{sensor.height} (width x height)")
-    return out[:kept]
+    out = out[:kept]
+    return drop_events(out, sensor, rng) if spec.event_drop_p > 0 and rng.random() < spec.event_drop_p else out
+
+
+DROP_RATIO = (0.1, 0.9)
+"""Range of the uniform ratio of an EventDrop: the share of the window's duration, of the sensor's sides or of the
+events that is dropped (the paper draws it from 0.1, 0.2, ..., 0.9)."""
+
+
+def drop_events(events: np.ndarray, sensor: SensorSize, rng: np.random.Generator) -> np.ndarray:
+    """EventDrop (Gu et al., IJCAI 2021): drop the events of a random time interval, of a random box, or a random
+    subset, one of the three chosen uniformly, with a ratio drawn uniformly from ``DROP_RATIO``.
+
+    - time: an interval of ``ratio`` x the window's duration, at a uniform position within it (a pause in motion);
+    - area: a box of ``ratio`` x the sensor's width and height, centred anywhere on the sensor (an occluder);
+    - random: each event independently with probability ``ratio`` (a higher contrast threshold, a slower object).
+
+    Returns ``events`` itself when the drop would leave no event (an empty window teaches nothing about its label).
+    """
+    kind = int(rng.integers(3))
+    ratio = float(rng.uniform(*DROP_RATIO))
+    if len(events) == 0:
+        return events
+    if kind == 0:
+        t0, t1 = int(events["t"][0]), int(events["t"][-1])
+        span = (t1 - t0) * ratio
+        start = t0 + rng.uniform(0.0, (t1 - t0) - span)
+        t = events["t"]
+        keep = (t < start) | (t > start + span)
+    elif kind == 1:
+        cx, cy = rng.uniform(0, sensor.width), rng.uniform(0, sensor.height)
+        inside_x = np.abs(events["x"].astype(np.float64) - cx) < ratio * sensor.width / 2
+        inside_y = np.abs(events["y"].astype(np.float64) - cy) < ratio * sensor.height / 2
+        keep = ~(inside_x & inside_y)
+    else:
+        keep = rng.random(len(events)) >= ratio
+    return events[keep] if keep.any() else events
 
 
 # -------------------------------------------------------------------------------------------- RandAugment

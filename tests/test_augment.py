@@ -11,6 +11,7 @@ from mem_core.augment import (
     apply_rand_augment,
     augment_events,
     draw_rand_augment,
+    drop_events,
     rand_augment,
 )
 from mem_core.events import SensorSize, validate_events
@@ -108,6 +109,64 @@ def test_augment_events_rejects_off_sensor_events(events_factory):
     ev["y"][4] = SENSOR.height
     with pytest.raises(ValueError, match="outside the sensor"):
         augment_events(ev, SENSOR, InputSpec(), np.random.default_rng(0))
+
+
+class FixedDraws:
+    """Stands in for ``np.random.Generator`` in ``drop_events``: the kind, then uniform draws at given fractions of
+    their range, and ``random`` values for the random drop."""
+
+    def __init__(self, kind: int, fractions: list[float], random: tuple[float, ...] = (0.5,)):
+        self.kind, self.fractions, self.values = kind, list(fractions), random
+
+    def integers(self, n):
+        return self.kind
+
+    def uniform(self, lo, hi):
+        return lo + self.fractions.pop(0) * (hi - lo)
+
+    def random(self, n):
+        return np.resize(np.asarray(self.values), n)
+
+
+def test_event_drop_removes_a_time_interval_a_box_or_a_random_share(events_factory):
+    ev = events_factory(3000, SENSOR)
+    t0, t1 = int(ev["t"][0]), int(ev["t"][-1])
+    # time: ratio 0.5 (the middle of 0.1..0.9), the interval at the start of the window
+    out = drop_events(ev, SENSOR, FixedDraws(0, [0.5, 0.0]))
+    np.testing.assert_array_equal(out, ev[ev["t"] > t0 + 0.5 * (t1 - t0)])
+    # area: ratio 0.5, the box centred on the sensor's centre: half its width and half its height
+    out = drop_events(ev, SENSOR, FixedDraws(1, [0.5, 0.5, 0.5]))
+    inside = (np.abs(ev["x"] - SENSOR.width / 2) < SENSOR.width / 4) & (
+        np.abs(ev["y"] - SENSOR.height / 2) < SENSOR.height / 4
+    )
+    assert 0 < inside.sum() < len(ev)
+    np.testing.assert_array_equal(out, ev[~inside])
+    # random: an event goes when its draw is below the ratio (0.5 here)
+    np.testing.assert_array_equal(drop_events(ev, SENSOR, FixedDraws(2, [0.5], random=(0.4, 0.6))), ev[1::2])
+    np.testing.assert_array_equal(ev, events_factory(3000, SENSOR))  # the input is not modified
+
+
+def test_event_drop_never_empties_a_window(events_factory):
+    ev = events_factory(50, SENSOR)
+    out = drop_events(ev, SENSOR, FixedDraws(2, [0.5], random=(0.0,)))  # every event's draw is below the ratio
+    np.testing.assert_array_equal(out, ev)
+    assert len(drop_events(ev[:0], SENSOR, np.random.default_rng(0))) == 0
+
+
+def test_augment_events_drops_events_when_asked(events_factory):
+    ev = events_factory(3000, SENSOR)
+    plain = InputSpec(flip_polarity_p=0.0, hflip_p=0.0, shift_px=0)
+    dropping = InputSpec(flip_polarity_p=0.0, hflip_p=0.0, shift_px=0, event_drop_p=1.0)
+    sizes = []
+    for seed in range(20):
+        np.testing.assert_array_equal(augment_events(ev, SENSOR, plain, np.random.default_rng(seed)), ev)
+        out = augment_events(ev, SENSOR, dropping, np.random.default_rng(seed))
+        np.testing.assert_array_equal(out, augment_events(ev, SENSOR, dropping, np.random.default_rng(seed)))
+        assert np.isin(out, ev).all()  # a subset: nothing moved, nothing invented
+        sizes.append(len(out))
+    assert max(sizes) < len(ev) and min(sizes) > 0
+    with pytest.raises(ValueError, match="event_drop_p"):
+        InputSpec(event_drop_p=1.5)
 
 
 def random_images(n=6, channels=2, size=(24, 32), seed=0):

@@ -163,9 +163,13 @@ class Interrupted(Exception):
     pass
 
 
-def test_resume_reproduces_the_uninterrupted_run(tmp_path, monkeypatch):
-    """Bit-exact with the default loader workers (persistent worker processes started in a later epoch)."""
-    settings = ("epochs=2", "data.num_workers=2")
+@pytest.mark.parametrize(
+    "augmentations", [(), ("mixup=0.8", "cutmix=1.0", "input.event_drop_p=0.5")], ids=["plain", "mixup-cutmix-drop"]
+)
+def test_resume_reproduces_the_uninterrupted_run(tmp_path, monkeypatch, augmentations):
+    """Bit-exact with the default loader workers (persistent worker processes started in a later epoch), with every
+    random augmentation of finetuning too."""
+    settings = ("epochs=2", "data.num_workers=2", *augmentations)
     full = finetune.run(config("finetune", *settings), tmp_path / "full")
 
     import mem_core.train.fit as fit_module
@@ -187,6 +191,11 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, monkeypatch):
     assert json.loads((full.path / "result.json").read_text())["top1"] == pytest.approx(
         json.loads((resumed.path / "result.json").read_text())["top1"]
     )
+
+
+def test_mixup_needs_an_even_batch_per_process(tmp_path):
+    with pytest.raises(RunError, match="batch_size 7 over 1 process"):
+        finetune.run(config("finetune", "batch_size=7", "cutmix=1.0"), tmp_path / "odd")
 
 
 def test_existing_run_needs_resume(tmp_path):

@@ -53,6 +53,7 @@ class InputSpec:
     shift_px: int = 15
     flip_polarity_p: float = 0.5
     hflip_p: float = 0.5
+    event_drop_p: float = 0.0  # EventDrop (mem_core.augment.drop_events) on this share of training windows
     randaug_ops: int = 2
     randaug_magnitude: float = 20
     temporal_bins: int = 4
@@ -75,7 +76,7 @@ class InputSpec:
             raise ValueError(f"unknown input crop {self.crop!r}; expected one of {CROPS}")
         if not (math.isfinite(self.log_gain) and self.log_gain > 0):
             raise ValueError(f"log_gain must be a positive number, got {self.log_gain}")
-        for name in ("flip_polarity_p", "hflip_p"):
+        for name in ("flip_polarity_p", "hflip_p", "event_drop_p"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be a probability in [0, 1], got {getattr(self, name)}")
         if not 0 <= self.randaug_magnitude <= MAX_MAGNITUDE:

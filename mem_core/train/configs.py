@@ -71,6 +71,8 @@ STAGE_RANGES = {
     "head_dropout": FRACTION,
     "head_init_scale": Interval(0, lo_open=True),
     "ema_decay": FRACTION,
+    "mixup": AT_LEAST_0,
+    "cutmix": AT_LEAST_0,
     "head_channels": AT_LEAST_1,
 }
 
@@ -138,6 +140,8 @@ class FinetuneStageConfig(StageConfig):
     head_dropout: float = 0.0  # before the classifier head only
     head_init_scale: float = 0.001  # BEiT's small head init; short CPU runs learn faster with 1.0
     ema_decay: float = 0.0  # 0 = no EMA; the paper reports 0.9999 on large datasets
+    mixup: float = 0.0  # Beta(alpha, alpha) of mixup between a batch and its reverse (0 = off; BEiT: 0.8)
+    cutmix: float = 0.0  # the same for CutMix; with both on, each batch takes one of them (BEiT: 1.0)
     probe: bool = False  # linear probing: only the head's norm and linear layer train
     warmup_epochs: float = 5.0
 

@@ -1,8 +1,8 @@
 """Stage 3: finetuning (or linear probing) a classifier, from a pretrained MEM/eMAE backbone or from scratch.
 
 Recipe: mean-pooled patch tokens -> LayerNorm -> Linear; AdamW with layer-wise lr decay (timm), drop path, label
-smoothing and an optional EMA of the weights. The best epoch is chosen on the *validation* split
-(never the test split); evaluation windows are deterministic. Outputs: ``best.pt``, ``result.json``,
+smoothing, optional mixup / CutMix (timm's ``Mixup``) and an optional EMA of the weights. The best epoch is chosen
+on the *validation* split (never the test split); evaluation windows are deterministic. Outputs: ``best.pt``, ``result.json``,
 ``confusion.png`` and the curves.
 """
 
@@ -39,6 +39,21 @@ class FinetuneStage(TaskStage):
             raise RunError(f"{cfg.data.dataset} {cfg.data.train_split}: finetuning needs labels on every sample")
         self.classes = train_src.classes
         self.run.write_json("classes.json", {"classes": self.classes, "train_samples": len(indices)})
+        self.mixup = None
+        if cfg.mixup > 0 or cfg.cutmix > 0:
+            from timm.data import Mixup
+
+            if (cfg.batch_size // self.runtime.world_size) % 2:
+                raise RunError(
+                    f"mixup and cutmix pair each sample with another of its batch: batch_size {cfg.batch_size} over "
+                    f"{self.runtime.world_size} process(es) must give an even batch per process"
+                )
+            self.mixup = Mixup(
+                mixup_alpha=cfg.mixup,
+                cutmix_alpha=cfg.cutmix,
+                label_smoothing=cfg.label_smoothing,
+                num_classes=len(self.classes),
+            )
 
     def build_model(self) -> MEMViT:
         cfg = self.cfg
@@ -65,9 +80,16 @@ class FinetuneStage(TaskStage):
     def step(self, model: torch.nn.Module, batch, epoch: int, step: int) -> StepResult:
         events, labels, _ = batch
         labels = labels.to(self.runtime.device)
-        x, _, _ = self.train_inputs(events, epoch, step)
-        logits = model(x)
-        loss = F.cross_entropy(logits.float(), labels, label_smoothing=self.cfg.label_smoothing)
+        x, _, g = self.train_inputs(events, epoch, step)
+        if self.mixup is None:
+            logits = model(x)
+            loss = F.cross_entropy(logits.float(), labels, label_smoothing=self.cfg.label_smoothing)
+        else:
+            # timm's Mixup draws from numpy's global generator: seeded from the step's, a resumed run mixes the same
+            np.random.seed(int(torch.randint(2**32, (1,), generator=g)))  # noqa: NPY002 (timm needs the legacy one)
+            x, targets = self.mixup(x, labels)  # soft targets, label smoothing included
+            logits = model(x)
+            loss = F.cross_entropy(logits.float(), targets)
         acc = (logits.argmax(-1) == labels).float().mean()
         return StepResult(loss, {"acc": acc}, x.shape[0])
 
