@@ -96,6 +96,9 @@ def test_vit_config_presets_and_validation():
     assert vit_tiny(img_size=112, patch_size=8).grid_size == (14, 14)
     with pytest.raises(ValueError, match="patch_size"):
         ViTConfig(img_size=100, patch_size=16)
+    for img_size, patch_size in ((0, 16), (16, 0), (8, 16)):
+        with pytest.raises(ValueError, match="positive multiple of patch_size"):
+            ViTConfig(img_size=img_size, patch_size=patch_size)
     with pytest.raises(ValueError, match="num_heads"):
         ViTConfig(embed_dim=100, num_heads=12)
 
@@ -539,6 +542,10 @@ def test_temperature_schedule_anneals_from_start_to_min():
     assert config.grid_size == (14, 14) and config.patch_size == 16
     with pytest.raises(ValueError, match="img_size"):
         TokenizerConfig(img_size=100)
+    with pytest.raises(ValueError, match="positive multiple"):  # a grid of no tokens: found by the model-file fuzzer
+        TokenizerConfig(img_size=0)
+    with pytest.raises(ValueError, match="num_layers"):  # refused before 2**num_layers, which would never finish
+        TokenizerConfig(num_layers=2**31)
 
 
 def test_codebook_stats():

@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+MAX_LAYERS = 12  # 2**12 = 4096 px per token side: far past any sensor
+
 
 @dataclass(frozen=True)
 class TokenizerConfig:
@@ -48,10 +50,12 @@ class TokenizerConfig:
     straight_through: bool = False
 
     def __post_init__(self) -> None:
-        if self.num_layers < 1 or self.img_size % self.patch_size:
+        if not 1 <= self.num_layers <= MAX_LAYERS:  # before 2**num_layers, which a huge value would never finish
+            raise ValueError(f"num_layers must be in [1, {MAX_LAYERS}], got {self.num_layers}")
+        if self.img_size < self.patch_size or self.img_size % self.patch_size:
             raise ValueError(
-                f"img_size {self.img_size} must be a multiple of 2**num_layers = {self.patch_size} "
-                f"(num_layers={self.num_layers} >= 1)"
+                f"img_size {self.img_size} must be a positive multiple of 2**num_layers = {self.patch_size} "
+                f"(num_layers={self.num_layers})"
             )
         if not 0 < self.temperature_min <= self.temperature_start:
             raise ValueError(

@@ -39,8 +39,8 @@ class ViTConfig:
     abs_pos_emb: bool = False
 
     def __post_init__(self) -> None:
-        if self.img_size % self.patch_size:
-            raise ValueError(f"img_size {self.img_size} is not a multiple of patch_size {self.patch_size}")
+        if self.patch_size < 1 or self.img_size < self.patch_size or self.img_size % self.patch_size:
+            raise ValueError(f"img_size {self.img_size} is not a positive multiple of patch_size {self.patch_size}")
         if self.embed_dim % self.num_heads:
             raise ValueError(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
         if not (self.rel_pos_bias or self.abs_pos_emb):

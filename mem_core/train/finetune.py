@@ -8,6 +8,7 @@ on the *validation* split (never the test split); evaluation windows are determi
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -39,21 +40,26 @@ class FinetuneStage(TaskStage):
             raise RunError(f"{cfg.data.dataset} {cfg.data.train_split}: finetuning needs labels on every sample")
         self.classes = train_src.classes
         self.run.write_json("classes.json", {"classes": self.classes, "train_samples": len(indices)})
-        self.mixup = None
-        if cfg.mixup > 0 or cfg.cutmix > 0:
-            from timm.data import Mixup
-
-            if (cfg.batch_size // self.runtime.world_size) % 2:
-                raise RunError(
-                    f"mixup and cutmix pair each sample with another of its batch: batch_size {cfg.batch_size} over "
-                    f"{self.runtime.world_size} process(es) must give an even batch per process"
-                )
-            self.mixup = Mixup(
-                mixup_alpha=cfg.mixup,
-                cutmix_alpha=cfg.cutmix,
-                label_smoothing=cfg.label_smoothing,
-                num_classes=len(self.classes),
+        if self.mixup is not None and (cfg.batch_size // self.runtime.world_size) % 2:
+            raise RunError(
+                f"mixup and cutmix pair each sample with another of its batch: batch_size {cfg.batch_size} over "
+                f"{self.runtime.world_size} process(es) must give an even batch per process"
             )
+
+    @functools.cached_property
+    def mixup(self):
+        """timm's ``Mixup`` of the config (over ``self.classes``), or None when mixup and CutMix are off."""
+        cfg = self.cfg
+        if cfg.mixup <= 0 and cfg.cutmix <= 0:
+            return None
+        from timm.data import Mixup
+
+        return Mixup(
+            mixup_alpha=cfg.mixup,
+            cutmix_alpha=cfg.cutmix,
+            label_smoothing=cfg.label_smoothing,
+            num_classes=len(self.classes),
+        )
 
     def build_model(self) -> MEMViT:
         cfg = self.cfg
