@@ -101,7 +101,11 @@ def rename_tensor(folder: Path) -> None:
         (edit_json("model.json", lambda m: m.update(task="detection")), "model.json", "task must be"),
         (edit_json("model.json", lambda m: m.update(classes="cars")), "model.json", "classes must be a list"),
         (edit_json("model.json", lambda m: m["architecture"].update(depth=10**6)), "model.json", "depth 1000000 > 256"),
-        (edit_json("model.json", lambda m: m["architecture"].update(patch_size=0)), "model.json", "sizes must be >= 1"),
+        (
+            edit_json("model.json", lambda m: m["architecture"].update(patch_size=0)),
+            "model.json",
+            "multiple of patch_size 0",
+        ),
         (edit_json("model.json", lambda m: m["architecture"].update(embed_dim="wide")), "model.json", "embed_dim"),
         (
             edit_json("model.json", lambda m: m["architecture"].update(embed_dim=100_000, num_heads=1)),
