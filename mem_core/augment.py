@@ -99,10 +99,10 @@ def drop_events(events: np.ndarray, sensor: SensorSize, rng: np.random.Generator
     if len(events) == 0:
         return events
     if kind == 0:
-        t0, t1 = int(events["t"][0]), int(events["t"][-1])
+        t = events["t"]
+        t0, t1 = int(t[0]), int(t[-1])
         span = (t1 - t0) * ratio
         start = t0 + rng.uniform(0.0, (t1 - t0) - span)
-        t = events["t"]
         keep = (t < start) | (t > start + span)
     elif kind == 1:
         cx, cy = rng.uniform(0, sensor.width), rng.uniform(0, sensor.height)

@@ -2,8 +2,8 @@
 
 Recipe: mean-pooled patch tokens -> LayerNorm -> Linear; AdamW with layer-wise lr decay (timm), drop path, label
 smoothing, optional mixup / CutMix (timm's ``Mixup``) and an optional EMA of the weights. The best epoch is chosen
-on the *validation* split (never the test split); evaluation windows are deterministic. Outputs: ``best.pt``, ``result.json``,
-``confusion.png`` and the curves.
+on the *validation* split (never the test split); evaluation windows are deterministic. Outputs: ``best.pt``,
+``result.json``, ``confusion.png`` and the curves.
 """
 
 from __future__ import annotations
@@ -87,15 +87,14 @@ class FinetuneStage(TaskStage):
         events, labels, _ = batch
         labels = labels.to(self.runtime.device)
         x, _, g = self.train_inputs(events, epoch, step)
-        if self.mixup is None:
-            logits = model(x)
-            loss = F.cross_entropy(logits.float(), labels, label_smoothing=self.cfg.label_smoothing)
-        else:
+        targets, smoothing = labels, self.cfg.label_smoothing
+        if self.mixup is not None:
             # timm's Mixup draws from numpy's global generator: seeded from the step's, a resumed run mixes the same
             np.random.seed(int(torch.randint(2**32, (1,), generator=g)))  # noqa: NPY002 (timm needs the legacy one)
-            x, targets = self.mixup(x, labels)  # soft targets, label smoothing included
-            logits = model(x)
-            loss = F.cross_entropy(logits.float(), targets)
+            x, targets = self.mixup(x, labels)
+            smoothing = 0.0  # already in Mixup's soft targets
+        logits = model(x)
+        loss = F.cross_entropy(logits.float(), targets, label_smoothing=smoothing)
         acc = (logits.argmax(-1) == labels).float().mean()
         return StepResult(loss, {"acc": acc}, x.shape[0])
 
