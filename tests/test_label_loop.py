@@ -32,9 +32,11 @@ CAMERA = replace(task_config(seed=21), classes=CLASSES, scene_us=1_000_000)
 UNSEEN_S = 40  # seconds of the same camera that nobody captured: about 40 one-second scenes
 UNSEEN_EVERY = 10  # a held-out window at every 10th 10 ms batch: 10 per scene
 # Chance is 1/3. The held-out windows come in scenes of ~10 that look alike, so the sample that counts is the ~40
-# scenes: one binomial sigma over 40 is about 7.5 points. Ten captures per class from ten scenes scored 69 %, 74 %
-# and 71 % here; the bar sits 2.8 sigma below that and 2.2 above chance. (Ten captures of one scene, or the first
-# epoch to reach 100 % on the 3 held-out captures, scored 44 % to 53 %: the two mistakes this test now rules out.)
+# scenes: one binomial sigma over 40 is about 7.5 points. Ten captures per class from ten scenes scored 67 % to 76 %
+# in six runs here (fifteen per class: 76 % and 67 %, no better for 40 s more); the bar sits about 2.7 sigma below
+# and 2.2 above chance. A full CI run once read 45 % (and 0 % live), which this spread does not explain: the
+# failure message says what the model confused and what it was trained on. (Ten captures of one scene, or the first
+# epoch to reach 100 % on the 3 held-out captures, scored 44 % to 53 %: the two mistakes this test rules out.)
 MIN_TOP1 = 0.5
 PER_CLASS = 10
 CAPTURE_S = 150.0  # one capture per one-second scene
@@ -189,7 +191,14 @@ def test_label_windows_in_the_viewer_train_and_the_new_model_takes_over(qtbot, t
         )
         snapshot(window, "label-switch.png")
         assert min(held_out.label_counts().get(name, 0) for name in CLASSES) >= 20  # every class, several scenes
-        assert scored["n"] == len(held_out) and scored["top1"] >= MIN_TOP1
+        assert scored["n"] == len(held_out)
+        captured = collections.defaultdict(list)
+        for stored in corpus.recordings:
+            captured[stored.label].append(stored.n_events)
+        assert scored["top1"] >= MIN_TOP1, (  # what a flake needs to be understood
+            f"held-out top-1 {scored['top1']:.0%}, confusion {scored.get('confusion')}, classes {scored['classes']}; "
+            f"live {sum(live)}/{len(live)}; training {panel.training}; events per capture {dict(captured)}"
+        )
     finally:
         window.close()
         client.close()
