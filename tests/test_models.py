@@ -103,9 +103,11 @@ def test_vit_config_presets_and_validation():
         ViTConfig(embed_dim=100, num_heads=12)
 
 
-def test_masked_patches_are_hidden_from_the_model():
-    """With a mask, what lies under masked patches cannot influence any output; visible content does."""
-    vit = tiny_vit().eval()
+@pytest.mark.parametrize("stem", ["patch", "conv"])
+def test_masked_patches_are_hidden_from_the_model(stem):
+    """With a mask, what lies under masked patches cannot influence any output, also through a conv stem whose
+    receptive fields overlap the neighbouring patches; visible content does."""
+    vit = tiny_vit(stem=stem).eval()
     mask = half_mask()
     x = histograms()
     pixel_mask = mask.reshape(2, 1, *GRID).repeat_interleave(PATCH, 2).repeat_interleave(PATCH, 3)  # (B, 1, H, W)
@@ -115,10 +117,24 @@ def test_masked_patches_are_hidden_from_the_model():
         reference = vit.forward_tokens(x, mask)
         assert torch.equal(vit.forward_tokens(changed_under_mask, mask), reference)
         assert not torch.allclose(vit.forward_tokens(changed_visible, mask), reference)
-        # at the input, masking replaces exactly the masked embeddings by the mask token
+        # at the input, masking replaces the masked embeddings by the mask token (and with the patch stem only them)
         plain, masked = vit.embed(x)[:, 1:], vit.embed(x, mask)[:, 1:]
-        assert torch.equal(masked[~mask], plain[~mask])
         assert torch.equal(masked[mask], vit.mask_token[0].expand(int(mask.sum()), -1))
+        if stem == "patch":
+            assert torch.equal(masked[~mask], plain[~mask])
+
+
+def test_conv_stem_keeps_the_patch_grid_and_is_checked():
+    """``stem = "conv"``: stride-2 convolutions down to the same token grid; a patch size it cannot reach by
+    halving, or an unknown stem, is refused by name."""
+    vit = tiny_vit(stem="conv").eval()
+    assert vit.forward_tokens(histograms()).shape == (2, N, DIM)
+    strides = [m.stride[0] for m in vit.patch_embed.proj.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert math.prod(strides) == PATCH and strides[-1] == 1  # log2(PATCH) halvings, then the 1 x 1 projection
+    with pytest.raises(ValueError, match="power of two"):
+        ViTConfig(img_size=96, patch_size=12, stem="conv")
+    with pytest.raises(ValueError, match="unknown stem 'hmlp'"):
+        ViTConfig(stem="hmlp")
 
 
 def test_grad_checkpointing_gives_the_same_result():
@@ -217,8 +233,8 @@ def test_pretrain_runs_under_bf16_autocast():
 
 
 def make_task_model(kind: str) -> torch.nn.Module:
-    if kind == "pretrain":
-        return MEMPretrainModel(tiny_vit(), TOKENS)
+    if kind in ("pretrain", "pretrain-conv"):
+        return MEMPretrainModel(tiny_vit(stem="conv" if kind == "pretrain-conv" else "patch"), TOKENS)
     if kind == "classifier":
         return MEMViT(tiny_config(), num_classes=5)
     if kind == "segmentation":
@@ -226,14 +242,14 @@ def make_task_model(kind: str) -> torch.nn.Module:
     return tiny_emae(kind.removeprefix("emae-"))
 
 
-def tiny_emae(loss_on: str = "masked") -> EMAEPretrainModel:
-    encoder = tiny_vit(abs_pos_emb=True, rel_pos_bias=False)
+def tiny_emae(loss_on: str = "masked", stem: str = "patch") -> EMAEPretrainModel:
+    encoder = tiny_vit(abs_pos_emb=True, rel_pos_bias=False, stem=stem)
     return EMAEPretrainModel(encoder, loss_on=loss_on, decoder_dim=32, decoder_depth=1, decoder_heads=2)
 
 
 def task_loss(kind: str, model: torch.nn.Module) -> torch.Tensor:
     x, mask = histograms(), half_mask()
-    if kind == "pretrain":
+    if kind.startswith("pretrain"):
         return model(x, mask, torch.randint(0, TOKENS, (2, N)))["loss"]
     if kind == "classifier":
         return F.cross_entropy(model(x), torch.tensor([0, 4]))
@@ -242,7 +258,7 @@ def task_loss(kind: str, model: torch.nn.Module) -> torch.Tensor:
     return model(x, mask)["loss"]
 
 
-TASKS = ["pretrain", "classifier", "segmentation", "emae-masked", "emae-all"]
+TASKS = ["pretrain", "pretrain-conv", "classifier", "segmentation", "emae-masked", "emae-all"]
 
 
 @pytest.mark.parametrize("kind", TASKS)
@@ -268,7 +284,7 @@ def test_layer_decay_groups_scale_lr_down_with_depth(kind):
 
     vit = "" if kind == "classifier" else "backbone."  # a classifier is the ViT itself, the others wrap it
     # stem < block 0 < block 1 < final norm / heads, each step a factor 0.65
-    stem = scale(f"{vit}patch_embed.proj.weight")
+    stem = scale(next(n for n in named if n.startswith(f"{vit}patch_embed.proj.")))
     block0 = scale(f"{vit}blocks.0.attn.qkv.weight")
     block1 = scale(f"{vit}blocks.1.attn.qkv.weight")
     assert stem == pytest.approx(0.65 * block0) and block0 == pytest.approx(0.65 * block1)
@@ -434,9 +450,11 @@ def test_emae_rejects_unknown_loss_and_a_relative_position_bias():
         EMAEPretrainModel(tiny_vit(), loss_on="all")
 
 
-def test_emae_encoder_sees_only_the_visible_patches():
-    """MAE: what lies under masked patches cannot reach the encoder; the decoder predicts every patch."""
-    model = tiny_emae().eval()
+@pytest.mark.parametrize("stem", ["patch", "conv"])
+def test_emae_encoder_sees_only_the_visible_patches(stem):
+    """MAE: what lies under masked patches cannot reach the encoder (also through a conv stem); the decoder
+    predicts every patch."""
+    model = tiny_emae(stem=stem).eval()
     x, mask = histograms(), half_mask()
     pixel_mask = mask.reshape(2, 1, *GRID).repeat_interleave(PATCH, 2).repeat_interleave(PATCH, 3)  # (B, 1, H, W)
     with torch.no_grad():

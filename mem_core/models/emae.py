@@ -97,7 +97,7 @@ class EMAEPretrainModel(BackboneModel):
         ``(B, 1 + V, D)``, cls first, visible patches in row-major order."""
         vit = self.backbone
         vit._check_input(x)
-        tokens = vit.patch_embed(x) + vit.pos_embed[:, 1:]  # (B, N, D)
+        tokens = vit.patch_tokens(x, mask) + vit.pos_embed[:, 1:]  # (B, N, D); a conv stem sees no masked pixel
         batch, _, dim = tokens.shape
         visible = tokens.gather(1, _visible_index(mask, x.device)[..., None].expand(-1, -1, dim))  # (B, V, D)
         cls = (vit.cls_token + vit.pos_embed[:, :1]).expand(batch, -1, -1)

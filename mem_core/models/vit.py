@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +20,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 BACKBONE_PREFIX = "backbone."
+STEMS = ("patch", "conv")
 
 
 @dataclass(frozen=True)
@@ -37,8 +38,16 @@ class ViTConfig:
     layer_scale_init: float = 0.1
     rel_pos_bias: bool = True
     abs_pos_emb: bool = False
+    stem: Literal["patch", "conv"] = "patch"  # "conv": stride-2 convolutions instead of one linear map per patch
 
     def __post_init__(self) -> None:
+        if self.stem not in STEMS:
+            raise ValueError(f"unknown stem {self.stem!r}; expected one of {STEMS}")
+        if self.stem == "conv" and (self.patch_size < 2 or self.patch_size & (self.patch_size - 1)):
+            raise ValueError(
+                f"the conv stem halves the input per layer: patch_size must be a power of two >= 2, "
+                f"got {self.patch_size}"
+            )
         if self.patch_size < 1 or self.img_size < self.patch_size or self.img_size % self.patch_size:
             raise ValueError(f"img_size {self.img_size} is not a positive multiple of patch_size {self.patch_size}")
         if self.embed_dim % self.num_heads:
@@ -85,6 +94,31 @@ def prefix_group_matcher(matcher: dict[str, Any], prefix: str) -> dict[str, Any]
     return out
 
 
+class ConvStem(nn.Module):
+    """The convolutional stem of Xiao et al. (NeurIPS 2021, "Early convolutions help transformers see better"):
+    log2(patch_size) 3 x 3 convolutions of stride 2 (BatchNorm, ReLU), widths doubling up to ``embed_dim``, then a
+    1 x 1 projection; ``(B, C, H, W)`` -> ``(B, embed_dim, H / p, W / p)``, the grid of the linear patch stem.
+
+    Its receptive fields overlap the neighbouring patches, so a masked patch's pixels must be hidden from the stem
+    (``MEMViT.patch_tokens`` zeroes them) or its neighbours' tokens would leak them to the pretext task.
+    """
+
+    def __init__(self, in_chans: int, embed_dim: int, patch_size: int) -> None:
+        super().__init__()
+        layers = patch_size.bit_length() - 1
+        widths = [max(embed_dim >> (layers - i), 8) for i in range(1, layers + 1)]
+        blocks: list[nn.Module] = []
+        for width in widths:
+            blocks += [nn.Conv2d(in_chans, width, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(width)]
+            blocks.append(nn.ReLU(inplace=True))
+            in_chans = width
+        blocks.append(nn.Conv2d(in_chans, embed_dim, 1))
+        self.layers = nn.Sequential(*blocks)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
 class MEMViT(Beit):
     """BEiT-style ViT (timm's ``Beit``) whose patch embeddings can be replaced by a learnable mask token.
 
@@ -129,6 +163,8 @@ class MEMViT(Beit):
             head_init_scale=head_init_scale,
         )
         self.config = config
+        if config.stem == "conv":  # timm's PatchEmbed keeps its size checks and flattening around the new stem
+            self.patch_embed.proj = ConvStem(config.in_chans, config.embed_dim, config.patch_size)
         self.mask_token = nn.Parameter(torch.zeros(1, 1, config.embed_dim))
         trunc_normal_(self.mask_token, std=0.02)
         if num_classes > 0:
@@ -166,20 +202,35 @@ class MEMViT(Beit):
             bool_masked_pos: ``(B, N)`` or ``(B, h, w)`` bool, True where the patch is masked.
         """
         self._check_input(x)
-        x = self.patch_embed(x)  # (B, N, D)
-        batch, num_patches, _ = x.shape
-        if bool_masked_pos is not None:
-            mask = bool_masked_pos.reshape(bool_masked_pos.shape[0], -1)  # (B, N)
-            if tuple(mask.shape) != (batch, num_patches) or mask.dtype != torch.bool:
-                raise ValueError(
-                    f"bool_masked_pos must be a bool tensor of {batch} x {num_patches} patches, "
-                    f"got {mask.dtype} {tuple(bool_masked_pos.shape)}"
-                )
+        mask = None if bool_masked_pos is None else self._patch_mask(x, bool_masked_pos)
+        x = self.patch_tokens(x, mask)  # (B, N, D)
+        batch = x.shape[0]
+        if mask is not None:
             x = torch.where(mask.unsqueeze(-1), self.mask_token.to(x.dtype), x)
         x = torch.cat((self.cls_token.expand(batch, -1, -1).to(x.dtype), x), dim=1)  # (B, 1 + N, D)
         if self.pos_embed is not None:
             x = x + self.pos_embed
         return self.pos_drop(x)
+
+    def _patch_mask(self, x: torch.Tensor, bool_masked_pos: torch.Tensor) -> torch.Tensor:
+        """``bool_masked_pos`` as ``(B, N)``, checked against the batch and the patch grid."""
+        mask = bool_masked_pos.reshape(bool_masked_pos.shape[0], -1)
+        if tuple(mask.shape) != (x.shape[0], self.num_patches) or mask.dtype != torch.bool:
+            raise ValueError(
+                f"bool_masked_pos must be a bool tensor of {x.shape[0]} x {self.num_patches} patches, "
+                f"got {mask.dtype} {tuple(bool_masked_pos.shape)}"
+            )
+        return mask
+
+    def patch_tokens(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The stem: ``(B, C, H, W)`` -> patch embeddings ``(B, N, D)``. A conv stem first zeroes the pixels of the
+        patches that ``mask`` ``(B, N)`` marks, so no other patch's embedding carries them."""
+        if mask is not None and self.config.stem == "conv":
+            h, w = self.grid_size
+            p = self.config.patch_size
+            hidden = mask.reshape(-1, 1, h, 1, w, 1).expand(-1, -1, -1, p, -1, p).reshape(-1, 1, h * p, w * p)
+            x = x.masked_fill(hidden, 0.0)
+        return self.patch_embed(x)
 
     def forward_features(self, x: torch.Tensor, bool_masked_pos: torch.Tensor | None = None) -> torch.Tensor:
         """Tokens ``(B, 1 + N, D)`` (cls first) after the final norm, masked patches replaced by the mask token.
