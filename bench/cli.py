@@ -66,3 +66,20 @@ def train(
     from bench import bench_train
 
     bench_train.main(json_path, preset, device, compile_model, batch_size, steps)
+
+
+@app.command("cnn-reference")
+def cnn_reference(
+    dataset: Annotated[str, typer.Option("--dataset", help="A labelled dataset (ncars, nmnist, ...).")],
+    json_path: JsonOpt = None,
+    data: Annotated[Path | None, typer.Option("--data", help="Dataset root.")] = None,
+    preset: Annotated[str, typer.Option("--preset", help="The preset whose finetuning input to use.")] = "cpu-small",
+    labels: Annotated[float, typer.Option("--labels", help="Fraction of labelled training samples.")] = 1.0,
+    seed: Annotated[int, typer.Option("--seed", help="Weights, augmentation and label subset.")] = 0,
+    epochs: Annotated[int, typer.Option("--epochs")] = 30,
+    arch: Annotated[str, typer.Option("--arch", help="A timm CNN, trained from scratch.")] = "resnet18",
+) -> None:
+    """Validation top-1 of a CNN trained from scratch on a preset's finetuning input: what the input allows."""
+    from bench import cnn_reference as bench
+
+    bench.main(json_path, dataset, data, preset, labels, seed, epochs, arch)

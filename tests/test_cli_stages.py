@@ -174,3 +174,15 @@ def test_bench_train_measures_every_stage_and_the_loader(tmp_path):
     for stage in ("tokenizer", "pretrain", "finetune"):
         assert rows[f"{stage} images/s"]["value"] > 0 and rows[f"{stage} step"]["batch"] == 4
     assert [row["value"] > 0 for name, row in rows.items() if name.startswith("data loader")] == [True]
+
+
+def test_bench_cnn_reference_trains_on_the_finetuning_label_subset(tmp_path):
+    """The CNN yardstick sees the finetuning stage's label fraction and validates on the whole val split."""
+    out = tmp_path / "cnn.json"
+    args = ("--dataset", "sim", "--preset", "cpu-tiny", "--labels", "0.1", "--epochs", "1", "--arch", "resnet10t")
+    r = mem("bench", "cnn-reference", *args, "--json", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert (result["train_samples"], result["val_samples"]) == (100, 200)  # 10 % of sim's 1000, all of its val
+    [row] = result["rows"]  # a fraction validates every round(1 / labels) epochs, and always after the last
+    assert row["epoch"] == 1 and 0.0 <= row["val_top1"] <= 1.0 and row["train_acc"] > 0.0
