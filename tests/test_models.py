@@ -103,10 +103,10 @@ def test_vit_config_presets_and_validation():
         ViTConfig(embed_dim=100, num_heads=12)
 
 
-@pytest.mark.parametrize("stem", ["patch", "conv"])
+@pytest.mark.parametrize("stem", ["patch", "conv", "resnet"])
 def test_masked_patches_are_hidden_from_the_model(stem):
-    """With a mask, what lies under masked patches cannot influence any output, also through a conv stem whose
-    receptive fields overlap the neighbouring patches; visible content does."""
+    """With a mask, what lies under masked patches cannot influence any output, also through a convolutional stem
+    whose receptive fields overlap the neighbouring patches; visible content does."""
     vit = tiny_vit(stem=stem).eval()
     mask = half_mask()
     x = histograms()
@@ -135,6 +135,19 @@ def test_conv_stem_keeps_the_patch_grid_and_is_checked():
         ViTConfig(img_size=96, patch_size=12, stem="conv")
     with pytest.raises(ValueError, match="unknown stem 'hmlp'"):
         ViTConfig(stem="hmlp")
+
+
+def test_resnet_stem_is_a_hybrid_vit_on_the_patch_grid():
+    """``stem = "resnet"``: ResNet-18's stages up to the patch size's stride, projected to the tokens; it trains
+    with the rest of the model, and a patch size that is not one of ResNet-18's strides is refused by name."""
+    vit = tiny_vit(stem="resnet")
+    stem = vit.patch_embed.proj
+    assert [name for name, _ in stem.body.named_children()][-1] == "layer2"  # stride 8 ends after layer2
+    assert vit.forward_tokens(histograms()).shape == (2, N, DIM)
+    vit(histograms()).square().mean().backward()
+    assert stem.body.conv1.weight.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match=r"one of \(2, 4, 8, 16, 32\), got 12"):
+        ViTConfig(img_size=96, patch_size=12, stem="resnet")
 
 
 def test_grad_checkpointing_gives_the_same_result():
@@ -450,7 +463,7 @@ def test_emae_rejects_unknown_loss_and_a_relative_position_bias():
         EMAEPretrainModel(tiny_vit(), loss_on="all")
 
 
-@pytest.mark.parametrize("stem", ["patch", "conv"])
+@pytest.mark.parametrize("stem", ["patch", "conv", "resnet"])
 def test_emae_encoder_sees_only_the_visible_patches(stem):
     """MAE: what lies under masked patches cannot reach the encoder (also through a conv stem); the decoder
     predicts every patch."""

@@ -14,13 +14,15 @@ from typing import Any, Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
+from timm import create_model
 from timm.layers import resample_abs_pos_embed, resize_rel_pos_bias_table, trunc_normal_
 from timm.models.beit import Beit
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 BACKBONE_PREFIX = "backbone."
-STEMS = ("patch", "conv")
+RESNET_STRIDES = (2, 4, 8, 16, 32)  # ResNet-18's feature strides: after conv1, layer1, layer2, layer3, layer4
+STEMS = ("patch", "conv", "resnet")
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,8 @@ class ViTConfig:
     layer_scale_init: float = 0.1
     rel_pos_bias: bool = True
     abs_pos_emb: bool = False
-    stem: Literal["patch", "conv"] = "patch"  # "conv": stride-2 convolutions instead of one linear map per patch
+    # "conv": stride-2 convolutions instead of one linear map per patch; "resnet": ResNet-18's stages (a hybrid ViT)
+    stem: Literal["patch", "conv", "resnet"] = "patch"
 
     def __post_init__(self) -> None:
         if self.stem not in STEMS:
@@ -47,6 +50,11 @@ class ViTConfig:
             raise ValueError(
                 f"the conv stem halves the input per layer: patch_size must be a power of two >= 2, "
                 f"got {self.patch_size}"
+            )
+        if self.stem == "resnet" and self.patch_size not in RESNET_STRIDES:
+            raise ValueError(
+                f"the resnet stem ends at one of ResNet-18's strides: patch_size must be one of "
+                f"{RESNET_STRIDES}, got {self.patch_size}"
             )
         if self.patch_size < 1 or self.img_size < self.patch_size or self.img_size % self.patch_size:
             raise ValueError(f"img_size {self.img_size} is not a positive multiple of patch_size {self.patch_size}")
@@ -119,6 +127,29 @@ class ConvStem(nn.Module):
         return self.layers(x)
 
 
+class ResNetStem(nn.Module):
+    """A hybrid ViT's stem (Dosovitskiy et al. 2021, section 3.1): ResNet-18 (timm, from scratch) up to the stage
+    whose stride is ``patch_size``, then a 1 x 1 projection; ``(B, C, H, W)`` -> ``(B, embed_dim, H / p, W / p)``,
+    the linear stem's grid. For p = 8: conv 7 x 7 / 2, max pool, layer1 and layer2, 0.68M parameters.
+
+    Its receptive fields span many patches, so masked pixels must be hidden from it (``MEMViT.patch_tokens``).
+    """
+
+    def __init__(self, in_chans: int, embed_dim: int, patch_size: int) -> None:
+        super().__init__()
+        stage = RESNET_STRIDES.index(patch_size)
+        self.body = create_model(
+            "resnet18", pretrained=False, features_only=True, out_indices=(stage,), in_chans=in_chans
+        )
+        self.proj = nn.Conv2d(self.body.feature_info.channels()[-1], embed_dim, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.body(x)[-1])
+
+
+STEM_CLASSES: dict[str, type[nn.Module]] = {"conv": ConvStem, "resnet": ResNetStem}
+
+
 class MEMViT(Beit):
     """BEiT-style ViT (timm's ``Beit``) whose patch embeddings can be replaced by a learnable mask token.
 
@@ -163,8 +194,8 @@ class MEMViT(Beit):
             head_init_scale=head_init_scale,
         )
         self.config = config
-        if config.stem == "conv":  # timm's PatchEmbed keeps its size checks and flattening around the new stem
-            self.patch_embed.proj = ConvStem(config.in_chans, config.embed_dim, config.patch_size)
+        if config.stem != "patch":  # timm's PatchEmbed keeps its size checks and flattening around the new stem
+            self.patch_embed.proj = STEM_CLASSES[config.stem](config.in_chans, config.embed_dim, config.patch_size)
         self.mask_token = nn.Parameter(torch.zeros(1, 1, config.embed_dim))
         trunc_normal_(self.mask_token, std=0.02)
         if num_classes > 0:
@@ -223,9 +254,9 @@ class MEMViT(Beit):
         return mask
 
     def patch_tokens(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """The stem: ``(B, C, H, W)`` -> patch embeddings ``(B, N, D)``. A conv stem first zeroes the pixels of the
+        """The stem: ``(B, C, H, W)`` -> patch embeddings ``(B, N, D)``. A convolutional stem first zeroes the pixels of the
         patches that ``mask`` ``(B, N)`` marks, so no other patch's embedding carries them."""
-        if mask is not None and self.config.stem == "conv":
+        if mask is not None and self.config.stem != "patch":
             h, w = self.grid_size
             p = self.config.patch_size
             hidden = mask.reshape(-1, 1, h, 1, w, 1).expand(-1, -1, -1, p, -1, p).reshape(-1, 1, h * p, w * p)
