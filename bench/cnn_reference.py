@@ -21,6 +21,7 @@ import numpy as np
 import timm
 import torch
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 from torch.utils.data import DataLoader
 
@@ -83,7 +84,9 @@ def main(
         f"{arch} from scratch, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
         f"{len(train)} training samples, {len(val)} validation samples, {epochs} epochs"
     )
-    for epoch in range(epochs):
+
+    def train_epoch(epoch: int) -> dict | None:
+        """One epoch of training; the validation row on the epochs that validate, else None."""
         start = time.perf_counter()
         model.train()
         correct = seen = 0
@@ -101,20 +104,33 @@ def main(
             correct += int((logits.argmax(1) == target).sum())
             seen += len(target)
         if (epoch + 1) % every and epoch != epochs - 1:
-            continue
+            return None
         model.eval()
         hits = 0
         with torch.no_grad():
             for batch, target, _ in DataLoader(_Epoch(val, 0), 256, collate_fn=collate, num_workers=workers):
                 hits += int((model(batch_preprocess(batch, cfg.input, train=False)).argmax(1) == target).sum())
-        row = {
-            "epoch": epoch + 1,
-            "train_acc": correct / seen,
-            "val_top1": hits / len(val),
-            "epoch_seconds": time.perf_counter() - start,
-        }
-        rows.append(row)
-        console.print(json.dumps({k: round(v, 4) for k, v in row.items()}))
+        seconds = time.perf_counter() - start
+        return {"epoch": epoch + 1, "train_acc": correct / seen, "val_top1": hits / len(val), "epoch_seconds": seconds}
+
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+    )
+    with progress:
+        task = progress.add_task(f"{arch} epochs", total=epochs, status="")
+        for epoch in range(epochs):
+            row = train_epoch(epoch)
+            if row is not None:
+                rows.append(row)
+                progress.console.print(json.dumps({k: round(v, 4) for k, v in row.items()}))
+                progress.update(task, status=f"val top-1 {row['val_top1']:.3f}")
+            progress.advance(task)
     table = Table(title=f"{arch} from scratch on {preset}'s finetuning input, {labels:g} of the labels, seed {seed}")
     for column in ("epoch", "train acc", "val top-1"):
         table.add_column(column, justify="right")
