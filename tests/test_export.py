@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 from mem_core.configuration import to_dict
-from mem_core.export import build_task_model, export_random, export_run, load_model, load_tokenizer
+from mem_core.export import build_task_model, export_model, export_random, export_run, load_model, load_tokenizer
 from mem_core.inference import Predictor
 from mem_core.models import MEMViT, TokenizerConfig, ViTConfig
 from mem_core.representation import InputSpec
@@ -30,6 +31,37 @@ def test_random_export_loads_as_the_model_it_describes(tmp_path):
     model, meta = load_model(out)
     assert meta["task"] == "classification" and meta["classes"] == ["a", "b", "c"]
     assert model(torch.rand(2, 2, 32, 32)).shape == (2, 3) and not model.training
+
+
+@pytest.mark.parametrize("stem", ["conv", "resnet"])
+def test_a_convolutional_stem_exports_with_its_batch_norm_statistics(tmp_path, stem):
+    """A model with a convolutional stem predicts the same after export: its batch norms' running statistics,
+    which training moved away from their defaults, travel in the safetensors file and the architecture says which
+    stem to build."""
+    arch = replace(ARCH, stem=stem)
+    meta = {"task": "classification", "architecture": to_dict(arch), "classes": ["a", "b"], "head_channels": 32}
+    model = build_task_model(meta)
+    x = torch.rand(4, 2, 32, 32) * 3
+    with torch.no_grad():
+        model.train()(x)  # one training forward moves the running statistics
+        expected = model.eval().forward_features(x)
+    spec = InputSpec(size=(32, 32))
+    out = export_model(
+        model,
+        tmp_path / stem,
+        task="classification",
+        architecture=meta["architecture"],
+        classes=meta["classes"],
+        input_spec=spec,
+    )
+    loaded, loaded_meta = load_model(out)
+    assert loaded_meta["architecture"]["stem"] == stem
+    with torch.no_grad():
+        assert torch.allclose(loaded.forward_features(x), expected, atol=1e-5)
+        for norm in loaded.modules():
+            if isinstance(norm, torch.nn.BatchNorm2d):
+                norm.reset_running_stats()
+        assert not torch.allclose(loaded.forward_features(x), expected, atol=1e-2)  # the statistics mattered
 
 
 def test_a_classifier_saved_in_the_old_layout_loads_and_predicts_as_it_was_trained(tmp_path):
