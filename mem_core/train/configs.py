@@ -173,7 +173,7 @@ def stage_tables(doc: dict[str, Any], stage: str, where: str, _seen: tuple[str, 
     """The tables of a preset or config file that apply to ``stage``, in the order they apply (general first).
 
     ``extends = "PRESET"`` at the top of a file applies that bundled preset's tables first, so a file states only
-    what it changes (``configs/cpu-small.toml`` is cpu-tiny with the N-Cars schedule)."""
+    what it changes (``configs/cpu-small.toml`` is cpu-tiny with a ResNet stem and the N-Cars schedule)."""
     tables: list[dict[str, Any]] = []
     if EXTENDS_KEY in doc:
         base = doc[EXTENDS_KEY]
