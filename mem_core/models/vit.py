@@ -254,8 +254,8 @@ class MEMViT(Beit):
         return mask
 
     def patch_tokens(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """The stem: ``(B, C, H, W)`` -> patch embeddings ``(B, N, D)``. A convolutional stem first zeroes the pixels of the
-        patches that ``mask`` ``(B, N)`` marks, so no other patch's embedding carries them."""
+        """The stem: ``(B, C, H, W)`` -> patch embeddings ``(B, N, D)``. A convolutional stem first zeroes the pixels
+        of the patches that ``mask`` ``(B, N)`` marks, so no other patch's embedding carries them."""
         if mask is not None and self.config.stem != "patch":
             h, w = self.grid_size
             p = self.config.patch_size
