@@ -21,7 +21,6 @@ import numpy as np
 import timm
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 from torch.utils.data import DataLoader
 
@@ -29,6 +28,7 @@ from mem_core.datasets.windows import WindowDataset, collate_windows
 from mem_core.representation.pipeline import batch_preprocess
 from mem_core.train.common import open_split, train_indices
 from mem_core.train.configs import stage_config
+from mem_core.train.engine import progress_bar
 
 
 class _Epoch(torch.utils.data.Dataset):
@@ -113,24 +113,15 @@ def main(
         seconds = time.perf_counter() - start
         return {"epoch": epoch + 1, "train_acc": correct / seen, "val_top1": hits / len(val), "epoch_seconds": seconds}
 
-    progress = Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[status]}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=console,
-    )
-    with progress:
-        task = progress.add_task(f"{arch} epochs", total=epochs, status="")
+    with progress_bar() as bar:
+        task = bar.add_task(f"{arch} epochs", total=epochs, rate="", info="")
         for epoch in range(epochs):
             row = train_epoch(epoch)
             if row is not None:
                 rows.append(row)
-                progress.console.print(json.dumps({k: round(v, 4) for k, v in row.items()}))
-                progress.update(task, status=f"val top-1 {row['val_top1']:.3f}")
-            progress.advance(task)
+                console.print(json.dumps({k: round(v, 4) for k, v in row.items()}))
+                bar.update(task, info=f"val top-1 {row['val_top1']:.3f}")
+            bar.advance(task)
     table = Table(title=f"{arch} from scratch on {preset}'s finetuning input, {labels:g} of the labels, seed {seed}")
     for column in ("epoch", "train acc", "val top-1"):
         table.add_column(column, justify="right")

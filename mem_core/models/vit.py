@@ -22,7 +22,6 @@ from torch.utils.checkpoint import checkpoint
 
 BACKBONE_PREFIX = "backbone."
 RESNET_STRIDES = (2, 4, 8, 16, 32)  # ResNet-18's feature strides: after conv1, layer1, layer2, layer3, layer4
-STEMS = ("patch", "conv", "resnet")
 
 
 @dataclass(frozen=True)
@@ -148,6 +147,7 @@ class ResNetStem(nn.Module):
 
 
 STEM_CLASSES: dict[str, type[nn.Module]] = {"conv": ConvStem, "resnet": ResNetStem}
+STEMS = ("patch", *STEM_CLASSES)  # "patch": timm's own linear map per patch
 
 
 class MEMViT(Beit):

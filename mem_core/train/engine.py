@@ -103,9 +103,9 @@ def seed_everything(seed: int, epoch: int) -> None:
     torch.manual_seed(seed * 100_003 + epoch)
 
 
-def progress_bar(runtime: Runtime) -> Progress:
-    """A rich progress bar with rate and ETA on the main process, when stderr is a terminal (logs get one line
-    per epoch from ``fit`` instead of a redrawn bar)."""
+def progress_bar(main: bool = True) -> Progress:
+    """A rich progress bar with rate and ETA on the main process (``main``), when stderr is a terminal (logs get
+    one line per epoch from ``fit`` instead of a redrawn bar). Its tasks take the fields ``rate`` and ``info``."""
     return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -115,7 +115,7 @@ def progress_bar(runtime: Runtime) -> Progress:
         TextColumn("eta"),
         TimeRemainingColumn(),
         TextColumn("{task.fields[info]}"),
-        disable=not (runtime.is_main and sys.stderr.isatty()),
+        disable=not (main and sys.stderr.isatty()),
         transient=False,
         refresh_per_second=4,
     )
@@ -197,7 +197,7 @@ def train_one_epoch(
     meter = MetricMeter()
     losses: list[torch.Tensor] = []  # the steps' losses since the last check
     checked_at, checked_step = time.monotonic(), 0
-    with progress_bar(runtime) as bar:
+    with progress_bar(runtime.is_main) as bar:
         task = bar.add_task(f"{description} {epoch + 1}/{epochs}", total=steps_per_epoch, rate="", info="")
         for step, batch in enumerate(loader):
             with runtime.autocast():
