@@ -7,7 +7,10 @@ measures the device alone; the data loader is measured on its own, with as many 
 cores, reading the same windows from a corpus. If the loader's samples/s is below a stage's images/s, that stage
 would wait for data. The device is synchronised only at the end of each timed stretch, as in training.
 
-Run: ``uv run mem bench train [--device cuda] [--preset paper-ncars] [--compile] --json out.json``
+With ``--profile DIR`` each stage also runs a few steps under ``torch.profiler`` and writes where the time goes
+(``DIR/<stage>-profile.txt``: the operators and kernels with the most device time, or CPU time on a CPU).
+
+Run: ``uv run mem bench train [--device cuda] [--preset paper-ncars] [--compile] [--profile DIR] --json out.json``
 """
 
 from __future__ import annotations
@@ -69,8 +72,11 @@ class _Batches:
         return self.steps
 
 
-def bench_stage(stage_cls: type[Stage], cfg, run: RunDir, steps: int, warmup: int, **inputs) -> dict:
-    """Images/s, ms per step and peak device memory of ``stage_cls``'s training step at ``cfg``'s size."""
+def bench_stage(
+    stage_cls: type[Stage], cfg, run: RunDir, steps: int, warmup: int, profile: Path | None = None, **inputs
+) -> dict:
+    """Images/s, ms per step and peak device memory of ``stage_cls``'s training step at ``cfg``'s size; with
+    ``profile``, a profile of a few more steps is written to ``profile/<stage>-profile.txt``."""
     cfg = stage_cls.configure(cfg)
     runtime = setup_runtime(cfg.device, cfg.amp)
     stage = stage_cls(cfg, runtime, run, **inputs)
@@ -108,7 +114,24 @@ def bench_stage(stage_cls: type[Stage], cfg, run: RunDir, steps: int, warmup: in
     stretch(warmup)  # compilation, cuDNN autotuning, allocator warm-up
     seconds = stretch(steps)
     peak = torch.cuda.max_memory_allocated() / 2**30 if runtime.device.type == "cuda" else float("nan")
+    if profile is not None:
+        write_profile(profile / f"{stage_cls.name}-profile.txt", lambda: stretch(PROFILE_STEPS), runtime.device)
     return {"images_per_s": steps * cfg.batch_size / seconds, "step_ms": seconds / steps * 1e3, "peak_gib": peak}
+
+
+PROFILE_STEPS = 3
+
+
+def write_profile(path: Path, work, device: torch.device) -> None:
+    """Run ``work`` under ``torch.profiler``; write its operators sorted by their own device (or CPU) time."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        work()
+    sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{PROFILE_STEPS} steps on {device}\n" + prof.key_averages().table(sort_by=sort, row_limit=40))
 
 
 def bench_loader(cfg, workers: int, samples: int = 2000) -> float:
@@ -152,6 +175,7 @@ def main(
     batch_size: int | None = None,
     steps: int = 10,
     warmup: int = 3,
+    profile: Path | None = None,
 ) -> list[dict]:
     """Run every stage's step and the loader, print the table, write JSON rows if ``json_path``; return the rows."""
     dev = setup_runtime(device).device
@@ -170,11 +194,13 @@ def main(
         tokenizer = export_tokenizer(
             DiscreteVAE(TokenizerStage.configure(configs["tokenizer"]).model), Path(tmp) / "tok"
         )
-        measured["tokenizer"] = bench_stage(TokenizerStage, configs["tokenizer"], runs["tokenizer"], steps, warmup)
-        measured["pretrain"] = bench_stage(
-            PretrainStage, configs["pretrain"], runs["pretrain"], steps, warmup, tokenizer=tokenizer
+        measured["tokenizer"] = bench_stage(
+            TokenizerStage, configs["tokenizer"], runs["tokenizer"], steps, warmup, profile
         )
-        measured["finetune"] = bench_stage(FinetuneStage, configs["finetune"], runs["finetune"], steps, warmup)
+        measured["pretrain"] = bench_stage(
+            PretrainStage, configs["pretrain"], runs["pretrain"], steps, warmup, profile, tokenizer=tokenizer
+        )
+        measured["finetune"] = bench_stage(FinetuneStage, configs["finetune"], runs["finetune"], steps, warmup, profile)
     workers = os.cpu_count() or 1
     loader_rate = bench_loader(configs["finetune"], workers)
     rows = []

@@ -41,11 +41,14 @@ def live(
     json_path: JsonOpt = None,
     model: Annotated[str, typer.Option("--model", help="cpu-tiny or vit-b (random init).")] = "cpu-tiny",
     device: Annotated[str, typer.Option("--device", help="cpu or cuda[:N].")] = "cpu",
+    viewer: Annotated[
+        bool, typer.Option("--viewer/--no-viewer", help="Attach and measure the Qt viewer (a machine without Qt: no).")
+    ] = True,
 ) -> None:
     """Live server throughput and latency under a 30 Mev/s source, and the viewer's frame rate."""
     from bench import bench_live
 
-    bench_live.main(json_path, model, device)
+    bench_live.main(json_path, model, device, viewer)
 
 
 @app.command("train")
@@ -61,11 +64,14 @@ def train(
         typer.Option("--batch-size", help="Batch of every stage (default: the preset's; at most 64 on a CPU)."),
     ] = None,
     steps: Annotated[int, typer.Option("--steps", help="Timed steps per stage (after 3 warm-up steps).")] = 10,
+    profile: Annotated[
+        Path | None, typer.Option("--profile", help="Write each stage's torch.profiler table into this folder.")
+    ] = None,
 ) -> None:
     """Training steps per second of the tokenizer, pretraining and finetuning, peak GPU memory, loader rate."""
     from bench import bench_train
 
-    bench_train.main(json_path, preset, device, compile_model, batch_size, steps)
+    bench_train.main(json_path, preset, device, compile_model, batch_size, steps, profile=profile)
 
 
 @app.command("cnn-reference")

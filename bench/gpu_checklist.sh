@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The GPU checklist in one command, for a lent GPU machine (the device tool) or any CUDA machine:
+#   1. mem bench train at a paper preset's sizes and batches (eager), with a torch.profiler table per stage
+#   2. every paper preset's first steps on CUDA (tests/test_train.py's CUDA cases: RandAugment, crop, EMA, ...)
+#   3. mem bench live with the paper's ViT-B/16 on CUDA, without the Qt viewer (the machine has no Qt)
+#   4. mem bench train with torch.compile
+# Each step has its own time limit, so a slow one cannot take the others' time. Logs, JSON and profiles are packed
+# after every step into $OUT/gpu-checklist.tgz (one file: the device tool returns at most 8).
+#
+# On the device tool's machines (python3 with torch, timm, h5py, numba, rich, typer; no hdf5plugin, lz4, zstandard
+# or pyzmq), the missing packages travel unpacked in .dev/site.tgz (see docs/BENCHMARKS.md, "GPU").
+# Environment: PRESET (paper-ncars), DEVICE (cuda), LIVE_MODEL (vit-b), PY (python3), LIMITS ("180 100 120 150").
+set -u
+OUT=${OUT:-out/gpu-checklist}
+PRESET=${PRESET:-paper-ncars}
+DEVICE=${DEVICE:-cuda}
+LIVE_MODEL=${LIVE_MODEL:-vit-b}
+PY=${PY:-python3}
+read -r L_TRAIN L_TESTS L_LIVE L_COMPILE <<<"${LIMITS:-180 100 120 150}"
+WORK=$(mktemp -d)
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 QT_QPA_PLATFORM=offscreen
+if ! $PY -c 'import hdf5plugin, lz4.frame, zstandard, zmq' 2>/dev/null && [ -f .dev/site.tgz ]; then
+  mkdir -p /tmp/site && tar xzf .dev/site.tgz -C /tmp/site && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+
+BENCH=(-c 'from bench.cli import app; app()')  # `$PY "${BENCH[@]}"`: `mem bench` without installing the entry point
+pack() { tar czf "$OUT/gpu-checklist.tgz" -C "$WORK" .; }
+step() {  # step NAME LIMIT COMMAND...: run with a time limit, log to $WORK/NAME.log, print its end
+  local name=$1 limit=$2 t0=$SECONDS rc
+  shift 2
+  echo "=== $name (limit ${limit} s)"
+  timeout -k 5 "$limit" "$@" >"$WORK/$name.log" 2>&1
+  rc=$?
+  echo "=== $name: exit $rc after $((SECONDS - t0)) s"
+  grep -v -e '^\s*$' "$WORK/$name.log" | tail -n 30
+  pack
+}
+
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv 2>&1
+  $PY -c 'import sys, torch, timm, numpy; print(sys.version.split()[0], "torch", torch.__version__, "timm",
+timm.__version__, "numpy", numpy.__version__, "cuda", torch.cuda.is_available() and torch.cuda.get_device_name())'
+  nproc
+} >"$WORK/machine.txt" 2>&1
+cat "$WORK/machine.txt"
+
+step train-eager "$L_TRAIN" $PY "${BENCH[@]}" train --device "$DEVICE" --preset "$PRESET" --json "$WORK/train-eager.json" \
+  --profile "$WORK/profile"
+step tests-cuda "$L_TESTS" $PY -m pytest -q -p no:cacheprovider tests/test_train.py \
+  -k "(paper_preset_runs_its_code_paths and cuda) or generator_drives"
+step live "$L_LIVE" $PY "${BENCH[@]}" live --model "$LIVE_MODEL" --device "$DEVICE" --no-viewer --json "$WORK/live.json"
+step train-compile "$L_COMPILE" $PY "${BENCH[@]}" train --device "$DEVICE" --preset "$PRESET" --compile \
+  --json "$WORK/train-compile.json"
+echo "=== packed into $OUT/gpu-checklist.tgz"
