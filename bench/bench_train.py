@@ -78,7 +78,7 @@ def bench_stage(
     """Images/s, ms per step and peak device memory of ``stage_cls``'s training step at ``cfg``'s size; with
     ``profile``, a profile of a few more steps is written to ``profile/<stage>-profile.txt``."""
     cfg = stage_cls.configure(cfg)
-    runtime = setup_runtime(cfg.device, cfg.amp)
+    runtime = setup_runtime(cfg.device, cfg.amp, cfg.cpu_bf16)
     stage = stage_cls(cfg, runtime, run, **inputs)
     stage.classes = ["a", "b"]  # a classifier's head (the labels of the synthetic batch are all 0)
     stage.steps_per_epoch = steps

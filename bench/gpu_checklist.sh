@@ -20,7 +20,7 @@ read -r L_TRAIN L_TESTS L_LIVE L_COMPILE <<<"${LIMITS:-180 100 120 150}"
 WORK=$(mktemp -d)
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 QT_QPA_PLATFORM=offscreen
-if ! $PY -c 'import hdf5plugin, lz4.frame, zstandard, zmq' 2>/dev/null && [ -f .dev/site.tgz ]; then
+if ! $PY -c 'import hdf5plugin, lz4.frame, zstandard, zmq, timm.models.beit as b, inspect; assert "use_fc_norm" in inspect.signature(b.Beit).parameters' 2>/dev/null && [ -f .dev/site.tgz ]; then
   mkdir -p /tmp/site && tar xzf .dev/site.tgz -C /tmp/site && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 

@@ -96,6 +96,7 @@ class StageConfig:
     grad_clip: float = 0.0  # max gradient norm (0 = off)
     device: str = "auto"
     amp: bool = True  # bf16 autocast on GPU (ignored on CPU)
+    cpu_bf16: bool = False  # bf16 training steps on a CPU with native bf16 (AVX512-BF16, AMX); validation in fp32
     compile: bool = False  # torch.compile the model (GPU)
     eval_every: int = 1
     data: DataConfig = field(default_factory=DataConfig)

@@ -200,7 +200,7 @@ def train_one_epoch(
     with progress_bar(runtime.is_main) as bar:
         task = bar.add_task(f"{description} {epoch + 1}/{epochs}", total=steps_per_epoch, rate="", info="")
         for step, batch in enumerate(loader):
-            with runtime.autocast():
+            with runtime.train_autocast():
                 result = step_fn(batch, step)
             optimizer.zero_grad(set_to_none=True)
             result.loss.backward()

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -20,7 +23,8 @@ class Runtime:
     device: torch.device
     rank: int = 0
     world_size: int = 1
-    amp_dtype: torch.dtype | None = None
+    amp_dtype: torch.dtype | None = None  # autocast of training and evaluation (bf16 on a GPU)
+    train_amp_dtype: torch.dtype | None = None  # autocast of the training steps alone (bf16 on a CPU that has it)
 
     @property
     def is_main(self) -> bool:
@@ -31,10 +35,30 @@ class Runtime:
         return self.world_size > 1
 
     def autocast(self):
-        """bf16 autocast on GPU (when enabled); a no-op context on CPU, where fp32 is faster and exact."""
-        if self.amp_dtype is None:
+        """Evaluation and inference: bf16 autocast on GPU (when enabled); a no-op context on CPU (fp32)."""
+        return self._autocast(self.amp_dtype)
+
+    def train_autocast(self):
+        """The training step: as ``autocast``, and bf16 on a CPU with native bf16 when the config asks for it
+        (``cpu_bf16``), where it is faster; validation stays in fp32, so what a run reports is what ``mem
+        evaluate``, an export and the live server compute."""
+        return self._autocast(self.amp_dtype or self.train_amp_dtype)
+
+    def _autocast(self, dtype: torch.dtype | None):
+        if dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
+        return torch.autocast(device_type=self.device.type, dtype=dtype)
+
+
+@cache
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes in bf16 natively (x86 AVX512-BF16 or AMX-BF16, read from ``/proc/cpuinfo``).
+    Elsewhere oneDNN emulates bf16, slower than fp32."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def pick_device(name: str = "auto") -> torch.device:
@@ -46,8 +70,10 @@ def pick_device(name: str = "auto") -> torch.device:
     return device
 
 
-def setup_runtime(device: str = "auto", amp: bool = True) -> Runtime:
-    """Initialise the process group when launched by torchrun and choose device and precision."""
+def setup_runtime(device: str = "auto", amp: bool = True, cpu_bf16: bool = False) -> Runtime:
+    """Initialise the process group when launched by torchrun and choose device and precision: bf16 autocast on a
+    GPU with ``amp``; bf16 training steps on a CPU with ``cpu_bf16`` where the CPU has native bf16 (else fp32, with a
+    warning)."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     dev = pick_device(device)
@@ -62,7 +88,15 @@ def setup_runtime(device: str = "auto", amp: bool = True) -> Runtime:
         torch.backends.cuda.matmul.allow_tf32 = True  # TF32 matmuls: free speed on Ampere+, ample precision here
         torch.backends.cudnn.allow_tf32 = True
     amp_dtype = torch.bfloat16 if amp and dev.type == "cuda" and torch.cuda.is_bf16_supported() else None
-    return Runtime(device=dev, rank=rank, world_size=world_size, amp_dtype=amp_dtype)
+    train_amp_dtype = None
+    if cpu_bf16 and dev.type == "cpu":
+        if cpu_has_native_bf16():
+            train_amp_dtype = torch.bfloat16
+        else:
+            warnings.warn(
+                "cpu_bf16 = true, but this CPU has no native bf16 (AVX512-BF16 or AMX): training in fp32", stacklevel=2
+            )
+    return Runtime(device=dev, rank=rank, world_size=world_size, amp_dtype=amp_dtype, train_amp_dtype=train_amp_dtype)
 
 
 def teardown_runtime() -> None:
