@@ -50,6 +50,7 @@ MODELS = {  # random-init architectures to measure: the CPU preset and the paper
     ),
 }
 SOURCE_RATE = 30e6  # events/s
+STAGES = ("sensor", "preprocess", "model", "tokenizer", "publish")  # the server's per-window stages (stats messages)
 SERVER_S = 24.0
 WARMUP_S = 2.0  # measured from here on (model warm-up, the viewer connecting)
 VIEWER_FEED_HZ = 100.0
@@ -132,11 +133,16 @@ def bench_server(tmp: Path, export: Path, device: str, viewer: bool = True) -> t
     server.model_loaded.wait(START_TIMEOUT_S)  # measured from the model's first predictions on
     started = time.monotonic()
     mark = None  # (time, events delivered, predictions) once warmed up
+    stages: list[dict[str, float]] = []  # each stats message's last window: ms per stage of the server
     while (now := time.monotonic()) - started < SERVER_S:
         if mark is None and now - started >= WARMUP_S:
             mark = (now, source.delivered, server.frames)
-        if tap.poll(100) and len(sample) < 400:
-            sample.append(tap.recv_multipart())
+        if tap.poll(100):
+            message = tap.recv_multipart()
+            if len(sample) < 400:
+                sample.append(message)
+            if message[0] == b"stats" and mark is not None:
+                stages.append(decode(message).header.get("stages_ms") or {})
     end = (time.monotonic(), source.delivered, server.frames)
     server.stop()
     tap.close(0)
@@ -155,6 +161,7 @@ def bench_server(tmp: Path, export: Path, device: str, viewer: bool = True) -> t
         "last_third_p50": float(np.median(thirds[-1])),
         "skipped": server.skipped_windows,
         "viewer_fps_live": view["frames_shown"] / max(view["elapsed_s"], 1e-9),
+        "stages": {key: float(np.median([s[key] for s in stages if key in s])) for key in STAGES},
     }, sample
 
 
@@ -223,6 +230,7 @@ def main(
         ("latency p50, first third", server["first_third_p50"], "ms", None, True),
         ("latency p50, last third", server["last_third_p50"], "ms", "first third + 5", growth <= 5),
         ("skipped windows", server["skipped"], "windows", None, True),
+        *((f"window stage: {k}, p50", v, "ms", None, True) for k, v in server["stages"].items()),
     ]
     if drawn is not None:
         rows += [

@@ -94,7 +94,14 @@ def bench_stage(
         torch.zeros(cfg.batch_size, dtype=torch.long),
         None,
     )
-    common = dict(model=train_model, optimizer=optimizer, runtime=runtime, epochs=1, grad_clip=cfg.grad_clip)
+    common = dict(
+        model=train_model,
+        optimizer=optimizer,
+        runtime=runtime,
+        epochs=1,
+        grad_clip=cfg.grad_clip,
+        accum_steps=cfg.accum_steps,
+    )
 
     def stretch(n: int) -> float:
         start = time.perf_counter()
@@ -134,18 +141,28 @@ def write_profile(path: Path, work, device: torch.device) -> None:
     path.write_text(f"{PROFILE_STEPS} steps on {device}\n" + prof.key_averages().table(sort_by=sort, row_limit=40))
 
 
-def bench_loader(cfg, workers: int, samples: int = 2000) -> float:
-    """Samples/s of the training DataLoader (corpus windows, event augmentation, collation) with ``workers``."""
+LOADER_BATCH = 64  # the loader's per-sample cost hardly depends on the batch; small batches keep the corpus small
+BATCHES_PER_WORKER = 4  # an epoch gives every worker this many batches, so all of them work at once
+
+
+def bench_loader(cfg, workers: int, epochs: int = 2) -> float:
+    """Samples/s of the training DataLoader (corpus windows, event augmentation, collation) with ``workers``.
+
+    A DataLoader hands each batch to one worker: the corpus holds enough windows for ``BATCHES_PER_WORKER`` batches
+    per worker and epoch (the 64 synthetic windows written over and over), so the rate is all the workers' and not
+    one worker's, as it was when an epoch was a single batch."""
+    batch = min(cfg.batch_size, LOADER_BATCH)
+    count = max(1, workers) * BATCHES_PER_WORKER * batch
     with tempfile.TemporaryDirectory(prefix="mem-bench-train-") as tmp:
+        windows = synthetic_windows(cfg.input.n_max, min(count, 64), seed=1)
         with CorpusWriter(tmp, provenance={"source": "bench"}) as writer:
             writer.begin_recording("bench", SENSOR)
-            for k, w in enumerate(synthetic_windows(cfg.input.n_max, 64, seed=1)):
-                w = w.copy()
+            for k in range(count):
+                w = windows[k % len(windows)].copy()
                 w["t"] += k * 50_000
                 writer.append(w)
             writer.end_recording()
         source = CorpusSource(Path(tmp), "all", window=cfg.input.n_max)
-        batch = min(cfg.batch_size, len(source))
         loader, sampler = build_loader(  # the training stages' own loader
             source,
             cfg.input,
@@ -155,15 +172,14 @@ def bench_loader(cfg, workers: int, samples: int = 2000) -> float:
             runtime=Runtime(torch.device("cpu")),
             num_workers=workers,
         )
-        seen, epoch, start = 0, 0, None
-        while seen < samples:
+        seen, start = 0, None
+        for epoch in range(epochs):
             sampler.set_epoch(epoch)
             for events, _, _ in loader:
                 if start is None:  # the first batch pays the workers' start
                     start = time.perf_counter()
                     continue
                 seen += len(events)
-            epoch += 1
         return seen / (time.perf_counter() - start)
 
 

@@ -58,6 +58,7 @@ def test_bad_overrides_name_the_key(override, message):
     ("stage", "override", "message"),
     [
         ("finetune", "batch_size=0", "batch_size must be a number >= 1, got 0"),
+        ("pretrain", "accum_steps=0", "accum_steps must be a number >= 1, got 0"),
         ("finetune", "lr=nan", "lr must be a number >= 0, got nan"),
         ("finetune", "epochs=-1", "epochs must be a number >= 1, got -1"),
         ("finetune", "betas=[0.9, 1.0]", "betas must be in [0, 1), got (0.9, 1.0)"),

@@ -409,3 +409,13 @@ def test_extent_crop_refuses_label_images(events_factory):
         batch_preprocess(batch, spec, train=False, labels=torch.zeros(1, *SENSOR))
     with pytest.raises(ValueError, match="unknown input crop 'box'"):
         InputSpec(crop="box")
+
+
+def test_an_event_batch_slices_into_micro_batches_of_whole_windows(events_factory):
+    windows = [events_factory(n, SENSOR, seed=n) for n in (5, 9, 3)]
+    batch = collate_events(windows, SENSOR)
+    part = batch[1:3]
+    assert len(part) == 2 and part.lengths.tolist() == [9, 3] and part.sensor == batch.sensor
+    assert part.t[0, :9].tolist() == windows[1]["t"].tolist() and part.x[1, :3].tolist() == windows[2]["x"].tolist()
+    with pytest.raises(TypeError, match="sliced by a slice"):
+        batch[0]

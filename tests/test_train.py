@@ -259,6 +259,83 @@ def test_the_steps_generator_drives_cpu_draws_whatever_the_device():
         )
 
 
+def test_accumulated_micro_batches_step_like_the_whole_batch():
+    # accum_steps keeps a recipe whose batch does not fit the device (paper-ncars finetunes 1024 ViT-B/16 windows:
+    # 84 GiB, over an 80 GB H100): the micro-batches' gradients, weighted by their share, are the whole batch's
+    from mem_core.train.engine import StepResult, train_one_epoch
+    from mem_core.train.runtime import Runtime
+
+    data, labels = torch.randn(8, 5, generator=torch.Generator().manual_seed(0)), torch.arange(8) % 3
+    seen: dict[int, list[tuple[int, int]]] = {}
+
+    def train(accum: int) -> torch.Tensor:
+        torch.manual_seed(1)
+        model = torch.nn.Linear(5, 3)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+
+        def step_fn(batch, draw):
+            seen.setdefault(accum, []).append((len(batch[0]), draw))
+            return StepResult(torch.nn.functional.cross_entropy(model(batch[0]), batch[1]), {}, len(batch[0]))
+
+        stats = train_one_epoch(
+            model=model,
+            loader=[(data, labels, None)] * 2,
+            step_fn=step_fn,
+            optimizer=optimizer,
+            runtime=Runtime(torch.device("cpu")),
+            epoch=0,
+            epochs=1,
+            steps_per_epoch=2,
+            accum_steps=accum,
+        )
+        assert np.isfinite(stats["loss"])
+        return model.weight.detach()
+
+    whole = train(1)
+    for accum in (2, 3):
+        torch.testing.assert_close(train(accum), whole, rtol=1e-5, atol=1e-6)
+    assert seen[3] == [(3, 0), (3, 1), (2, 2), (3, 3), (3, 4), (2, 5)]  # as even as 8 allows; a draw each
+
+
+def test_a_finetuning_run_accumulates_micro_batches(tmp_path):
+    run = finetune.run(config("finetune", "accum_steps=3"), tmp_path / "ft")  # batch 8: micro-batches 3, 3, 2
+    assert RunDir(run.path).finished
+    assert json.loads((run.path / "config.json").read_text())["config"]["accum_steps"] == 3
+
+
+def test_cpu_bf16_trains_in_bf16_where_the_cpu_has_it_and_validates_in_fp32(monkeypatch):
+    from mem_core.train import runtime as rt
+
+    layer, x = torch.nn.Linear(4, 4), torch.randn(2, 4)
+    monkeypatch.setattr(rt, "cpu_has_native_bf16", lambda: True)
+    runtime = rt.setup_runtime("cpu", cpu_bf16=True)
+    with runtime.train_autocast():
+        assert layer(x).dtype == torch.bfloat16
+    with runtime.autocast():  # validation, mem evaluate, exports and the live server compute in fp32
+        assert layer(x).dtype == torch.float32
+    with rt.setup_runtime("cpu").train_autocast():  # off unless asked for
+        assert layer(x).dtype == torch.float32
+    monkeypatch.setattr(rt, "cpu_has_native_bf16", lambda: False)  # emulated bf16 is slower than fp32: not used
+    with pytest.warns(UserWarning, match="no native bf16"):
+        runtime = rt.setup_runtime("cpu", cpu_bf16=True)
+    with runtime.train_autocast():
+        assert layer(x).dtype == torch.float32
+
+
+def test_a_bf16_trained_run_reports_what_mem_evaluate_measures(tmp_path, monkeypatch):
+    from mem_core.train import runtime as rt
+
+    monkeypatch.setattr(rt, "cpu_has_native_bf16", lambda: True)
+    run = finetune.run(config("finetune", "cpu_bf16=true", "epochs=2"), tmp_path / "ft")
+    reported = json.loads((run.path / "result.json").read_text())
+    measured = evaluate_run(run.path, "sim", None, "val")
+    assert (measured["n"], measured["top1"], measured["confusion"]) == (
+        reported["n"],
+        reported["top1"],
+        reported["confusion"],
+    )
+
+
 def test_evaluation_uses_the_split_file_the_run_trained_with(tmp_path):
     from test_datasets import make_ncaltech
 

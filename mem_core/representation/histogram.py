@@ -157,6 +157,12 @@ class EventBatch:
     def __len__(self) -> int:
         return self.t.shape[0]
 
+    def __getitem__(self, rows: slice) -> EventBatch:
+        """The windows ``rows`` of the batch (a micro-batch), with the same padding."""
+        if not isinstance(rows, slice):
+            raise TypeError(f"an EventBatch is sliced by a slice of rows, got {type(rows).__name__}")
+        return self._map(lambda v: v[rows])
+
     def _map(self, fn) -> EventBatch:
         return EventBatch(fn(self.t), fn(self.x), fn(self.y), fn(self.p), fn(self.lengths), self.sensor)
 

@@ -53,6 +53,7 @@ DATA_RANGES = {"labels": Interval(0, 1, lo_open=True), "max_samples": AT_LEAST_0
 STAGE_RANGES = {
     "epochs": AT_LEAST_1,
     "batch_size": AT_LEAST_1,
+    "accum_steps": AT_LEAST_1,
     "lr": AT_LEAST_0,
     "min_lr": AT_LEAST_0,
     "betas": FRACTION,
@@ -95,6 +96,7 @@ class StageConfig:
     warmup_steps: int = 0  # takes precedence over warmup_epochs when > 0
     grad_clip: float = 0.0  # max gradient norm (0 = off)
     device: str = "auto"
+    accum_steps: int = 1  # micro-batches per optimizer step: a batch larger than the device holds, same recipe
     amp: bool = True  # bf16 autocast on GPU (ignored on CPU)
     cpu_bf16: bool = False  # bf16 training steps on a CPU with native bf16 (AVX512-BF16, AMX); validation in fp32
     compile: bool = False  # torch.compile the model (GPU)

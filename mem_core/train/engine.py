@@ -7,6 +7,8 @@ the samples a step sees do not depend on the number of DDP processes or DataLoad
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import math
 import sys
 import time
@@ -183,12 +185,17 @@ def train_one_epoch(
     epochs: int,
     steps_per_epoch: int,
     grad_clip: float = 0.0,
+    accum_steps: int = 1,
     on_update: Callable[[int], None] | None = None,
     description: str = "train",
 ) -> dict[str, float]:
     """One pass over ``loader``: forward in autocast, backward, clip, step, ``on_update``.
 
-    ``step_fn(batch, step)`` returns the loss and per-batch metrics; ``on_update(num_updates)`` steps schedulers/EMA.
+    ``step_fn(batch, draw)`` returns the loss and per-batch metrics (``draw`` seeds the batch's randomness: the step
+    itself, or with ``accum_steps`` > 1 ``step * accum_steps + k`` for micro-batch ``k``); ``on_update(num_updates)``
+    steps schedulers/EMA. With ``accum_steps`` each batch is split into that many micro-batches whose gradients,
+    weighted by their share of the batch, add up to the whole batch's before the one optimizer step (under DDP
+    only the last micro-batch synchronises them).
     Nothing is read back from the device within a step: the loss's finiteness and the progress bar are checked every
     ``CHECK_EVERY_S`` and at the end of the epoch, so a NaN stops the run within a second (before the epoch's
     checkpoint is written). Returns sample-weighted mean metrics over all processes.
@@ -200,34 +207,58 @@ def train_one_epoch(
     with progress_bar(runtime.is_main) as bar:
         task = bar.add_task(f"{description} {epoch + 1}/{epochs}", total=steps_per_epoch, rate="", info="")
         for step, batch in enumerate(loader):
-            with runtime.train_autocast():
-                result = step_fn(batch, step)
             optimizer.zero_grad(set_to_none=True)
-            result.loss.backward()
+            parts = split_batch(batch, accum_steps)
+            total = sum(size for _, size in parts)
+            for k, (part, size) in enumerate(parts):
+                last = k == len(parts) - 1
+                no_sync = getattr(model, "no_sync", None)  # DDP: gradients are reduced once, after the last part
+                with no_sync() if no_sync is not None and not last else contextlib.nullcontext():
+                    with runtime.train_autocast():
+                        result = step_fn(part, step if accum_steps == 1 else step * accum_steps + k)
+                    (result.loss if len(parts) == 1 else result.loss * (size / total)).backward()
+                losses.append(result.loss.detach())
+                if not last:
+                    meter.update({"loss": result.loss, **result.metrics}, result.n)
             if grad_clip > 0:
                 grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
                 result.metrics.setdefault("grad_norm", grad_norm)
             optimizer.step()
             if on_update is not None:
                 on_update(epoch * steps_per_epoch + step + 1)
-            losses.append(result.loss.detach())
             meter.update({"loss": result.loss, **result.metrics}, result.n)
             bar.advance(task)
             if time.monotonic() - checked_at >= CHECK_EVERY_S:
-                _check_finite(losses, epoch, checked_step)
+                _check_finite(losses, epoch, checked_step, accum_steps)
                 losses, checked_at, checked_step = [], time.monotonic(), step + 1
                 elapsed = bar.tasks[task].elapsed or 1e-9
                 shown = {k: v for k, v in meter.current().items() if k != "grad_norm"}
                 rate = f"{meter.count * runtime.world_size / elapsed:.0f} sa/s"
                 bar.update(task, rate=rate, info=" ".join(f"{k} {v:.4g}" for k, v in shown.items()))
-        _check_finite(losses, epoch, checked_step)
+        _check_finite(losses, epoch, checked_step, accum_steps)
     stats = meter.reduce(runtime)
     stats["lr"] = max(group["lr"] for group in optimizer.param_groups)
     return stats
 
 
-def _check_finite(losses: list[torch.Tensor], epoch: int, first_step: int) -> None:
-    """Raise ``NonFiniteLossError`` naming the first step among ``losses`` (from ``first_step`` on) that was NaN/inf."""
+def split_batch(batch: tuple, parts: int) -> list[tuple[tuple, int]]:
+    """``batch`` (a tuple of an ``EventBatch`` or tensors, and Nones) as up to ``parts`` micro-batches of rows,
+    as even as the batch allows, each with its number of samples."""
+    n = len(batch[0])
+    if parts == 1:
+        return [(batch, n)]
+    sizes = [n // parts + (k < n % parts) for k in range(parts)]
+    bounds = np.cumsum([0, *sizes])
+    return [
+        (tuple(None if v is None else v[slice(a, b)] for v in batch), int(b - a))
+        for a, b in itertools.pairwise(bounds)
+        if b > a
+    ]
+
+
+def _check_finite(losses: list[torch.Tensor], epoch: int, first_step: int, per_step: int = 1) -> None:
+    """Raise ``NonFiniteLossError`` naming the first step among ``losses`` (from ``first_step`` on, ``per_step``
+    micro-batch losses a step) that was NaN/inf."""
     if not losses:
         return
     values = torch.stack([loss.float() for loss in losses])
@@ -235,6 +266,6 @@ def _check_finite(losses: list[torch.Tensor], epoch: int, first_step: int) -> No
     if len(bad):
         k = int(bad[0])
         raise NonFiniteLossError(
-            f"loss is {values[k].item()} at epoch {epoch}, step {first_step + k}: stopping "
+            f"loss is {values[k].item()} at epoch {epoch}, step {first_step + k // per_step}: stopping "
             "(lower the learning rate, check grad_clip, or look for corrupt inputs)"
         )

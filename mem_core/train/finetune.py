@@ -40,10 +40,10 @@ class FinetuneStage(TaskStage):
             raise RunError(f"{cfg.data.dataset} {cfg.data.train_split}: finetuning needs labels on every sample")
         self.classes = train_src.classes
         self.run.write_json("classes.json", {"classes": self.classes, "train_samples": len(indices)})
-        if self.mixup is not None and (cfg.batch_size // self.runtime.world_size) % 2:
+        if self.mixup is not None and (cfg.batch_size // self.runtime.world_size) % (2 * cfg.accum_steps):
             raise RunError(
                 f"mixup and cutmix pair each sample with another of its batch: batch_size {cfg.batch_size} over "
-                f"{self.runtime.world_size} process(es) must give an even batch per process"
+                f"{self.runtime.world_size} process(es) and accum_steps {cfg.accum_steps} must give even micro-batches"
             )
 
     @functools.cached_property

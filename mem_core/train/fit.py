@@ -205,6 +205,7 @@ def fit(run: RunDir, cfg, runtime: Runtime, training: Training, *, resume: bool 
             epochs=cfg.epochs,
             steps_per_epoch=steps_per_epoch,
             grad_clip=cfg.grad_clip,
+            accum_steps=cfg.accum_steps,
             on_update=on_update,
             description=t.description,
         )
