@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -417,6 +419,35 @@ def test_label_efficiency_experiment_reports_curves_and_both_columns(tmp_path, m
     assert exit_info.value.code == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     assert "top-1 final epoch" in out and "per seed (final / best)" in out and "results:" in out
+
+
+def test_label_efficiency_finetunes_in_parallel_processes_as_it_would_one_by_one(tmp_path, monkeypatch, request):
+    import shutil
+
+    from mem_core.train.experiment import LabelEfficiencyConfig
+    from mem_core.train.experiment import run as run_experiment
+
+    monkeypatch.setattr("os.cpu_count", lambda: 2)  # two jobs of one torch thread each, as on a 2-core machine
+    threads = torch.get_num_threads()
+    request.addfinalizer(lambda: torch.set_num_threads(threads))
+    torch.set_num_threads(1)  # the same arithmetic in this process
+    tiny = [*TINY_INPUT, "epochs=2", "batch_size=8", "data.max_samples=24"]
+    tok = ["model.num_layers=3", "model.num_tokens=64", "model.hidden_dim=16", "model.codebook_dim=8"]
+    overrides = {"all": tiny, "tokenizer": tok, "pretrain": TINY_VIT, "finetune": TINY_VIT}
+    cfg = LabelEfficiencyConfig(dataset="sim", out=str(tmp_path), fractions=(0.5, 1.0), seeds=(0,), overrides=overrides)
+    one_by_one = run_experiment(cfg)
+    for row in one_by_one["rows"]:
+        shutil.rmtree(row["run"])  # the finetuning runs again; tokenizer and pretraining are reused
+    in_parallel = run_experiment(dataclasses.replace(cfg, jobs=2))
+    assert [(r["run"], r["val_curve"]) for r in in_parallel["rows"]] == [
+        (r["run"], r["val_curve"]) for r in one_by_one["rows"]
+    ]
+    for row in in_parallel["rows"]:  # each run's output went to its own log
+        log = (tmp_path / "logs" / f"{Path(row['run']).name}.log").read_text()
+        assert f"finetune epoch {row['epochs']}/{row['epochs']}" in log
+    assert "finetune (all runs, wall clock)" in in_parallel["seconds"]
+    with pytest.raises(ValueError, match="jobs must be at least 1, got 0"):
+        LabelEfficiencyConfig(jobs=0)
 
 
 def test_a_shard_damaged_inside_its_data_stops_training_with_one_line_from_a_worker(tmp_path, events_factory):

@@ -200,6 +200,10 @@ def label_efficiency(
         list[str] | None,
         typer.Option("--set", help=f"STAGE:key=value (STAGE: {', '.join(STAGE_OVERRIDES)}); repeatable."),
     ] = None,
+    jobs: Annotated[
+        int,
+        typer.Option("--jobs", help="Finetuning runs at once, each in its own process (logs in OUT/logs)."),
+    ] = _LE.jobs,
 ) -> None:
     """Pretrain without labels, then finetune MEM and scratch models per label fraction and seed; table + plot."""
     from mem_core.train.experiment import markdown_table, run
@@ -220,9 +224,10 @@ def label_efficiency(
             fractions=tuple(float(f) for f in fractions.split(",")),
             seeds=tuple(int(s) for s in seeds.split(",")),
             overrides=overrides,
+            jobs=jobs,
         )
     except ValueError as exc:
-        raise fail(f"--fractions/--seeds: {exc}") from None
+        raise fail(f"--fractions/--seeds/--jobs: {exc}") from None
     report = run(cfg)
     typer.echo(markdown_table(report["summary"], report["rows"]))
     typer.echo(f"results: {out / 'results.json'}, plot: {out / 'label_efficiency.png'}")

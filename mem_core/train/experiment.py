@@ -10,13 +10,18 @@ run's validation top-1 over its training budget).
 The headline column is the **final epoch**: the best epoch is picked on the validation split itself, so it flatters
 every arm a little; the final epoch involves no choice made on validation data.
 Every stage is a normal run directory under ``out``; finished runs are reused, so an interrupted experiment
-continues where it stopped.
+continues where it stopped. With ``jobs`` > 1 the finetuning runs go ``jobs`` at a time, each in a process of its
+own with the machine's cores shared out as torch threads, its output in ``out/logs/<run>.log``: small models use
+two cores poorly from one process (the step's Python half runs on one), so on 2 cores two runs at once finish
+sooner than one after the other.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +46,11 @@ class LabelEfficiencyConfig:
     # epochs / fraction below (evaluating as often per sample seen)
     equal_steps: bool = True
     overrides: dict[str, list[str]] = field(default_factory=dict)  # stage -> ["key=value", ...]
+    jobs: int = 1  # finetuning runs at once, each in its own process
+
+    def __post_init__(self) -> None:
+        if self.jobs < 1:
+            raise ValueError(f"jobs must be at least 1, got {self.jobs}")
 
 
 def _stage_config(cfg: LabelEfficiencyConfig, stage: str, *extra: str):
@@ -76,40 +86,48 @@ def run(cfg: LabelEfficiencyConfig) -> dict[str, Any]:
                 _stage_config(cfg, "pretrain"), pre_path, tokenizer=tok_path, resume=pre_path.exists()
             ),
         )
+    runs = [
+        (out / f"finetune-{arm}-labels{fraction:g}-seed{seed}", arm, fraction, seed, init)
+        for fraction in cfg.fractions
+        for seed in cfg.seeds
+        for arm, init in (("mem", pre_path), ("scratch", None))
+    ]
+    pending = []
+    for path, arm, fraction, seed, init in runs:
+        if RunDir(path).finished:
+            continue
+        settings = [f"seed={seed}", f"data.labels={fraction}", f"data.label_seed={seed}"]
+        ft_cfg = _stage_config(cfg, "finetune", *settings)
+        if cfg.equal_steps and fraction < 1:
+            settings += [
+                f"epochs={max(1, round(ft_cfg.epochs / fraction))}",
+                f"eval_every={max(1, round(ft_cfg.eval_every / fraction))}",
+                f"warmup_epochs={ft_cfg.warmup_epochs / fraction}",
+            ]
+            ft_cfg = _stage_config(cfg, "finetune", *settings)
+        pending.append((path, arm, ft_cfg, init))
+    if cfg.jobs == 1:
+        for path, arm, ft_cfg, init in pending:
+            timed(f"finetune-{arm}", lambda c=ft_cfg, p=path, i=init: finetune.run(c, p, init=i, resume=p.exists()))
+    elif pending:
+        timed("finetune (all runs, wall clock)", lambda: _finetune_in_parallel(pending, cfg.jobs, out / "logs"))
     rows = []
-    for fraction in cfg.fractions:
-        for seed in cfg.seeds:
-            for arm, init in (("mem", pre_path), ("scratch", None)):
-                path = out / f"finetune-{arm}-labels{fraction:g}-seed{seed}"
-                if not RunDir(path).finished:
-                    settings = [f"seed={seed}", f"data.labels={fraction}", f"data.label_seed={seed}"]
-                    ft_cfg = _stage_config(cfg, "finetune", *settings)
-                    if cfg.equal_steps and fraction < 1:
-                        settings += [
-                            f"epochs={max(1, round(ft_cfg.epochs / fraction))}",
-                            f"eval_every={max(1, round(ft_cfg.eval_every / fraction))}",
-                            f"warmup_epochs={ft_cfg.warmup_epochs / fraction}",
-                        ]
-                        ft_cfg = _stage_config(cfg, "finetune", *settings)
-                    timed(
-                        f"finetune-{arm}",
-                        lambda c=ft_cfg, p=path, i=init: finetune.run(c, p, init=i, resume=p.exists()),
-                    )
-                result = json.loads((path / "result.json").read_text())
-                curve = [[r["epoch"], r["val_top1"]] for r in RunDir(path).metrics() if "val_top1" in r]
-                rows.append(
-                    {
-                        "arm": arm,
-                        "labels": fraction,
-                        "seed": seed,
-                        "final_top1": curve[-1][1],
-                        "best_top1": result["top1"],
-                        "train_samples": result["train_samples"],
-                        "epochs": curve[-1][0] + 1,
-                        "val_curve": curve,
-                        "run": str(path),
-                    }
-                )
+    for path, arm, fraction, seed, _ in runs:
+        result = json.loads((path / "result.json").read_text())
+        curve = [[r["epoch"], r["val_top1"]] for r in RunDir(path).metrics() if "val_top1" in r]
+        rows.append(
+            {
+                "arm": arm,
+                "labels": fraction,
+                "seed": seed,
+                "final_top1": curve[-1][1],
+                "best_top1": result["top1"],
+                "train_samples": result["train_samples"],
+                "epochs": curve[-1][0] + 1,
+                "val_curve": curve,
+                "run": str(path),
+            }
+        )
     summary = summarize(rows)
     report = {
         "dataset": cfg.dataset,
@@ -125,6 +143,61 @@ def run(cfg: LabelEfficiencyConfig) -> dict[str, Any]:
     plot(summary, out / "label_efficiency.png", cfg.dataset)
     plot_curves(rows, out / "val_curves.png", cfg.dataset)
     return report
+
+
+def _finetune_in_parallel(pending: list[tuple], jobs: int, logs: Path) -> None:
+    """Run the finetuning runs ``pending`` (path, arm, config, init), ``jobs`` at a time, each in a process of its
+    own with ``cores // jobs`` torch threads; a failed run stops the others and names its log."""
+    import multiprocessing
+    from multiprocessing.connection import wait
+
+    from mem_core.configuration import to_dict
+    from mem_core.errors import MemError
+
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter: no torch threads or locks inherited
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    logs.mkdir(parents=True, exist_ok=True)
+    queue, running = list(pending), {}
+    try:
+        while queue or running:
+            while queue and len(running) < jobs:
+                path, _, ft_cfg, init = queue.pop(0)
+                log = logs / f"{path.name}.log"
+                args = (to_dict(ft_cfg), str(path), None if init is None else str(init), threads, str(log))
+                process = context.Process(target=_finetune_child, args=args, name=path.name)
+                process.start()
+                running[process.sentinel] = (process, path, log, time.perf_counter())
+                print(f"finetuning {path.name} ({threads} thread(s); log: {log})", file=sys.stderr, flush=True)
+            for sentinel in wait(list(running)):
+                process, path, log, start = running.pop(sentinel)
+                process.join()
+                if process.exitcode != 0:
+                    raise MemError(f"{path}: finetuning failed (exit code {process.exitcode}); see {log}")
+                top1 = json.loads((path / "result.json").read_text()).get("top1")
+                print(
+                    f"finished {path.name} in {(time.perf_counter() - start) / 60:.1f} min (best top-1 {top1:.3f})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    finally:
+        for process, *_ in running.values():  # an error or Ctrl-C here: no orphaned runs go on
+            process.terminate()
+            process.join()
+
+
+def _finetune_child(config: dict[str, Any], path: str, init: str | None, threads: int, log: str) -> None:
+    """One finetuning run in a process of its own (``_finetune_in_parallel``), its output to ``log``."""
+    import contextlib
+
+    import torch
+
+    from mem_core.configuration import from_dict
+    from mem_core.train import finetune
+    from mem_core.train.configs import FinetuneStageConfig
+
+    torch.set_num_threads(threads)
+    with open(log, "a") as out, contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        finetune.run(from_dict(FinetuneStageConfig, config), path, init=init, resume=Path(path).exists())
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
