@@ -78,7 +78,7 @@ def device_generator(g: torch.Generator, device: torch.device) -> torch.Generato
 
 def wrap_model(model: torch.nn.Module, cfg, runtime: Runtime) -> torch.nn.Module:
     """DDP (and optionally torch.compile) around ``model`` for training; ``model`` itself stays the saved one."""
-    model.to(runtime.device)
+    runtime.place(model)
     train_model = model
     if cfg.compile:
         train_model = torch.compile(train_model)

@@ -46,7 +46,7 @@ class PretrainStage(Stage):
         if cfg.method == "mem":
             if tokenizer is None:
                 raise RunError(NEEDS_TOKENIZER)
-            self.tokenizer = load_tokenizer(tokenizer, runtime.device)
+            self.tokenizer = runtime.place(load_tokenizer(tokenizer, runtime.device))
             tok = self.tokenizer.config
             if tok.grid_size != cfg.model.grid_size or tok.in_chans != cfg.model.in_chans:
                 raise RunError(

@@ -34,6 +34,15 @@ class Runtime:
     def distributed(self) -> bool:
         return self.world_size > 1
 
+    def place(self, model: torch.nn.Module) -> torch.nn.Module:
+        """``model`` on this device, in place; on the CPU its convolution weights channels-last (NHWC), oneDNN's
+        layout, which the convolutions' outputs then follow: cpu-small's pretraining and finetuning steps (a
+        ResNet-18 stem) are 7-10 % faster, a model without convolutions is unchanged (docs/BENCHMARKS.md)."""
+        model.to(self.device)
+        if self.device.type == "cpu":
+            model.to(memory_format=torch.channels_last)
+        return model
+
     def autocast(self):
         """Evaluation and inference: bf16 autocast on GPU (when enabled); a no-op context on CPU (fp32)."""
         return self._autocast(self.amp_dtype)

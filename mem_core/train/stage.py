@@ -135,7 +135,7 @@ def run_stage(stage_cls: type[Stage], cfg, out: Path | str, *, resume: bool = Fa
     torch.manual_seed(cfg.seed)
     model = stage.build_model()
     stage.initialize(model)
-    model.to(runtime.device)
+    runtime.place(model)
     ema = stage.build_ema(model)
 
     def evaluate(epoch: int) -> dict[str, Any]:
@@ -166,7 +166,7 @@ def run_stage(stage_cls: type[Stage], cfg, out: Path | str, *, resume: bool = Fa
             torch.distributed.barrier()  # best.pt is written by the main process
         best = stage.build_model()
         best.load_state_dict(load_checkpoint(run.best_path)["model"])
-        metrics = stage.evaluate(best.to(runtime.device), val_loader)
+        metrics = stage.evaluate(runtime.place(best), val_loader)
         kept = {"best_epoch": outcome.best["epoch"] if outcome.best else None}
     if runtime.is_main:
         result = {"stage": stage.name, "split": cfg.data.val_split, **kept, "train_samples": len(indices)}
