@@ -83,7 +83,7 @@ def bench_stage(
     stage.classes = ["a", "b"]  # a classifier's head (the labels of the synthetic batch are all 0)
     stage.steps_per_epoch = steps
     torch.manual_seed(0)
-    model = stage.build_model().to(runtime.device)
+    model = runtime.place(stage.build_model())
     train_model = torch.compile(model) if cfg.compile else model
     optimizer = stage.build_optimizer(model)
     windows = [

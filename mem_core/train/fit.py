@@ -88,6 +88,14 @@ class _Loader(DataLoader):
                 raise original from None
             yield batch
 
+    def close(self) -> None:
+        """Stop the persistent workers now. Left to the garbage collector (a stage's loaders sit in reference
+        cycles), the workers' queues can be torn down before the iterator tells the workers to stop, and torch
+        then waits its 5 s join timeout for each worker: seconds of stall at a random later moment."""
+        iterator, self._iterator = self._iterator, None
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
+
 
 def build_stage_loaders(cfg, runtime: Runtime, train_src: EventSource, val_src: EventSource, indices=None):
     """The training loader (random windows, augmented), its sampler, and the validation loader (deterministic)."""

@@ -109,9 +109,8 @@ class PretrainStage(Stage):
             meter.update({k: out[k] for k in ("loss", "acc") if k in out}, x.shape[0])
         return meter.reduce(self.runtime)
 
-    def after_validation(self, model: torch.nn.Module, loader) -> None:
-        events = next(iter(loader))[0]
-        save_predictions(model, self.tokenizer, events, self.cfg, self.runtime, self.run.path / "predictions.png")
+    def after_validation(self, model: torch.nn.Module, batch) -> None:
+        save_predictions(model, self.tokenizer, batch[0], self.cfg, self.runtime, self.run.path / "predictions.png")
 
 
 def run(cfg: PretrainStageConfig, out: Path | str, *, tokenizer: Path | str | None, resume: bool = False) -> RunDir:

@@ -111,12 +111,31 @@ class Stage(ABC):
     def evaluate(self, model: torch.nn.Module, loader: DataLoader) -> dict[str, Any]:
         """Metrics of ``model`` on the validation ``loader`` (all processes); the float ones are logged per epoch."""
 
-    def after_validation(self, model: torch.nn.Module, loader: DataLoader) -> None:  # noqa: B027
-        """Pictures of the model's work, drawn on the main process after each validation; optional."""
+    def after_validation(self, model: torch.nn.Module, batch) -> None:  # noqa: B027
+        """Pictures of the model's work on ``batch``, the validation's first, drawn on the main process after each
+        validation; optional."""
 
     def finish(self, result: dict[str, Any]) -> dict[str, Any]:
         """Write what belongs beside ``result.json`` (main process) and return fields to add to it."""
         return {}
+
+
+class KeepFirst:
+    """Iterates ``loader`` as it is and keeps its first batch, so the pictures drawn after a validation need no
+    iteration of their own: an iteration abandoned after one batch leaves the loader's workers busy, and joining
+    them later (torch waits up to 5 s a worker) stalled whatever ran when the garbage collector got to them."""
+
+    def __init__(self, loader: DataLoader) -> None:
+        self.loader, self.first = loader, None
+
+    def __iter__(self):
+        for i, batch in enumerate(self.loader):
+            if i == 0:
+                self.first = batch
+            yield batch
+
+    def __len__(self) -> int:
+        return len(self.loader)
 
 
 def run_stage(stage_cls: type[Stage], cfg, out: Path | str, *, resume: bool = False, **inputs: Any) -> RunDir:
@@ -140,40 +159,45 @@ def run_stage(stage_cls: type[Stage], cfg, out: Path | str, *, resume: bool = Fa
 
     def evaluate(epoch: int) -> dict[str, Any]:
         judged = ema.module if ema is not None else model
-        metrics = stage.evaluate(judged, val_loader)
-        if runtime.is_main:
-            stage.after_validation(judged, val_loader)
+        batches = KeepFirst(val_loader)
+        metrics = stage.evaluate(judged, batches)
+        if runtime.is_main and batches.first is not None:
+            stage.after_validation(judged, batches.first)
         return metrics
 
-    training = Training(
-        model=model,
-        train_model=wrap_model(model, cfg, runtime),
-        optimizer=stage.build_optimizer(model),
-        loader=loader,
-        sampler=sampler,
-        step=lambda batch, epoch, step: stage.step(training.train_model, batch, epoch, step),
-        evaluate=evaluate,
-        select=stage.select,
-        ema=ema,
-        description=stage.description,
-    )
-    outcome = fit(run, cfg, runtime, training, resume=resume)
-    if stage.select is None:  # the last epoch is the result: its validation is in the last record
-        metrics = {k.removeprefix("val_"): v for k, v in outcome.history[-1].items() if k.startswith("val_")}
-        kept = {"epoch": outcome.history[-1]["epoch"]}
-    else:  # the best epoch's model, evaluated in full (confusion matrix and all) by every process
-        if runtime.distributed:
-            torch.distributed.barrier()  # best.pt is written by the main process
-        best = stage.build_model()
-        best.load_state_dict(load_checkpoint(run.best_path)["model"])
-        metrics = stage.evaluate(runtime.place(best), val_loader)
-        kept = {"best_epoch": outcome.best["epoch"] if outcome.best else None}
-    if runtime.is_main:
-        result = {"stage": stage.name, "split": cfg.data.val_split, **kept, "train_samples": len(indices)}
-        result |= {"classes": stage.classes} if stage.classes else {}
-        result |= metrics
-        result |= stage.finish(result)
-        run.write_json("result.json", result)
+    try:
+        training = Training(
+            model=model,
+            train_model=wrap_model(model, cfg, runtime),
+            optimizer=stage.build_optimizer(model),
+            loader=loader,
+            sampler=sampler,
+            step=lambda batch, epoch, step: stage.step(training.train_model, batch, epoch, step),
+            evaluate=evaluate,
+            select=stage.select,
+            ema=ema,
+            description=stage.description,
+        )
+        outcome = fit(run, cfg, runtime, training, resume=resume)
+        if stage.select is None:  # the last epoch is the result: its validation is in the last record
+            metrics = {k.removeprefix("val_"): v for k, v in outcome.history[-1].items() if k.startswith("val_")}
+            kept = {"epoch": outcome.history[-1]["epoch"]}
+        else:  # the best epoch's model, evaluated in full (confusion matrix and all) by every process
+            if runtime.distributed:
+                torch.distributed.barrier()  # best.pt is written by the main process
+            best = stage.build_model()
+            best.load_state_dict(load_checkpoint(run.best_path)["model"])
+            metrics = stage.evaluate(runtime.place(best), val_loader)
+            kept = {"best_epoch": outcome.best["epoch"] if outcome.best else None}
+        if runtime.is_main:
+            result = {"stage": stage.name, "split": cfg.data.val_split, **kept, "train_samples": len(indices)}
+            result |= {"classes": stage.classes} if stage.classes else {}
+            result |= metrics
+            result |= stage.finish(result)
+            run.write_json("result.json", result)
+    finally:
+        loader.close()  # the workers stop now, not when the garbage collector finds the loaders
+        val_loader.close()
     teardown_runtime()
     return run
 

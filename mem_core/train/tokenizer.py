@@ -47,8 +47,8 @@ class TokenizerStage(Stage):
     def evaluate(self, model: torch.nn.Module, loader) -> dict[str, float]:
         return evaluate_tokenizer(model, loader, self.cfg.input, self.runtime)
 
-    def after_validation(self, model: torch.nn.Module, loader) -> None:
-        save_pictures(model, loader, self.cfg.input, self.runtime, self.run.path)
+    def after_validation(self, model: torch.nn.Module, batch) -> None:
+        save_pictures(model, batch[0], self.cfg.input, self.runtime, self.run.path)
 
 
 def layer_groups(model: DiscreteVAE, decay: float) -> list[dict]:
@@ -99,10 +99,10 @@ def evaluate_tokenizer(model: DiscreteVAE, loader, spec, runtime: Runtime) -> di
 
 
 @torch.no_grad()
-def save_pictures(model: DiscreteVAE, loader, spec, runtime: Runtime, folder: Path, n: int = 8) -> None:
-    """``reconstructions.png`` (top: input, bottom: decoded token ids) and ``codebook.png``."""
+def save_pictures(model: DiscreteVAE, events, spec, runtime: Runtime, folder: Path, n: int = 8) -> None:
+    """``reconstructions.png`` (top: input, bottom: decoded token ids of the first ``n`` windows of ``events``) and
+    ``codebook.png``."""
     model.eval()
-    events, _, _ = next(iter(loader))
     x = batch_preprocess(events, spec, train=False, device=runtime.device)[:n]
     ids = model.token_ids(x)
     recon = model.decode_ids(ids).clamp(0, 1)
