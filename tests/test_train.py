@@ -385,10 +385,18 @@ def test_every_paper_preset_runs_its_code_paths_at_tiny_size(tmp_path, preset, d
     assert spec["randaug_ops"] == 2 and (preset != "paper-nimagenet" or spec["resize_to"] == [40, 52])
 
 
-def test_label_efficiency_experiment_reports_curves_and_both_columns(tmp_path, monkeypatch, capsys):
+def test_label_efficiency_experiment_reports_curves_and_both_columns_and_runs_in_parallel(
+    tmp_path, monkeypatch, capsys, request
+):
+    import shutil
+
     from mem_core.train.experiment import LabelEfficiencyConfig
     from mem_core.train.experiment import run as run_experiment
 
+    monkeypatch.setattr("os.cpu_count", lambda: 2)  # two jobs of one torch thread each, as on a 2-core machine
+    threads = torch.get_num_threads()
+    request.addfinalizer(lambda: torch.set_num_threads(threads))
+    torch.set_num_threads(1)  # the same arithmetic in this process as in the parallel jobs
     tiny = [*TINY_INPUT, "epochs=2", "batch_size=8", "data.max_samples=24"]
     tok = ["model.num_layers=3", "model.num_tokens=64", "model.hidden_dim=16", "model.codebook_dim=8"]
     overrides = {"all": tiny, "tokenizer": tok, "pretrain": TINY_VIT, "finetune": TINY_VIT}
@@ -420,27 +428,12 @@ def test_label_efficiency_experiment_reports_curves_and_both_columns(tmp_path, m
     out = capsys.readouterr().out
     assert "top-1 final epoch" in out and "per seed (final / best)" in out and "results:" in out
 
-
-def test_label_efficiency_finetunes_in_parallel_processes_as_it_would_one_by_one(tmp_path, monkeypatch, request):
-    import shutil
-
-    from mem_core.train.experiment import LabelEfficiencyConfig
-    from mem_core.train.experiment import run as run_experiment
-
-    monkeypatch.setattr("os.cpu_count", lambda: 2)  # two jobs of one torch thread each, as on a 2-core machine
-    threads = torch.get_num_threads()
-    request.addfinalizer(lambda: torch.set_num_threads(threads))
-    torch.set_num_threads(1)  # the same arithmetic in this process
-    tiny = [*TINY_INPUT, "epochs=2", "batch_size=8", "data.max_samples=24"]
-    tok = ["model.num_layers=3", "model.num_tokens=64", "model.hidden_dim=16", "model.codebook_dim=8"]
-    overrides = {"all": tiny, "tokenizer": tok, "pretrain": TINY_VIT, "finetune": TINY_VIT}
-    cfg = LabelEfficiencyConfig(dataset="sim", out=str(tmp_path), fractions=(0.5, 1.0), seeds=(0,), overrides=overrides)
-    one_by_one = run_experiment(cfg)
-    for row in one_by_one["rows"]:
-        shutil.rmtree(row["run"])  # the finetuning runs again; tokenizer and pretraining are reused
+    # --jobs 2: the finetuning runs again, two processes at a time, to the same curves (tokenizer, pretraining reused)
+    for row in report["rows"]:
+        shutil.rmtree(row["run"])
     in_parallel = run_experiment(dataclasses.replace(cfg, jobs=2))
     assert [(r["run"], r["val_curve"]) for r in in_parallel["rows"]] == [
-        (r["run"], r["val_curve"]) for r in one_by_one["rows"]
+        (r["run"], r["val_curve"]) for r in report["rows"]
     ]
     for row in in_parallel["rows"]:  # each run's output went to its own log
         log = (tmp_path / "logs" / f"{Path(row['run']).name}.log").read_text()
