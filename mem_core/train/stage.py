@@ -122,8 +122,7 @@ class Stage(ABC):
 
 class KeepFirst:
     """Iterates ``loader`` as it is and keeps its first batch, so the pictures drawn after a validation need no
-    iteration of their own: an iteration abandoned after one batch leaves the loader's workers busy, and joining
-    them later (torch waits up to 5 s a worker) stalled whatever ran when the garbage collector got to them."""
+    pass of their own (which restarted the workers' iteration and prefetched batches only to drop them)."""
 
     def __init__(self, loader: DataLoader) -> None:
         self.loader, self.first = loader, None
