@@ -44,11 +44,13 @@ def live(
     viewer: Annotated[
         bool, typer.Option("--viewer/--no-viewer", help="Attach and measure the Qt viewer (a machine without Qt: no).")
     ] = True,
+    rate: Annotated[float, typer.Option("--rate", help="The synthetic source's rate, Mev/s.", min=0.1)] = 30.0,
+    starts: Annotated[int, typer.Option("--starts", help="`mem serve` launches to time (0: skip).", min=0)] = 3,
 ) -> None:
     """Live server throughput and latency under a 30 Mev/s source, and the viewer's frame rate."""
     from bench import bench_live
 
-    bench_live.main(json_path, model, device, viewer)
+    bench_live.main(json_path, model, device, viewer, rate * 1e6, starts)
 
 
 @app.command("train")

@@ -2,21 +2,23 @@
 # The GPU checklist in one command, for a lent GPU machine (the device tool) or any CUDA machine:
 #   1. mem bench train at a paper preset's sizes and batches (eager), with a torch.profiler table per stage
 #   2. every paper preset's first steps on CUDA (tests/test_train.py's CUDA cases: RandAugment, crop, EMA, ...)
-#   3. mem bench live with the paper's ViT-B/16 on CUDA, without the Qt viewer (the machine has no Qt)
+#   3. mem bench live with the paper's ViT-B/16 on CUDA, without the Qt viewer (the machine has no Qt), then the
+#      server alone again under a 3 Mev/s source (what the in-process 30 Mev/s source costs the latency)
 #   4. mem bench train with torch.compile
 # Each step has its own time limit, so a slow one cannot take the others' time. Logs, JSON and profiles are packed
 # after every step into $OUT/gpu-checklist.tgz (one file: the device tool returns at most 8).
 #
 # On the device tool's machines (python3 with torch, timm, h5py, numba, rich, typer; no hdf5plugin, lz4, zstandard
 # or pyzmq), the missing packages travel unpacked in .dev/site.tgz (see docs/BENCHMARKS.md, "GPU").
-# Environment: PRESET (paper-ncars), DEVICE (cuda), LIVE_MODEL (vit-b), PY (python3), LIMITS ("180 100 120 150").
+# Environment: PRESET (paper-ncars), DEVICE (cuda), LIVE_MODEL (vit-b), PY (python3), LIMITS in seconds per step
+# ("180 100 120 60 150"; 0 skips a step).
 set -u
 OUT=${OUT:-out/gpu-checklist}
 PRESET=${PRESET:-paper-ncars}
 DEVICE=${DEVICE:-cuda}
 LIVE_MODEL=${LIVE_MODEL:-vit-b}
 PY=${PY:-python3}
-read -r L_TRAIN L_TESTS L_LIVE L_COMPILE <<<"${LIMITS:-180 100 120 150}"
+read -r L_TRAIN L_TESTS L_LIVE L_LIVE_LOW L_COMPILE <<<"${LIMITS:-180 100 120 60 150}"
 WORK=$(mktemp -d)
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 QT_QPA_PLATFORM=offscreen
@@ -29,6 +31,7 @@ pack() { tar czf "$OUT/gpu-checklist.tgz" -C "$WORK" .; }
 step() {  # step NAME LIMIT COMMAND...: run with a time limit, log to $WORK/NAME.log, print its end
   local name=$1 limit=$2 t0=$SECONDS rc
   shift 2
+  [ "$limit" -gt 0 ] || { echo "=== $name: skipped"; return; }
   echo "=== $name (limit ${limit} s)"
   timeout -k 5 "$limit" "$@" >"$WORK/$name.log" 2>&1
   rc=$?
@@ -50,6 +53,8 @@ step train-eager "$L_TRAIN" $PY "${BENCH[@]}" train --device "$DEVICE" --preset 
 step tests-cuda "$L_TESTS" $PY -m pytest -q -p no:cacheprovider tests/test_train.py \
   -k "(paper_preset_runs_its_code_paths and cuda) or generator_drives"
 step live "$L_LIVE" $PY "${BENCH[@]}" live --model "$LIVE_MODEL" --device "$DEVICE" --no-viewer --json "$WORK/live.json"
+step live-3mev "$L_LIVE_LOW" $PY "${BENCH[@]}" live --model "$LIVE_MODEL" --device "$DEVICE" --no-viewer --starts 0 \
+  --rate 3 --json "$WORK/live-3mev.json"
 step train-compile "$L_COMPILE" $PY "${BENCH[@]}" train --device "$DEVICE" --preset "$PRESET" --compile \
   --json "$WORK/train-compile.json"
 echo "=== packed into $OUT/gpu-checklist.tgz"
