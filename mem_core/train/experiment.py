@@ -277,12 +277,17 @@ def plot(summary: list[dict[str, Any]], path: Path, dataset: str) -> None:
 
 
 def plot_curves(rows: list[dict[str, Any]], path: Path, dataset: str) -> None:
-    """Every run's validation top-1 against the share of its training budget, one panel per label fraction."""
+    """Every run's validation top-1 against the share of its training budget, one panel per label fraction: a colour
+    per arm, a line style per seed, one legend entry for each."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
+    colours = {"mem": "tab:red", "scratch": "tab:blue"}
+    seeds = sorted({r["seed"] for r in rows})
+    styles = {seed: ("-", "--", ":", "-.")[i % 4] for i, seed in enumerate(seeds)}
     fractions = sorted({r["labels"] for r in rows})
     fig, axes = plt.subplots(1, len(fractions), figsize=(5 * len(fractions), 3.6), squeeze=False, sharey=True)
     for ax, fraction in zip(axes[0], fractions, strict=True):
@@ -291,14 +296,17 @@ def plot_curves(rows: list[dict[str, Any]], path: Path, dataset: str) -> None:
             ax.plot(
                 [100 * (e + 1) / r["epochs"] for e in epochs],
                 [100 * t for t in top1],
-                color="tab:red" if r["arm"] == "mem" else "tab:blue",
+                color=colours.get(r["arm"], "tab:gray"),
+                linestyle=styles[r["seed"]],
                 alpha=0.8,
-                label=f"{'MEM' if r['arm'] == 'mem' else 'scratch'} seed {r['seed']}",
             )
         ax.set(title=f"{fraction:.0%} of the labels", xlabel="training budget (%)")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("validation top-1 (%)")
-    axes[0][-1].legend(fontsize=7)
+    arms = [a for a in colours if any(r["arm"] == a for r in rows)]
+    handles = [Line2D([], [], color=colours[a], label="MEM" if a == "mem" else "scratch") for a in arms]
+    handles += [Line2D([], [], color="0.35", linestyle=styles[s], label=f"seed {s}") for s in seeds]
+    axes[0][-1].legend(handles=handles, fontsize=7, loc="lower right")
     fig.suptitle(f"Validation curves on {dataset}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
