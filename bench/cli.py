@@ -47,7 +47,8 @@ def live(
     rate: Annotated[float, typer.Option("--rate", help="The synthetic source's rate, Mev/s.", min=0.1)] = 30.0,
     starts: Annotated[int, typer.Option("--starts", help="`mem serve` launches to time (0: skip).", min=0)] = 3,
 ) -> None:
-    """Live server throughput and latency under a 30 Mev/s source, and the viewer's frame rate."""
+    """Live server throughput and latency under a synthetic source (30 Mev/s unless --rate), and the viewer's frame
+    rate."""
     from bench import bench_live
 
     bench_live.main(json_path, model, device, viewer, rate * 1e6, starts)
