@@ -115,9 +115,10 @@ def test_a_config_file_extends_a_preset_and_states_only_its_changes(tmp_path, mo
     path.write_text('extends = "cpu-small"\n[finetune]\nlr = 3e-4\n')
     mine = stage_config("finetune", config_file=path)
     tiny = stage_config("finetune", preset="cpu-tiny")
-    assert mine.lr == 3e-4 and mine.epochs == 15  # its own change, then cpu-small's over cpu-tiny's 20
+    assert mine.lr == 3e-4 and mine.eval_every == 4  # its own change, then cpu-small's over cpu-tiny's 1
     assert mine.model == replace(tiny.model, stem="resnet")  # cpu-small's one change to cpu-tiny's model
-    assert mine.input == tiny.input and mine.layer_decay == tiny.layer_decay
+    # a stage's dotted `input.` key changes that field alone; the rest of cpu-tiny's [input] stays
+    assert mine.input == replace(tiny.input, event_drop_p=0.75) and mine.layer_decay == tiny.layer_decay
     assert stage_config("pretrain", config_file=path).epochs == 200
 
     path.write_text("extends = 3\n")

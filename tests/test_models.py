@@ -158,6 +158,40 @@ def test_grad_checkpointing_gives_the_same_result():
     assert torch.allclose(vit.forward_features(x), reference)
 
 
+def test_cpu_attention_takes_the_plain_path_and_matches_sdpa(monkeypatch):
+    """On a CPU the blocks compute softmax(q k^T + bias) v themselves (SDPA's masked path is slower there) wherever
+    a position bias or a backward pass is involved, with SDPA's result and gradients."""
+    import copy
+
+    import timm.models.beit
+
+    vit = tiny_vit(drop_path=0.0).train()
+    sdpa = copy.deepcopy(vit)
+    for block in sdpa.blocks:  # the reference: timm's SDPA call, the kernel choice switched off
+        block.attn._forward_pre_hooks.clear()
+        block.attn.fused_attn = True
+    calls = []
+    real_sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(
+        timm.models.beit.F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or real_sdpa(*a, **k)
+    )
+    x = histograms()
+    out = vit(x)
+    out.square().sum().backward()
+    assert calls == []  # training on the CPU: the plain product
+    reference = sdpa(x)
+    reference.square().sum().backward()
+    assert len(calls) == DEPTH
+    assert torch.allclose(out, reference, atol=1e-5)
+    for (name, p), q in zip(vit.named_parameters(), sdpa.parameters(), strict=True):
+        if p.grad is not None:
+            assert torch.allclose(p.grad, q.grad, atol=1e-5), name
+    calls.clear()
+    with torch.no_grad():
+        tiny_vit(rel_pos_bias=False, abs_pos_emb=True).eval()(x)
+    assert len(calls) == DEPTH  # fp32 inference without a bias: SDPA's fused kernel is the faster one
+
+
 # ---------------------------------------------------------------- masking
 
 
