@@ -43,18 +43,18 @@ from mem_core.train.runtime import Runtime, setup_runtime
 from mem_core.train.stage import Stage
 from mem_core.train.tokenizer import TokenizerStage
 
-SENSOR = SensorSize(480, 640)  # N-ImageNet's: every preset resizes it to its input
+SENSOR = SensorSize(480, 640)  # N-ImageNet's by default (--sensor): every preset resizes it to its input
 CPU_BATCH = 64  # the largest default batch on a CPU, where the paper presets' GPU batches take minutes per step
 
 
-def synthetic_windows(n: int, count: int, seed: int = 0) -> list[np.ndarray]:
-    """``count`` windows of ``n`` uniform random events on ``SENSOR``."""
+def synthetic_windows(n: int, count: int, seed: int = 0, sensor: SensorSize = SENSOR) -> list[np.ndarray]:
+    """``count`` windows of ``n`` uniform random events on ``sensor``."""
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(count):
         t = np.sort(rng.integers(0, 50_000, n))
         out.append(
-            make_events(t, rng.integers(0, SENSOR.width, n), rng.integers(0, SENSOR.height, n), rng.integers(0, 2, n))
+            make_events(t, rng.integers(0, sensor.width, n), rng.integers(0, sensor.height, n), rng.integers(0, 2, n))
         )
     return out
 
@@ -73,10 +73,19 @@ class _Batches:
 
 
 def bench_stage(
-    stage_cls: type[Stage], cfg, run: RunDir, steps: int, warmup: int, profile: Path | None = None, **inputs
+    stage_cls: type[Stage],
+    cfg,
+    run: RunDir,
+    steps: int,
+    warmup: int,
+    profile: Path | None = None,
+    sensor: SensorSize = SENSOR,
+    events: int | None = None,
+    **inputs,
 ) -> dict:
-    """Images/s, ms per step and peak device memory of ``stage_cls``'s training step at ``cfg``'s size; with
-    ``profile``, a profile of a few more steps is written to ``profile/<stage>-profile.txt``."""
+    """Images/s, ms per step and peak device memory of ``stage_cls``'s training step at ``cfg``'s size, on windows
+    of ``events`` events (default: the input's ``n_max``) on ``sensor``; with ``profile``, a profile of a few more
+    steps is written to ``profile/<stage>-profile.txt``."""
     cfg = stage_cls.configure(cfg)
     runtime = setup_runtime(cfg.device, cfg.amp, cfg.cpu_bf16)
     stage = stage_cls(cfg, runtime, run, **inputs)
@@ -87,10 +96,11 @@ def bench_stage(
     train_model = torch.compile(model) if cfg.compile else model
     optimizer = stage.build_optimizer(model)
     windows = [
-        prepare_events(w, SENSOR, cfg.input, train=False) for w in synthetic_windows(cfg.input.n_max, cfg.batch_size)
+        prepare_events(w, sensor, cfg.input, train=False)
+        for w in synthetic_windows(events or cfg.input.n_max, cfg.batch_size, sensor=sensor)
     ]
     batch = (
-        collate_events(windows, SENSOR).to(runtime.device, non_blocking=True),
+        collate_events(windows, sensor).to(runtime.device, non_blocking=True),
         torch.zeros(cfg.batch_size, dtype=torch.long),
         None,
     )
@@ -145,7 +155,7 @@ LOADER_BATCH = 64  # the loader's per-sample cost hardly depends on the batch; s
 BATCHES_PER_WORKER = 4  # an epoch gives every worker this many batches, so all of them work at once
 
 
-def bench_loader(cfg, workers: int, epochs: int = 2) -> float:
+def bench_loader(cfg, workers: int, epochs: int = 2, sensor: SensorSize = SENSOR, events: int | None = None) -> float:
     """Samples/s of the training DataLoader (corpus windows, event augmentation, collation) with ``workers``.
 
     A DataLoader hands each batch to one worker: the corpus holds enough windows for ``BATCHES_PER_WORKER`` batches
@@ -154,15 +164,15 @@ def bench_loader(cfg, workers: int, epochs: int = 2) -> float:
     batch = min(cfg.batch_size, LOADER_BATCH)
     count = max(1, workers) * BATCHES_PER_WORKER * batch
     with tempfile.TemporaryDirectory(prefix="mem-bench-train-") as tmp:
-        windows = synthetic_windows(cfg.input.n_max, min(count, 64), seed=1)
+        windows = synthetic_windows(events or cfg.input.n_max, min(count, 64), seed=1, sensor=sensor)
         with CorpusWriter(tmp, provenance={"source": "bench"}) as writer:
-            writer.begin_recording("bench", SENSOR)
+            writer.begin_recording("bench", sensor)
             for k in range(count):
                 w = windows[k % len(windows)].copy()
                 w["t"] += k * 50_000
                 writer.append(w)
             writer.end_recording()
-        source = CorpusSource(Path(tmp), "all", window=cfg.input.n_max)
+        source = CorpusSource(Path(tmp), "all", window=events or cfg.input.n_max)
         loader, sampler = build_loader(  # the training stages' own loader
             source,
             cfg.input,
@@ -192,8 +202,11 @@ def main(
     steps: int = 10,
     warmup: int = 3,
     profile: Path | None = None,
+    sensor: SensorSize = SENSOR,
+    events: int | None = None,
 ) -> list[dict]:
-    """Run every stage's step and the loader, print the table, write JSON rows if ``json_path``; return the rows."""
+    """Run every stage's step and the loader on windows of ``events`` events (default: the preset's ``n_max``) on
+    ``sensor``; print the table, write JSON rows if ``json_path``; return the rows."""
     dev = setup_runtime(device).device
     overrides = [f"device={dev.type}", f"compile={str(compile_model).lower()}", "data.num_workers=0"]
     configs = {}
@@ -210,15 +223,18 @@ def main(
         tokenizer = export_tokenizer(
             DiscreteVAE(TokenizerStage.configure(configs["tokenizer"]).model), Path(tmp) / "tok"
         )
+        window = {"sensor": sensor, "events": events}
         measured["tokenizer"] = bench_stage(
-            TokenizerStage, configs["tokenizer"], runs["tokenizer"], steps, warmup, profile
+            TokenizerStage, configs["tokenizer"], runs["tokenizer"], steps, warmup, profile, **window
         )
         measured["pretrain"] = bench_stage(
-            PretrainStage, configs["pretrain"], runs["pretrain"], steps, warmup, profile, tokenizer=tokenizer
+            PretrainStage, configs["pretrain"], runs["pretrain"], steps, warmup, profile, **window, tokenizer=tokenizer
         )
-        measured["finetune"] = bench_stage(FinetuneStage, configs["finetune"], runs["finetune"], steps, warmup, profile)
+        measured["finetune"] = bench_stage(
+            FinetuneStage, configs["finetune"], runs["finetune"], steps, warmup, profile, **window
+        )
     workers = os.cpu_count() or 1
-    loader_rate = bench_loader(configs["finetune"], workers)
+    loader_rate = bench_loader(configs["finetune"], workers, sensor=sensor, events=events)
     rows = []
     for stage, r in measured.items():
         b = configs[stage].batch_size
@@ -232,7 +248,13 @@ def main(
             {"name": f"{stage}: loader / step rate", "value": loader_rate / r["images_per_s"], "unit": "x", "batch": b},
         ]
     rows.append({"name": f"data loader, {workers} workers", "value": loader_rate, "unit": "samples/s", "batch": None})
-    table = Table(title=f"mem bench train: {preset} on {dev} (compile={compile_model}, {steps} timed steps)")
+    n = events or configs["finetune"].input.n_max
+    for row in rows:  # what the windows were: a step's histogram costs grow with the events and the sensor
+        row.update(sensor=f"{sensor.width}x{sensor.height}", events=n)
+    table = Table(
+        title=f"mem bench train: {preset} on {dev} (compile={compile_model}, {steps} timed steps, "
+        f"{n}-event windows on {sensor.width} x {sensor.height})"
+    )
     for column in ("name", "value", "unit", "batch"):
         table.add_column(column)
     for r in rows:

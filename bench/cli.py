@@ -70,11 +70,32 @@ def train(
     profile: Annotated[
         Path | None, typer.Option("--profile", help="Write each stage's torch.profiler table into this folder.")
     ] = None,
+    sensor: Annotated[
+        str,
+        typer.Option("--sensor", help="WIDTHxHEIGHT of the synthetic windows (N-Cars: 120x100; N-ImageNet: 640x480)."),
+    ] = "640x480",
+    events: Annotated[
+        int | None,
+        typer.Option("--events", help="Events per synthetic window (default: the preset's n_max).", min=1),
+    ] = None,
 ) -> None:
     """Training steps per second of the tokenizer, pretraining and finetuning, peak GPU memory, loader rate."""
+    from mem_core.events import SensorSize, sensor_problem
+
+    try:
+        width, height = (int(v) for v in sensor.lower().split("x"))
+    except ValueError:
+        raise typer.BadParameter(
+            f"{sensor!r} is not WIDTHxHEIGHT in pixels, e.g. 120x100", param_hint="--sensor"
+        ) from None
+    size = SensorSize(height, width)
+    if problem := sensor_problem(size):
+        raise typer.BadParameter(problem, param_hint="--sensor")
     from bench import bench_train
 
-    bench_train.main(json_path, preset, device, compile_model, batch_size, steps, profile=profile)
+    bench_train.main(
+        json_path, preset, device, compile_model, batch_size, steps, profile=profile, sensor=size, events=events
+    )
 
 
 @app.command("cnn-reference")

@@ -168,12 +168,17 @@ def test_command_defaults_are_the_config_dataclasses_defaults():
 
 def test_bench_train_measures_every_stage_and_the_loader(tmp_path):
     out = tmp_path / "train.json"
-    r = mem("bench", "train", "--preset", "cpu-tiny", "--steps", "1", "--batch-size", "4", "--json", str(out))
+    args = ("--preset", "cpu-tiny", "--steps", "1", "--batch-size", "4", "--sensor", "120x100", "--events", "3000")
+    r = mem("bench", "train", *args, "--json", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     rows = {row["name"]: row for row in json.loads(out.read_text())}
     for stage in ("tokenizer", "pretrain", "finetune"):
         assert rows[f"{stage} images/s"]["value"] > 0 and rows[f"{stage} step"]["batch"] == 4
     assert [row["value"] > 0 for name, row in rows.items() if name.startswith("data loader")] == [True]
+    assert {(row["sensor"], row["events"]) for row in rows.values()} == {("120x100", 3000)}  # N-Cars-sized windows
+    r = mem("bench", "train", "--sensor", "120by100")
+    message = " ".join(r.stderr.replace("│", " ").split())  # the error panel wraps its text
+    assert r.returncode == 2 and "'120by100' is not WIDTHxHEIGHT in pixels, e.g. 120x100" in message
 
 
 def test_bench_cnn_reference_trains_on_the_finetuning_label_subset(tmp_path):
