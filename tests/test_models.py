@@ -159,8 +159,8 @@ def test_grad_checkpointing_gives_the_same_result():
 
 
 def test_cpu_attention_takes_the_plain_path_and_matches_sdpa(monkeypatch):
-    """On a CPU the blocks compute softmax(q k^T + bias) v themselves (SDPA's masked path is slower there) wherever
-    a position bias or a backward pass is involved, with SDPA's result and gradients."""
+    """A training step on a CPU computes softmax(q k^T + bias) v in the blocks themselves (SDPA's masked path is
+    slower there), with SDPA's result and gradients; inference keeps SDPA."""
     import copy
 
     import timm.models.beit
@@ -187,9 +187,12 @@ def test_cpu_attention_takes_the_plain_path_and_matches_sdpa(monkeypatch):
         if p.grad is not None:
             assert torch.allclose(p.grad, q.grad, atol=1e-5), name
     calls.clear()
-    with torch.no_grad():
-        tiny_vit(rel_pos_bias=False, abs_pos_emb=True).eval()(x)
-    assert len(calls) == DEPTH  # fp32 inference without a bias: SDPA's fused kernel is the faster one
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+        vit(x)
+    assert calls == []  # a bf16 step on the CPU, as cpu_bf16 runs it
+    with torch.inference_mode():
+        assert torch.allclose(vit.eval()(x), sdpa.eval()(x), atol=1e-5)
+    assert len(calls) == 2 * DEPTH  # fp32 inference (validation, the live server) on a CPU: SDPA
 
 
 # ---------------------------------------------------------------- masking

@@ -146,18 +146,18 @@ class ResNetStem(nn.Module):
         return self.proj(self.body(x)[-1])
 
 
-def _pick_attention_kernel(attn: nn.Module, args: tuple, kwargs: dict) -> None:
-    """Before each attention (a forward pre-hook on timm's ``Attention``): SDPA's fused kernel on a GPU; on a CPU
-    timm's plain softmax(q k^T + bias) v, except in fp32 inference without a position bias. On a CPU, SDPA with an
-    additive mask (BEiT's relative position bias) takes a path twice as slow as the plain product, and its bf16
-    backward without one is 6 times slower: a cpu-small finetuning epoch on one core takes 16.5 s instead of 19.1 s
-    (docs/BENCHMARKS.md)."""
+def _pick_attention_kernel(attn: nn.Module, args: tuple) -> None:
+    """Before each attention (a forward pre-hook on timm's ``Attention``): timm's plain softmax(q k^T + bias) v for a
+    training step on a CPU (autograd recording, or bf16 autocast), SDPA everywhere else (GPUs; fp32 inference on a
+    CPU: validation, ``mem evaluate``, the live server). In a CPU training step SDPA with an additive mask (BEiT's
+    relative position bias) takes a path twice as slow as the plain product, forward and backward, and its bf16
+    backward without one is 6 times slower: a cpu-small finetuning epoch on one core takes 16.5 s instead of 19.1 s.
+    In fp32 inference on 2 threads SDPA is as fast or faster (one window of ViT-B: 1.0-1.1 ms a block against
+    1.1-2.1 ms), so it keeps it (docs/BENCHMARKS.md)."""
     x = args[0]
-    has_bias = attn.relative_position_bias_table is not None or kwargs.get("shared_rel_pos_bias") is not None
-    plain_inference = not torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu") and not has_bias
-    fused = x.device.type != "cpu" or plain_inference
-    if attn.fused_attn != fused:  # written only on a change: a compiled model sees a constant
-        attn.fused_attn = fused
+    training_on_cpu = x.device.type == "cpu" and (torch.is_grad_enabled() or torch.is_autocast_enabled("cpu"))
+    if attn.fused_attn == training_on_cpu:  # written only on a change: a compiled model sees a constant
+        attn.fused_attn = not training_on_cpu
 
 
 STEM_CLASSES: dict[str, type[nn.Module]] = {"conv": ConvStem, "resnet": ResNetStem}
@@ -216,7 +216,7 @@ class MEMViT(Beit):
             self.mask_token.requires_grad_(False)  # a classifier never masks (and DDP rejects unused parameters)
         self.features_frozen = False
         for block in self.blocks:
-            block.attn.register_forward_pre_hook(_pick_attention_kernel, with_kwargs=True)
+            block.attn.register_forward_pre_hook(_pick_attention_kernel)
 
     @property
     def grid_size(self) -> tuple[int, int]:
