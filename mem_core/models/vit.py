@@ -15,7 +15,7 @@ from typing import Any, Literal, NamedTuple
 import torch
 import torch.nn.functional as F
 from timm import create_model
-from timm.layers import resample_abs_pos_embed, resize_rel_pos_bias_table, trunc_normal_
+from timm.layers import resample_abs_pos_embed, resize_rel_pos_bias_table, trunc_normal_, use_fused_attn
 from timm.models.beit import Beit
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -156,8 +156,9 @@ def _pick_attention_kernel(attn: nn.Module, args: tuple) -> None:
     1.1-2.1 ms), so it keeps it (docs/BENCHMARKS.md)."""
     x = args[0]
     training_on_cpu = x.device.type == "cpu" and (torch.is_grad_enabled() or torch.is_autocast_enabled("cpu"))
-    if attn.fused_attn == training_on_cpu:  # written only on a change: a compiled model sees a constant
-        attn.fused_attn = not training_on_cpu
+    fused = not training_on_cpu and use_fused_attn()  # timm's own switch (TIMM_FUSED_ATTN=0) still turns SDPA off
+    if attn.fused_attn != fused:  # written only on a change: a compiled model sees a constant
+        attn.fused_attn = fused
 
 
 STEM_CLASSES: dict[str, type[nn.Module]] = {"conv": ConvStem, "resnet": ResNetStem}
