@@ -95,9 +95,10 @@ def bench_stage(
     model = runtime.place(stage.build_model())
     train_model = torch.compile(model) if cfg.compile else model
     optimizer = stage.build_optimizer(model)
+    events = events or cfg.input.n_max
     windows = [
         prepare_events(w, sensor, cfg.input, train=False)
-        for w in synthetic_windows(events or cfg.input.n_max, cfg.batch_size, sensor=sensor)
+        for w in synthetic_windows(events, cfg.batch_size, sensor=sensor)
     ]
     batch = (
         collate_events(windows, sensor).to(runtime.device, non_blocking=True),
@@ -133,7 +134,12 @@ def bench_stage(
     peak = torch.cuda.max_memory_allocated() / 2**30 if runtime.device.type == "cuda" else float("nan")
     if profile is not None:
         write_profile(profile / f"{stage_cls.name}-profile.txt", lambda: stretch(PROFILE_STEPS), runtime.device)
-    return {"images_per_s": steps * cfg.batch_size / seconds, "step_ms": seconds / steps * 1e3, "peak_gib": peak}
+    return {
+        "images_per_s": steps * cfg.batch_size / seconds,
+        "step_ms": seconds / steps * 1e3,
+        "peak_gib": peak,
+        "events": events,
+    }
 
 
 PROFILE_STEPS = 3
@@ -163,8 +169,9 @@ def bench_loader(cfg, workers: int, epochs: int = 2, sensor: SensorSize = SENSOR
     one worker's, as it was when an epoch was a single batch."""
     batch = min(cfg.batch_size, LOADER_BATCH)
     count = max(1, workers) * BATCHES_PER_WORKER * batch
+    events = events or cfg.input.n_max
     with tempfile.TemporaryDirectory(prefix="mem-bench-train-") as tmp:
-        windows = synthetic_windows(events or cfg.input.n_max, min(count, 64), seed=1, sensor=sensor)
+        windows = synthetic_windows(events, min(count, 64), seed=1, sensor=sensor)
         with CorpusWriter(tmp, provenance={"source": "bench"}) as writer:
             writer.begin_recording("bench", sensor)
             for k in range(count):
@@ -172,7 +179,7 @@ def bench_loader(cfg, workers: int, epochs: int = 2, sensor: SensorSize = SENSOR
                 w["t"] += k * 50_000
                 writer.append(w)
             writer.end_recording()
-        source = CorpusSource(Path(tmp), "all", window=events or cfg.input.n_max)
+        source = CorpusSource(Path(tmp), "all", window=events)
         loader, sampler = build_loader(  # the training stages' own loader
             source,
             cfg.input,
@@ -235,25 +242,42 @@ def main(
         )
     workers = os.cpu_count() or 1
     loader_rate = bench_loader(configs["finetune"], workers, sensor=sensor, events=events)
+    # what the windows were (a step's histogram costs grow with the events and the sensor): a stage's own n_max
+    # unless --events, which can differ between stages
+    size = f"{sensor.width}x{sensor.height}"
     rows = []
     for stage, r in measured.items():
-        b = configs[stage].batch_size
+        b, window = configs[stage].batch_size, {"sensor": size, "events": r["events"]}
         rows += [
-            {"name": f"{stage} images/s", "value": r["images_per_s"], "unit": "img/s", "batch": b},
-            {"name": f"{stage} step", "value": r["step_ms"], "unit": "ms", "batch": b},
+            {"name": f"{stage} images/s", "value": r["images_per_s"], "unit": "img/s", "batch": b, **window},
+            {"name": f"{stage} step", "value": r["step_ms"], "unit": "ms", "batch": b, **window},
             *(
-                [{"name": f"{stage} peak GPU memory", "value": r["peak_gib"], "unit": "GiB", "batch": b}]
+                [{"name": f"{stage} peak GPU memory", "value": r["peak_gib"], "unit": "GiB", "batch": b, **window}]
                 * (dev.type == "cuda")
             ),
-            {"name": f"{stage}: loader / step rate", "value": loader_rate / r["images_per_s"], "unit": "x", "batch": b},
+            {
+                "name": f"{stage}: loader / step rate",
+                "value": loader_rate / r["images_per_s"],
+                "unit": "x",
+                "batch": b,
+                **window,
+            },
         ]
-    rows.append({"name": f"data loader, {workers} workers", "value": loader_rate, "unit": "samples/s", "batch": None})
-    n = events or configs["finetune"].input.n_max
-    for row in rows:  # what the windows were: a step's histogram costs grow with the events and the sensor
-        row.update(sensor=f"{sensor.width}x{sensor.height}", events=n)
+    loader_events = events or configs["finetune"].input.n_max
+    rows.append(
+        {
+            "name": f"data loader, {workers} workers",
+            "value": loader_rate,
+            "unit": "samples/s",
+            "batch": None,
+            "sensor": size,
+            "events": loader_events,
+        }
+    )
+    counts = sorted({r["events"] for r in rows})
     table = Table(
         title=f"mem bench train: {preset} on {dev} (compile={compile_model}, {steps} timed steps, "
-        f"{n}-event windows on {sensor.width} x {sensor.height})"
+        f"{'/'.join(map(str, counts))}-event windows on {sensor.width} x {sensor.height})"
     )
     for column in ("name", "value", "unit", "batch"):
         table.add_column(column)
