@@ -241,18 +241,19 @@ def main(
             FinetuneStage, configs["finetune"], runs["finetune"], steps, warmup, profile, **window
         )
     workers = os.cpu_count() or 1
-    loader_rate = bench_loader(configs["finetune"], workers, sensor=sensor, events=events)
+    loader_events = events or configs["finetune"].input.n_max
+    loader_rate = bench_loader(configs["finetune"], workers, sensor=sensor, events=loader_events)
     # what the windows were (a step's histogram costs grow with the events and the sensor): a stage's own n_max
     # unless --events, which can differ between stages
     size = f"{sensor.width}x{sensor.height}"
     rows = []
     for stage, r in measured.items():
-        b, window = configs[stage].batch_size, {"sensor": size, "events": r["events"]}
+        b, shape = configs[stage].batch_size, {"sensor": size, "events": r["events"]}
         rows += [
-            {"name": f"{stage} images/s", "value": r["images_per_s"], "unit": "img/s", "batch": b, **window},
-            {"name": f"{stage} step", "value": r["step_ms"], "unit": "ms", "batch": b, **window},
+            {"name": f"{stage} images/s", "value": r["images_per_s"], "unit": "img/s", "batch": b, **shape},
+            {"name": f"{stage} step", "value": r["step_ms"], "unit": "ms", "batch": b, **shape},
             *(
-                [{"name": f"{stage} peak GPU memory", "value": r["peak_gib"], "unit": "GiB", "batch": b, **window}]
+                [{"name": f"{stage} peak GPU memory", "value": r["peak_gib"], "unit": "GiB", "batch": b, **shape}]
                 * (dev.type == "cuda")
             ),
             {
@@ -260,10 +261,9 @@ def main(
                 "value": loader_rate / r["images_per_s"],
                 "unit": "x",
                 "batch": b,
-                **window,
+                **shape,
             },
         ]
-    loader_events = events or configs["finetune"].input.n_max
     rows.append(
         {
             "name": f"data loader, {workers} workers",
