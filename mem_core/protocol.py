@@ -557,7 +557,7 @@ def _names(value: Any, kind: str, key: str) -> list[str]:
     return [_text(name, kind, f"{key} name") for name in value]
 
 
-# the label-a-few loop: captures, training from them, and the model being served (docs/protocol.md "Labelling")
+# the label-a-few loop: captures, training from them, and the model being served (docs/protocol.md, `stats` and "Control")
 _LABELS = {
     "root": _text,
     "classes": _names,

@@ -32,8 +32,8 @@ def test_overrides_are_typed_and_nested():
 
 
 def test_paths_and_words_are_strings():
-    cfg = apply_overrides(Stage(), ["data=../shared/data/ncars-dev", "model.mode=true", "init=runs/pre"])
-    assert cfg.data == "../shared/data/ncars-dev"
+    cfg = apply_overrides(Stage(), ["data=path/to/n-cars", "model.mode=true", "init=runs/pre"])
+    assert cfg.data == "path/to/n-cars"
     assert cfg.model.mode == "true"
     assert cfg.init == "runs/pre"
 

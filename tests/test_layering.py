@@ -1,4 +1,4 @@
-"""The architecture's import rules (DESIGN.md §2, docs/ARCHITECTURE.md), checked on the source (lazy imports count).
+"""The architecture's import rules (docs/ARCHITECTURE.md), checked on the source (lazy imports count).
 
 - layers point one way: ``app`` -> ``recorders`` -> ``mem_core``; ``bench`` may use them all, nothing uses ``bench``;
 - ``mem_core`` never imports Qt, ZMQ, ``app``, ``recorders``; ``recorders`` never imports Qt or ``app``;

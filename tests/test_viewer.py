@@ -410,9 +410,8 @@ def control_socket():
 
 
 def test_the_window_s_controls_reach_the_control_socket_with_their_arguments(qtbot, publisher, client, control_socket):
-    """What the server receives, not what a signal emits: PySide used to drop the arguments of ``Signal(str,
-    dict)`` on the way to ``send_control``, and the server answered "speed: value must be a finite number, got
-    None"."""
+    """What the server receives, not what a signal emits: PySide drops the ``dict`` of a ``Signal(str, dict)`` on
+    the way to a ``**kwargs`` slot, and the server would answer "speed: value must be a finite number, got None"."""
     socket, _ = publisher
     rep, endpoint = control_socket
     window = ViewerWindow(client)
@@ -482,7 +481,7 @@ def test_control_endpoint_uses_the_host_the_viewer_connected_to():
 # ---- hostile messages: dropped, counted, shown; the next good frame is drawn ------------------------------------
 
 BAD_MESSAGES = {
-    # each of these used to raise on every later frame (tokens, mask, stats), or take gigabytes (num_tokens)
+    # each of these must be dropped, not raise on every later frame (tokens, mask, stats) or take gigabytes (num_tokens)
     "empty token grid": lambda: message("tokens", 0, {"tokens": np.zeros((0, 4), np.int32)}, num_tokens=64),
     "mask id 2^62": lambda: message(
         "pred", 0, {"mask": np.full((16, 16), 2**62, np.uint64)}, task="segmentation", classes=CLASSES
@@ -543,7 +542,7 @@ def test_a_frame_that_cannot_be_drawn_is_dropped_and_the_next_one_drawn(window, 
 
 
 def test_client_keeps_delivering_after_a_stats_message_with_a_garbage_control_endpoint(qtbot, publisher, client):
-    """A bad advertised endpoint used to raise inside every drain: nothing was drawn any more."""
+    """A bad advertised endpoint must not raise inside every drain, which would stop all drawing."""
     socket, _ = publisher
     window = ViewerWindow(client)
     qtbot.addWidget(window)

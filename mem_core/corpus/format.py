@@ -22,7 +22,7 @@ Crash safety (measured on HDF5 2.0 / h5py 3.16, not assumed):
   ``swmr=True`` only, and never again for writing. So a shard is written by one writer session only; re-opening
   a corpus starts a new shard. Readers open a shard left open (``sealed: false`` in the manifest) with SWMR and
   few metadata retries, a sealed one without SWMR (``shard.py`` says why: damaged metadata made SWMR hang).
-- Every chunk carries a Fletcher-32 checksum (shards written since November 2026): a damaged chunk fails to read.
+- Every chunk carries a Fletcher-32 checksum: a damaged chunk fails to read (a shard written without it reads unchecked).
 - The manifest is the commit record. Events are buffered in memory, written to the shard when the buffer fills,
   and committed at least every ``flush_interval_s`` (checked inside ``append``) and on close: shard flush + fsync,
   then the manifest (tmp + fsync + ``os.replace``). Readers trust only the counts in the manifest, so whatever

@@ -9,8 +9,8 @@ int16 y, bool polarity.
 
 Why not dv-processing: on a damaged LZ4 frame its decompression loop calls ``LZ4F_decompress`` again on input
 that made it fail and never advances (the interpreter spins for good), and it unpacks packet flatbuffers without
-verifying them. It used to run in a child process killed after a timeout (0.3 s of interpreter start-up and a
-.npy round trip per file, 0.1-0.2 Mev/s on small files). Here the packet headers are chained from the header to
+verifying them; a child process killed after a timeout would contain that, at 0.3 s of interpreter start-up and a
+.npy round trip per file (0.1-0.2 Mev/s on small files). Here the packet headers are chained from the header to
 the data table (or the end of the file), each packet is decompressed by lz4 / zstandard with a bound on its output,
 its flatbuffer offsets are checked, and the data table must agree with the packets: time and memory are linear in
 the file size, and a damaged file is refused with an ``EventFileError`` saying what is wrong. Payloads carry no

@@ -1,4 +1,4 @@
-"""Model input: event histograms and the events -> tensor pipeline (DESIGN.md §3 "Representation").
+"""Model input: event histograms and the events -> tensor pipeline (docs/ARCHITECTURE.md, "The model input").
 
 ``histogram`` counts events (numba on CPU, ``torch.bincount`` on GPU), ``spec`` holds ``InputSpec`` (stored with
 every model), ``pipeline`` turns windows into normalized, resized, augmented model inputs. The names below are the

@@ -1,4 +1,4 @@
-"""The model input pipeline (DESIGN.md §3 "Representation"): event windows -> normalized, resized tensors.
+"""The model input pipeline (docs/ARCHITECTURE.md, "The model input"): event windows -> normalized, resized tensors.
 
 For one sample (``preprocess``) or a padded batch (``collate_events`` + ``batch_preprocess``): window of up to
 ``n_max`` events (random at train, centred at evaluation) -> event augmentations (train) -> histogram -> hot pixels
