@@ -1,12 +1,12 @@
 """A supervised CNN from scratch on exactly a preset's finetuning input (``mem bench cnn-reference``): the yardstick
-for what that input allows with these labels, against which MEM's ViT is read (docs/RESULTS.md, section 4).
+for what that input allows with these labels, against which MEM's ViT is read (docs/RESULTS.md, section 3).
 
 The windows, event augmentations (shifts, flips, EventDrop when set), histograms and label subset are the
 finetuning stage's own (``WindowDataset``, ``batch_preprocess``, ``train_indices``); only the model (a timm CNN) and
 its optimiser (AdamW, one-cycle, label smoothing 0.1) differ. Validation is the deterministic centred window, every
 ``round(1 / labels)`` epochs, so runs on a label fraction validate as often per step as runs on all labels.
 
-Run: ``uv run mem bench cnn-reference --dataset ncars --data ../shared/data/ncars-dev --preset cpu-small
+Run: ``uv run mem bench cnn-reference --dataset ncars --data path/to/n-cars --preset cpu-small
 --labels 1.0 --epochs 30 --json out.json``
 """
 
