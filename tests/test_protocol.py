@@ -172,7 +172,7 @@ def _events_frames(events_factory, **changes) -> list[bytes]:
 @pytest.mark.parametrize(
     ("frames", "reason"),
     [
-        ([b"events", b"[" * 100_000], "nests deeper"),  # was a RecursionError that ended `mem serve`
+        ([b"events", b"[" * 100_000], "nests deeper"),  # not a RecursionError, which would end `mem serve`
         ([b"events", b'{"a":' * 10_000], "nests deeper"),
         (
             [

@@ -341,7 +341,7 @@ def test_collate_in_a_dataloader_worker_builds_the_batch_in_shared_memory(events
 @pytest.mark.parametrize("train", [False, True])
 def test_label_images_follow_the_resize_and_the_crop(train):
     # Events fill a block; its label image marks the same block. Through resize_to + a (random) crop, the input's
-    # events must still sit on their labels (they were misaligned when only the input was cropped).
+    # events must still sit on their labels (cropping the input alone would misalign them).
     sensor = SensorSize(40, 60)
     ys, xs = np.mgrid[10:20, 35:50]
     n = ys.size * 4
