@@ -51,9 +51,18 @@ class ViewConfig:
 
 @dataclass(frozen=True)
 class DemoConfig:
-    """``mem demo``: where it writes, window or snapshots (None: snapshots when there is no display), fresh start."""
+    """``mem demo``: where it writes, window or snapshots (None: snapshots when there is no display), fresh start,
+    the labels of each finetuning run and the label seeds that draw them, finetuning runs at once."""
 
     out: Path = Path("mem-demo")
     headless: bool | None = None
     fresh: bool = False
-    labels_per_class: int = 40
+    labels_per_class: int = 10
+    label_seeds: tuple[int, ...] = (0, 1, 2)
+    jobs: int = 2  # two single-threaded runs at once finish sooner on 2 cores than one run on both
+
+    def __post_init__(self) -> None:
+        if not self.label_seeds or len(set(self.label_seeds)) != len(self.label_seeds):
+            raise ValueError(f"label seeds must be distinct and at least one, got {self.label_seeds}")
+        if self.jobs < 1:
+            raise ValueError(f"jobs must be at least 1, got {self.jobs}")

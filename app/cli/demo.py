@@ -22,8 +22,13 @@ def demo(
         bool, typer.Option("--fresh", help="Start over instead of reusing the last demo's work.")
     ] = _D.fresh,
     labels_per_class: Annotated[
-        int, typer.Option("--labels-per-class", help="Labelled samples per class.")
+        int, typer.Option("--labels-per-class", help="Labelled samples per class in each finetuning run.")
     ] = _D.labels_per_class,
+    seeds: Annotated[
+        str,
+        typer.Option("--seeds", help="Comma-separated label seeds: each draws other labelled samples for both arms."),
+    ] = ",".join(map(str, _D.label_seeds)),
+    jobs: Annotated[int, typer.Option("--jobs", help="Finetuning runs at once, each in its own process.")] = _D.jobs,
 ) -> None:
     """The whole product on the simulated camera: record, pretrain, finetune MEM vs scratch, live viewer."""
     from app.demo import label_fraction, run
@@ -32,4 +37,16 @@ def demo(
         label_fraction(labels_per_class)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--labels-per-class") from None
-    run(DemoConfig(out=out, headless=headless, fresh=fresh, labels_per_class=labels_per_class))
+    try:
+        label_seeds = tuple(int(s) for s in seeds.split(","))
+        cfg = DemoConfig(
+            out=out,
+            headless=headless,
+            fresh=fresh,
+            labels_per_class=labels_per_class,
+            label_seeds=label_seeds,
+            jobs=jobs,
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(f"{exc} (--seeds {seeds!r}, --jobs {jobs})", param_hint="--seeds/--jobs") from None
+    run(cfg)

@@ -110,7 +110,7 @@ def run(cfg: LabelEfficiencyConfig) -> dict[str, Any]:
         for path, arm, ft_cfg, init in pending:
             timed(f"finetune-{arm}", lambda c=ft_cfg, p=path, i=init: finetune.run(c, p, init=i, resume=p.exists()))
     elif pending:
-        timed("finetune (all runs, wall clock)", lambda: _finetune_in_parallel(pending, cfg.jobs, out / "logs"))
+        timed("finetune (all runs, wall clock)", lambda: finetune_in_parallel(pending, cfg.jobs, out / "logs"))
     rows = []
     for path, arm, fraction, seed, _ in runs:
         result = json.loads((path / "result.json").read_text())
@@ -145,7 +145,7 @@ def run(cfg: LabelEfficiencyConfig) -> dict[str, Any]:
     return report
 
 
-def _finetune_in_parallel(pending: list[tuple], jobs: int, logs: Path) -> None:
+def finetune_in_parallel(pending: list[tuple], jobs: int, logs: Path) -> None:
     """Run the finetuning runs ``pending`` (path, arm, config, init), ``jobs`` at a time, each in a process of its
     own with ``cores // jobs`` torch threads; a failed run stops the others and names its log."""
     import multiprocessing
@@ -186,7 +186,7 @@ def _finetune_in_parallel(pending: list[tuple], jobs: int, logs: Path) -> None:
 
 
 def _finetune_child(config: dict[str, Any], path: str, init: str | None, threads: int, log: str) -> None:
-    """One finetuning run in a process of its own (``_finetune_in_parallel``), its output to ``log``."""
+    """One finetuning run in a process of its own (``finetune_in_parallel``), its output to ``log``."""
     import contextlib
 
     import torch
