@@ -156,11 +156,11 @@ def evaluate_all(cfg: DemoConfig) -> dict:
     """Top-1 (%) of every finetuning run on the held-out test split, per label seed, with the means and MEM's lead."""
     from mem_core.train.evaluate import evaluate_run
 
-    seeds, n = [], 0
+    runs, seeds, n = finetune_runs(cfg), [], 0
     for seed in cfg.label_seeds:
         row = {"label_seed": seed}
         for arm in ("mem", "scratch"):
-            result = evaluate_run(finetune_runs(cfg)[arm, seed], "sim", None, "test", num_workers=0)
+            result = evaluate_run(runs[arm, seed], "sim", None, "test", num_workers=0)
             row[arm], n = round(100 * result["top1"], 1), result["n"]
         seeds.append(row)
     leads = [row["mem"] - row["scratch"] for row in seeds]
@@ -286,11 +286,9 @@ def write_report(cfg: DemoConfig, runs: dict[str, Path], table_md: str, live_sta
         ]
         / "predictions.png",
     }
-    first_seed = cfg.label_seeds[0]
+    first_seed, finetuned = cfg.label_seeds[0], finetune_runs(cfg)
     for arm, name in (("mem", "MEM"), ("scratch", "scratch")):
-        pictures[f"finetuning curves ({name}, label seed {first_seed})"] = (
-            finetune_runs(cfg)[arm, first_seed] / "curves.png"
-        )
+        pictures[f"finetuning curves ({name}, label seed {first_seed})"] = finetuned[arm, first_seed] / "curves.png"
     n_classes = len(task_config().classes)
     lines = [
         "# MEM demo report",
