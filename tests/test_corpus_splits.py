@@ -1,5 +1,6 @@
-"""The corpus dataset's validation split: held-out blocks of whole sessions or session tails, never scattered
-slots, and windows that never cross from one split into the other; finetuning on a corpus of short captures."""
+"""The corpus dataset's validation split: guarded blocks of whole sessions, or of a session's slots, spread over the
+corpus, never scattered slots, and windows that never cross from one split into the other; finetuning on a corpus
+of short captures."""
 
 from __future__ import annotations
 
@@ -53,18 +54,20 @@ def split_names(root: Path, split: str) -> list[str]:
     return sorted({source.corpus.recordings[int(rec)].session for rec in source.samples[:, 0]})
 
 
-def test_labelled_sessions_hold_out_the_last_tenth_of_each_class(tmp_path):
+def test_labelled_sessions_hold_out_a_tenth_of_each_class_in_guarded_blocks(tmp_path):
     sessions = [(f"c{k}", 50, "cars") for k in range(12)] + [(f"b{k}", 50, "background") for k in range(25)]
     order = sorted(sessions, key=lambda s: int(s[0][1:]))  # classes interleaved in corpus order
     root = build(tmp_path, order)
-    assert split_names(root, "val") == ["b23", "b24", "c11"]  # 1 of 12 cars, 2 of 25 backgrounds (2.5 -> 2)
-    assert set(split_names(root, "train")) == {name for name, _, _ in sessions} - {"b23", "b24", "c11"}
+    # 1 of 12 cars, centred; 2 of 25 backgrounds (2.5 -> 2), one centred in each half; their class neighbours guard
+    assert split_names(root, "val") == ["b18", "b6", "c5"]
+    guard = {"c4", "c6", "b5", "b7", "b17", "b19"}
+    assert set(split_names(root, "train")) == {name for name, _, _ in sessions} - {"b18", "b6", "c5"} - guard
 
 
 def test_a_labelled_session_of_several_segments_is_held_out_whole(tmp_path):
-    root = build(tmp_path, [("a", 300, "x"), ("b", 300, "y"), ("c", 300, "x"), ("d", 300, "y")], {"c": 3})
-    assert [name for name, _, _ in held_out(root)] == ["c", "c/1", "c/2", "d", "d", "d"]
-    assert "c" not in split_names(root, "train")
+    root = build(tmp_path, [("c", 300, "x"), ("b", 300, "y"), ("a", 300, "x"), ("d", 300, "y")], {"c": 3})
+    assert [name for name, _, _ in held_out(root)] == ["c", "c/1", "c/2", "b", "b", "b"]  # the first of 2 per class
+    assert split_names(root, "train") == ["a", "d"]
 
 
 def test_a_class_with_one_labelled_session_is_a_clear_error(tmp_path):
@@ -75,19 +78,21 @@ def test_a_class_with_one_labelled_session_is_a_clear_error(tmp_path):
     assert len(CorpusSource(root, "all", slot=SLOT)) == 3  # no split asked, nothing to refuse
 
 
-def test_many_unlabelled_sessions_hold_out_the_last_twentieth_whole(tmp_path):
+def test_many_unlabelled_sessions_hold_out_a_twentieth_whole_in_guarded_blocks(tmp_path):
     root = build(tmp_path, [(f"s{k:02d}", 250, None) for k in range(40)])
-    assert split_names(root, "val") == ["s38", "s39"]
-    assert held_out(root) == [("s38", 0, 100), ("s38", 100, 150), ("s39", 0, 100), ("s39", 100, 150)]
+    assert split_names(root, "val") == ["s09", "s29"]  # one centred in each half
+    assert held_out(root) == [("s09", 0, 100), ("s09", 100, 150), ("s29", 0, 100), ("s29", 100, 150)]
+    assert len(split_names(root, "train")) == 40 - 2 - 4  # s08, s10, s28 and s30 guard the blocks
 
 
-def test_few_unlabelled_sessions_hold_out_the_tail_of_each(tmp_path):
-    # 45 slots -> the last 2 (5 %, rounded); 2 slots -> the last one; 1 slot -> none. A session cut into segments
-    # is one stream: its tail is its last slots, in its last segment.
+def test_few_unlabelled_sessions_hold_out_guarded_blocks_inside_each(tmp_path):
+    # 45 slots -> 2 (5 %, rounded), slots 11 and 33, one centred in each half, with slots 10, 12, 32 and 34 as
+    # guard; 2 slots -> the first one; 1 slot -> none. A session cut into segments is one stream: its slots run on
+    # through its segments (15 slots each).
     root = build(tmp_path, [("long", 4500, None), ("two", 200, None), ("one", 80, None)], {"long": 3})
-    assert held_out(root) == [("long/2", 1300, 100), ("long/2", 1400, 100), ("two", 100, 100)]
+    assert held_out(root) == [("long", 1100, 100), ("long/2", 300, 100), ("two", 0, 100)]
     train = CorpusSource(root, "train", slot=SLOT)
-    assert len(train) == 45 - 2 + 1 + 1
+    assert len(train) == 45 - 2 - 4 + 1 + 1
 
 
 def test_unlabelled_sessions_of_one_slot_each_hold_out_the_last_session(tmp_path):
@@ -97,14 +102,17 @@ def test_unlabelled_sessions_of_one_slot_each_hold_out_the_last_session(tmp_path
 
 def test_training_windows_never_reach_into_validation_slots(tmp_path):
     """A window longer than its slot is centred on it, but stays on its side of the split (both ways)."""
-    root = build(tmp_path, [("long", 1000, None)])  # 10 slots: slot 9 (events 900..999) is validation
+    root = build(tmp_path, [("long", 1000, None)])  # 10 slots: slot 4 (events 400..499) is validation, 3 and 5 guard
     train, val = CorpusSource(root, "train", slot=SLOT), CorpusSource(root, "val", slot=SLOT)
     rng = np.random.default_rng(0)
+    assert len(train) == 7
     for i in range(len(train)):
         for window in (train.load_window(i, 250, rng), train.load_window(i, 250, None)):
-            assert window["t"].max() < 900 and len(window) == 250
+            t = window["t"]
+            assert len(window) == 250 and (t.max() < 300 or t.min() >= 600), "a training window read guard events"
+            assert t.max() - t.min() == 249  # one run of training slots, never across the held-out block
     window = val.load_window(0, 250, rng)["t"]
-    assert window.min() == 900 and window.max() == 999  # the validation block alone, not its training neighbours
+    assert window.min() == 400 and window.max() == 499  # the validation block alone, not its neighbours
 
 
 def test_a_corpus_of_one_slot_is_shared_by_train_and_val_with_a_warning(tmp_path, caplog):
@@ -117,7 +125,7 @@ def test_a_corpus_of_one_slot_is_shared_by_train_and_val_with_a_warning(tmp_path
 
 def test_finetune_from_a_pretrain_run_on_a_corpus_of_short_labelled_captures(tmp_path):
     """``mem finetune --dataset corpus --init PRETRAIN_RUN`` on captures of a few thousand events, one class each
-    (what the live viewer saves): validation is the last capture of each class, one sample each."""
+    (what the live viewer saves): validation is the middle capture of each class, its neighbours guard it."""
     from typer.testing import CliRunner
 
     from app.cli import app
@@ -145,6 +153,6 @@ def test_finetune_from_a_pretrain_run_on_a_corpus_of_short_labelled_captures(tmp
     assert result["classes"] == ["background", "cars"]
     assert result["n"] == 2 and [sum(row) for row in result["confusion"]] == [1, 1]  # one held-out capture per class
     val = CorpusSource(corpus, "val", window=3000)
-    assert [val.corpus.recordings[int(rec)].name for rec in val.samples[:, 0]] == ["capture10", "capture11"]
+    assert [val.corpus.recordings[int(rec)].name for rec in val.samples[:, 0]] == ["capture4", "capture5"]
     train = json.loads((tmp_path / "ft" / "classes.json").read_text())
-    assert train["train_samples"] == 10
+    assert train["train_samples"] == 12 - 2 - 4

@@ -37,7 +37,8 @@ def test_ncars_official_layout_carves_a_fixed_validation_split(tmp_path, data_di
             for src in sorted((data_dir / "ncars-dev" / "val" / cls).glob("*.dat"))[:20]:
                 (tmp_path / split / cls / src.name).symlink_to(src)
     train, val, test = (open_source("ncars", tmp_path, s) for s in ("train", "val", "test"))
-    assert (len(train), len(val), len(test)) == (36, 4, 40)
+    # per class: 2 validation samples (10 %) in 2 blocks, each with a guard sample on both sides
+    assert (len(train), len(val), len(test)) == (28, 4, 40)
     assert set(map(str, train.files)).isdisjoint(map(str, val.files))
     assert open_source("ncars", tmp_path, "val").files == val.files  # the same carve-out every time
 
@@ -46,7 +47,8 @@ def test_nmnist_list_files(data_dir):
     test = open_source("nmnist", data_dir / "nmnist-small", "test")
     train = open_source("nmnist", data_dir / "nmnist-small", "train")
     val = open_source("nmnist", data_dir / "nmnist-small", "val")
-    assert len(test) == 100 and len(train) + len(val) == 1000
+    assert len(test) == 100 and len(val) == 100  # 10 % of train1K, in blocks; their guards are in neither split
+    assert 1000 - 3 * len(val) <= len(train) < 1000 - len(val)  # guards of at least 1 on both sides of a block
     assert test.classes == [str(d) for d in range(10)] and test.sensor == SensorSize(34, 34)
     assert len(test.load(3)) > 0
 
@@ -64,7 +66,8 @@ def test_ncaltech101_split_is_written_once_and_exact(tmp_path):
     make_ncaltech(tmp_path)
     train = open_source("ncaltech101", tmp_path, "train")
     split = json.loads((tmp_path / "mem-split.json").read_text())
-    assert {k: len(v) for k, v in split.items()} == {"train": 28, "val": 4, "test": 8}
+    # per class: 2 test (20 %, random), then of the 8 others 1 validation with a guard sample on both sides
+    assert {k: len(v) for k, v in split.items()} == {"train": 20, "val": 4, "test": 8}
     # exact class names: 'ant' is not matched inside 'elephant'
     assert train.classes == ["BACKGROUND_Google", "Faces_easy", "ant", "elephant"]
     for rel, cls in split["train"] + split["test"]:
@@ -133,9 +136,9 @@ def test_corpus_source_with_labels_and_slots(tmp_path):
     assert everything.classes == ["background", "cars"]
     assert sorted(everything.labels.tolist()) == [-1, -1, -1, 0, 0, 1, 1]
     train, val = open_source("corpus", tmp_path, "train"), open_source("corpus", tmp_path, "val")
-    assert len(train) + len(val) == len(everything)
+    assert len(train) + len(val) == len(everything)  # too few slots and sessions for a guard
     held_out = [(val.corpus.recordings[int(rec)].name, int(lo)) for rec, lo in val.samples[:, :2]]
-    assert held_out == [("long", 60_000), ("r2", 0), ("r3", 0)]  # the long one's last slot, each class's last
+    assert held_out == [("long", 30_000), ("r0", 0), ("r1", 0)]  # the long one's middle slot, each class's first
     window = everything.load_window(0, 1000, np.random.default_rng(0))
     assert len(window) == 1000 and np.all(np.diff(window["t"]) >= 0)
 
@@ -153,13 +156,13 @@ def test_corpus_epoch_reads_every_event_once_in_model_windows(tmp_path):
     covered = np.concatenate([windows.load(i)["t"] for i in range(len(windows))])
     assert np.array_equal(covered, events["t"])  # evaluation samples tile the corpus
     train = open_source("corpus", tmp_path, "train", window=5000)
-    assert len(train) == 6 + 6  # the last slot is validation
+    assert len(train) == 6 + 8  # the middle slot is validation
     rng = np.random.default_rng(0)
     starts = {int(train.load_window(0, 5000, rng)["t"][0]) for _ in range(50)}
     assert len(starts) > 10  # fresh windows every epoch
     for i in range(len(train)):
         window = train.load_window(i, 5000, rng)["t"]
-        assert window[-1] <= events["t"][59_999]
+        assert window[-1] <= events["t"][29_999] or window[0] >= events["t"][60_000]
 
 
 def corpus_with_a_damaged_shard(root: Path) -> Path:

@@ -3,16 +3,16 @@ short labelled recordings.
 
 The validation split holds out whole blocks, never samples drawn here and there: neighbouring windows of one
 recording are nearly the same data, so a validation slot whose neighbours are in training reads far better than
-unseen recordings do (N-Cars: 7-13 points, docs/RESULTS.md). The unit is the session: one recording stream (the
-segments of a ``mem record`` / live recording share a ``session``; each file of ``mem ingest`` is a session of its
-own). In corpus order:
+unseen recordings do (N-Cars: 7-13 points, docs/RESULTS.md). The blocks are those of ``datasets.splits``: several,
+spread over the data, each with a guard on both sides that neither split uses. The unit is the session: one recording
+stream (the segments of a ``mem record`` / live recording share a ``session``; each file of ``mem ingest`` is a
+session of its own). In corpus order:
 
-- labelled sessions (e.g. captures with a class each, an ingested labelled dataset): per class, the last
-  ``VAL_CLASS_FRACTION`` of its sessions (at least one) are validation; a class with fewer than 2 sessions is a
-  ``DatasetError``;
-- unlabelled sessions: with at least ``MIN_SESSIONS`` of them, the last ``VAL_FRACTION`` of the sessions (at least
-  one); with fewer, the last ``VAL_FRACTION`` of each session's slots (at least one slot of a session with two or
-  more), a tail block, and if every session is a single slot, the last session;
+- labelled sessions (e.g. captures with a class each, an ingested labelled dataset): per class, ``VAL_CLASS_FRACTION``
+  of its sessions (at least one) in blocks; a class with fewer than 2 sessions is a ``DatasetError``;
+- unlabelled sessions: with at least ``MIN_SESSIONS`` of them, ``VAL_FRACTION`` of the sessions (at least one) in
+  blocks; with fewer, ``VAL_FRACTION`` of each session's slots (at least one slot of a session with two or more) in
+  blocks inside it, and if every session is a single slot, the last session;
 - labelled and unlabelled sessions of one corpus are split apart, each group by its rule;
 - a corpus of one slot cannot be split: train and val share it, with a logged warning.
 
@@ -29,6 +29,7 @@ import numpy as np
 
 from mem_core.corpus import MANIFEST, Corpus, CorpusError, RecordingInfo
 from mem_core.datasets.base import DatasetError, EventSource, require_dir
+from mem_core.datasets.splits import TRAIN, VAL, held_out_blocks
 from mem_core.events import SensorSize, window_start
 
 log = logging.getLogger(__name__)
@@ -83,25 +84,23 @@ class CorpusSource(EventSource):
         if not usable.any():
             raise DatasetError(f"{root}: every shard of the corpus is damaged ({len(self.skipped)} skipped)")
         if split == "all":
-            held_out = np.zeros(len(table), dtype=bool)
+            roles = np.full(len(table), TRAIN, dtype=np.int8)
         elif usable.sum() == 1:
             log.warning("%s: the corpus is one %d-event slot: train and val share it", root, int(table[usable][0, 2]))
-            held_out = np.full(len(table), split == "val")
+            roles = np.full(len(table), VAL if split == "val" else TRAIN, dtype=np.int8)
         else:  # decided on the whole manifest: leaving damaged shards out moves nothing between train and val
-            held_out = _held_out(root, recordings, table)
-        table, held_out = table[usable], held_out[usable]
-        # Validation slots are a tail of their recording (from first_val on): this split's windows read only
-        # events [lo, hi) of each recording (self._bounds), never a slot of the other split.
-        ends = np.asarray([r.n_events for r in recordings], dtype=np.int64)
-        first_val = ends.copy()
-        np.minimum.at(first_val, table[held_out, 0], table[held_out, 1])
-        self._bounds = np.column_stack([first_val, ends] if split == "val" else [np.zeros_like(ends), first_val])
+            roles = _roles(root, recordings, table)
+        table, roles = table[usable], roles[usable]
         if split != "all":
-            table = table[held_out == (split == "val")]
+            table = table[roles == (VAL if split == "val" else TRAIN)]
+        # This split's windows read only the events of the run of its own slots around them, never a slot of the
+        # other split or a guard slot.
+        bounds = _runs(table)
         parts = np.maximum(1, table[:, 2] // window) if window else np.ones(len(table), dtype=np.int64)
         # one row per sample: (recording, first event, events in slot, part, parts)
         part = np.arange(parts.sum()) - np.repeat(np.cumsum(parts) - parts, parts)
         self.samples = np.column_stack([np.repeat(table, parts, axis=0), part, np.repeat(parts, parts)])
+        self._bounds = np.repeat(bounds, parts, axis=0)
         index = {c: k for k, c in enumerate(names)}
         self.labels = np.asarray(
             [index[str(recordings[i].label)] if recordings[i].label is not None else -1 for i in self.samples[:, 0]],
@@ -123,7 +122,7 @@ class CorpusSource(EventSource):
         if count >= n:
             return self.corpus.window(rec, lo + window_start(count, n, rng), n)
         # a window longer than its slot (or part) reaches into the neighbours, centred on it, within its split
-        first, end = (int(v) for v in self._bounds[rec])
+        first, end = (int(v) for v in self._bounds[index])
         start = max(first, min(lo + count // 2 - n // 2, end - n))
         return self.corpus.window(rec, start, min(n, end - start))
 
@@ -141,8 +140,8 @@ def _slots(recordings: list[RecordingInfo], slot: int) -> np.ndarray:
     return np.asarray(slots, dtype=np.int64).reshape(-1, 3)
 
 
-def _held_out(root: Path, recordings: list[RecordingInfo], table: np.ndarray) -> np.ndarray:
-    """Which slots of ``table`` are validation (the rules of the module docstring)."""
+def _roles(root: Path, recordings: list[RecordingInfo], table: np.ndarray) -> np.ndarray:
+    """``TRAIN`` / ``VAL`` / ``GUARD`` of every slot of ``table`` (the rules of the module docstring)."""
     sessions: dict[str, list[int]] = {}  # session -> its slots (rows of table), in corpus order
     for row, rec in enumerate(table[:, 0]):
         r = recordings[rec]
@@ -151,34 +150,48 @@ def _held_out(root: Path, recordings: list[RecordingInfo], table: np.ndarray) ->
     for rows in sessions.values():
         label = recordings[table[rows[0], 0]].label
         by_label.setdefault(None if label is None else str(label), []).append(rows)
-    held_out = np.zeros(len(table), dtype=bool)
+    roles = np.full(len(table), TRAIN, dtype=np.int8)
     for label, group in by_label.items():
         if label is None:
-            rows = _unlabelled_held_out(group)
+            _unlabelled_roles(group, roles)
         elif len(group) < 2:
             raise DatasetError(
                 f"{root}: a labelled corpus needs at least 2 labelled samples per class, one to train and one to "
                 f"validate; class {label!r} has {len(group)}"
             )
         else:
-            rows = [row for session in group[-_share(len(group), VAL_CLASS_FRACTION) :] for row in session]
-        held_out[rows] = True
-    return held_out
+            _session_roles(group, VAL_CLASS_FRACTION, roles)
+    return roles
 
 
-def _unlabelled_held_out(sessions: list[list[int]]) -> list[int]:
-    """Validation slots among unlabelled ``sessions`` (each a list of slots in order)."""
+def _session_roles(sessions: list[list[int]], fraction: float, roles: np.ndarray) -> None:
+    """Give whole ``sessions`` (each a list of slots) the roles of ``held_out_blocks`` over them."""
+    for rows, role in zip(sessions, held_out_blocks(len(sessions), fraction), strict=True):
+        roles[rows] = role
+
+
+def _unlabelled_roles(sessions: list[list[int]], roles: np.ndarray) -> None:
+    """Roles of the slots of unlabelled ``sessions`` (each a list of slots in order)."""
     if len(sessions) >= MIN_SESSIONS:
-        return [row for session in sessions[-_share(len(sessions), VAL_FRACTION) :] for row in session]
-    tails = [row for s in sessions if len(s) >= 2 for row in s[-_share(len(s), VAL_FRACTION) :]]
-    if not tails and len(sessions) >= 2:  # single-slot sessions only: no tail to cut, hold out the last session
-        return sessions[-1]
-    return tails
+        _session_roles(sessions, VAL_FRACTION, roles)
+    elif all(len(s) == 1 for s in sessions):  # single-slot sessions only: hold out the last session
+        if len(sessions) >= 2:
+            roles[sessions[-1]] = VAL
+    else:
+        for rows in sessions:
+            roles[rows] = held_out_blocks(len(rows), VAL_FRACTION)
 
 
-def _share(n: int, fraction: float) -> int:
-    """How many of ``n`` to hold out: ``fraction`` of them, at least one."""
-    return max(1, round(fraction * n))
+def _runs(table: np.ndarray) -> np.ndarray:
+    """(first, end) event of the run of adjacent slots of one recording that each slot of ``table`` belongs to."""
+    bounds = np.empty((len(table), 2), dtype=np.int64)
+    start = 0
+    for row in range(1, len(table) + 1):
+        rec, lo, count = table[row - 1]
+        if row == len(table) or table[row, 0] != rec or table[row, 1] != lo + count:
+            bounds[start:row] = (table[start, 1], lo + count)
+            start = row
+    return bounds
 
 
 def _damaged_shards(corpus: Corpus, verify: bool, skip_bad: bool) -> dict[str, str]:
