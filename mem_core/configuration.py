@@ -2,7 +2,8 @@
 
 A config is a (possibly nested) dataclass whose defaults are the only defaults there are. ``merge`` applies a
 (nested or dotted) table of values, ``apply_overrides`` the ``--set`` strings of the command line; every key is
-checked against the dataclass: an unknown key or a value of the wrong type is a ``ConfigError`` that names the key.
+checked against the dataclass: an unknown key or a value of the wrong type (the field's annotation, checked by
+``mem_core.schema``) is a ``ConfigError`` that names the key.
 Which tables of a preset apply to which training stage is ``mem_core.train.configs.stage_config``'s business.
 """
 
@@ -12,7 +13,6 @@ import dataclasses
 import difflib
 import math
 import tomllib
-import types
 import typing
 from pathlib import Path
 from typing import Any, TypeVar
@@ -46,9 +46,13 @@ class Interval:
 
     def __str__(self) -> str:
         if self.hi is None:
-            return f"a number {'>' if self.lo_open else '>='} {self.lo:g}" if self.lo is not None else "finite"
-        left = ("(" if self.lo_open else "[") + ("-inf" if self.lo is None else f"{self.lo:g}")
-        return f"in {left}, {self.hi:g}{')' if self.hi_open else ']'}"
+            return f"a number {'>' if self.lo_open else '>='} {_number(self.lo)}" if self.lo is not None else "finite"
+        left = ("(" if self.lo_open else "[") + ("-inf" if self.lo is None else _number(self.lo))
+        return f"in {left}, {_number(self.hi)}{')' if self.hi_open else ']'}"
+
+
+def _number(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
 
 
 def check_ranges(config: Any, ranges: dict[str, Interval], prefix: str = "") -> None:
@@ -95,57 +99,16 @@ def _unknown_key(key: str, known: list[str], where: str) -> ConfigError:
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Check ``value`` against the annotation ``tp`` (TOML values; strings from ``--set`` are parsed first)."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(value, arg, key)
-            except ConfigError as exc:
-                errors.append(str(exc))
-        raise ConfigError(errors[0] if errors else f"{key}: bad value {value!r}")
-    if origin is typing.Literal:
-        if value not in typing.get_args(tp):
-            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(repr, typing.get_args(tp)))}")
-        return value
-    if origin in (tuple, list):
-        if not isinstance(value, list | tuple):
-            raise ConfigError(f"{key}: expected a list, got {value!r}")
-        args = typing.get_args(tp)
-        if origin is tuple and args and args[-1] is not Ellipsis:
-            if len(args) != len(value):
-                raise ConfigError(f"{key}: expected {len(args)} values, got {len(value)}")
-            return tuple(_coerce(v, a, key) for v, a in zip(value, args, strict=True))
-        item = args[0] if args else Any
-        return origin(_coerce(v, item, key) for v in value)
-    if dataclasses.is_dataclass(tp):
+    if dataclasses.is_dataclass(tp):  # a nested config: merged key by key, so an unknown key is named
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a table of {tp.__name__} fields, got {value!r}")
         return from_dict(tp, value, prefix=f"{key}.")
-    if tp is Any:
-        return value
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{key}: expected true or false, got {value!r}")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise ConfigError(f"{key}: expected an integer, got {value!r}")
-    if tp is float:
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-        raise ConfigError(f"{key}: expected a number, got {value!r}")
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise ConfigError(f"{key}: expected a string, got {value!r}")
-    raise ConfigError(f"{key}: unsupported config type {tp!r}")
+    from mem_core.schema import SchemaError, check_json_value  # pydantic takes 0.3 s to import: not for `mem --help`
+
+    try:
+        return check_json_value(tp, value)
+    except SchemaError as exc:
+        raise ConfigError(f"{key}{'.' if exc.where else ''}{exc.where}: {exc.reason}") from None
 
 
 def _expand_dotted(values: dict[str, Any]) -> dict[str, Any]:
@@ -181,7 +144,12 @@ def merge(config: T, values: dict[str, Any], prefix: str = "") -> T:
             changes[key] = merge(current, value, f"{prefix}{key}.")
         else:
             changes[key] = _coerce(value, types_[key], f"{prefix}{key}")
-    return dataclasses.replace(config, **changes)
+    try:
+        return dataclasses.replace(config, **changes)
+    except ZeroDivisionError:  # a 0 that a __post_init__ divides by (num_heads, patch_size) before its range check
+        raise ConfigError(
+            f"{', '.join(prefix + key for key in changes)}: must not be 0 (the config divides by it)"
+        ) from None
 
 
 def parse_override(text: str) -> tuple[str, Any, str]:

@@ -45,7 +45,7 @@ def test_paths_and_words_are_strings():
         ("model.width=3", "unknown config key model.'width'"),
         ("epochs=1.5", "epochs: expected an integer"),
         ("amp=yes", "amp: expected true or false"),
-        ("model.dims=[1]", "expected 2 values"),
+        ("model.dims=[1]", "model.dims: too few values"),
         ("epochs", "not of the form key=value"),
     ],
 )
@@ -66,6 +66,15 @@ def test_bad_overrides_name_the_key(override, message):
         ("finetune", "data.num_workers=-1", "data.num_workers must be a number >= 0"),
         ("pretrain", "mask_ratio=1.0", "mask_ratio must be in (0, 1), got 1.0"),
         ("tokenizer", "grad_clip=inf", "grad_clip must be a number >= 0, got inf"),
+        ("finetune", "model.depth=100000", "model.depth must be in [1, 256], got 100000"),
+        ("finetune", "model.embed_dim=999996", "model.embed_dim must be in [1, 8192], got 999996"),
+        ("finetune", "model.num_heads=0", "model.num_heads: must not be 0"),
+        ("pretrain", "model.patch_size=1", "model.img_size 224 in patches of 1 px gives 50176 tokens, at most 4096"),
+        ("pretrain", "model.img_size=4096", "model.img_size must be in [1, 2048], got 4096"),
+        ("tokenizer", "model.num_tokens=1000000", "model.num_tokens must be in [2, 65536], got 1000000"),
+        ("tokenizer", "model.hidden_dim=8192", "model: these sizes make about 9e+09 parameters, at most"),
+        ("finetune", "input.n_max=2000000", "input.n_max must be in [1, 1000000], got 2000000"),
+        ("segment", "head_channels=100000", "head_channels must be in [1, 8192], got 100000"),
     ],
 )
 def test_values_outside_their_range_are_config_errors(stage, override, message):

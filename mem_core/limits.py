@@ -1,0 +1,71 @@
+"""Every size limit MEM holds a boundary to, in one place; where two boundaries meet, one limit is derived from the
+other, so that what one side accepts the other side takes.
+
+The chain a model goes down: an export (``mem_core/export.py``) is accepted only if the live server can serve it and
+the wire (``mem_core/protocol.py``) can carry what the server then publishes, and the viewer draws whatever the wire
+carries. A training config (``mem_core/train/configs.py``) is held to the same model limits, so a model that trains
+also exports. Imports nothing: the viewer, the command line and every reader use it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# ------------------------------------------------------------------------------------ sensors and event windows
+
+# A sensor side from a file, a corpus, a simulator or an events message: several times the largest event sensor
+# made (1280 x 960), small enough that one (2, H, W) float32 histogram stays within 512 MiB.
+MAX_SENSOR_SIDE = 8192
+MAX_WINDOW_EVENTS = 1_000_000  # events of one live window (15 MB in the server's ring); the paper's models take 30 000
+MAX_WINDOW_MS = 10_000.0  # time span of one live window
+
+# --------------------------------------------------------------------------------------------------- the wire
+
+MAX_HEADER_BYTES = 1 << 20  # a message's JSON header
+MAX_TEXT = 1024  # characters of a free text field: a path, an error message, a session name
+MAX_IMAGE_SIDE = 2048  # px of a picture the viewer draws: the model input, a mask, a token grid, the sensor view
+MAX_NUM_TOKENS = 1 << 16  # codebook size a token grid may declare (the paper's dVAE has 8192)
+
+# -------------------------------------------------------------------------------------------------- class sets
+
+MAX_CLASSES = 1000  # classes of a model or a labels corpus: ImageNet's and N-ImageNet's 1000
+# The largest header the server writes is a control reply: the model's classes, the names offered for labelling
+# (the model's plus those captured under other names) and the captures per name, so every name up to 4 times.
+NAME_COPIES = 4
+CHAR_BYTES = 4  # UTF-8 bytes of a printable character (headers are UTF-8; JSON escapes no printable character more)
+NAME_FRAMING = 4  # bytes around a name in a JSON list: two quotes, a comma and a space
+COUNT_BYTES = 21  # bytes after a name in the captures per name: ": " and a count below 2^63
+HEADER_RESERVE = 128 << 10  # the rest of a stats message or reply: about 20 texts of MAX_TEXT characters, numbers
+# The longest class name that keeps the largest reply within MAX_HEADER_BYTES (55 characters).
+MAX_CLASS_NAME = ((MAX_HEADER_BYTES - HEADER_RESERVE) // MAX_CLASSES - NAME_COPIES * NAME_FRAMING - COUNT_BYTES) // (
+    NAME_COPIES * CHAR_BYTES
+)
+MAX_LABEL_NAMES = 2 * MAX_CLASSES  # names offered for labelling: a model's classes and the labels corpus's own
+
+# ------------------------------------------------------------------------------------------------------ models
+
+MAX_INPUT_SIDE = MAX_IMAGE_SIDE  # the viewer draws the model input and a segmenter's mask at the input's size
+MAX_PATCHES = 4096  # tokens a ViT attends over, a 64 x 64 grid (ViT-B/16 at 224 px: 196; the DSEC preset: 1024)
+MAX_DEPTH = 256  # transformer blocks, tokenizer layers and residual blocks: bounds the time to build a model
+MAX_WIDTH = 8192  # embedding, hidden and codebook widths, attention heads, head channels (ViT-B: 768)
+MAX_MLP_RATIO = 16.0
+MAX_TEMPORAL_BINS = 64
+MAX_CHANNELS = 2 * MAX_TEMPORAL_BINS  # model input channels: OFF and ON per time bin
+MAX_PARAMETERS = 1 << 30  # 4 GiB of float32 weights: ViT-H has 632 M, the paper's ViT-B 86 M
+MAX_DERIVED_BYTES = 2 << 30  # buffers a model computes itself: ViT-B/16 at 224 px needs 4 MB, at 512 px 100 MB
+# Floating-point operations of one live window (model and tokenizer each): ViT-B/16 at 224 px takes 35 G, the DSEC
+# segmentation preset (512 px) 356 G; a CPU thread doing 20 GFLOP/s needs 50 s for the largest.
+MAX_WINDOW_FLOPS = 10**12
+MAX_EXPORT_WINDOW_EVENTS = MAX_WINDOW_EVENTS  # an export's n_max: the server serves it on windows of that many events
+MAX_EXPORT_WINDOW_MS = MAX_WINDOW_MS  # the time span of an export's training samples: the server's default window
+
+
+def is_int(value: Any) -> bool:
+    """Whether a JSON value is an integer (``true`` is not one, although Python's ``bool`` is an ``int``)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def warm_up_timeout_s(window_flops: float, flops_per_s: float = 2e9) -> float:
+    """Seconds a live server may give a model's first window (``window_flops``, see ``export.load_model``) before it
+    gives up on the model: 10 s plus the work at ``flops_per_s``, a slow CPU thread (8.5 min at ``MAX_WINDOW_FLOPS``)."""
+    return 10.0 + window_flops / flops_per_s

@@ -1,0 +1,125 @@
+"""Structured input checked against a declared schema: the one way MEM validates JSON and TOML values.
+
+A schema is a type (a ``TypedDict``, a dataclass field's annotation, ``Annotated`` with bounds) checked by pydantic in
+strict mode, so a value is taken only as the type it already has (``"3"`` is no integer, ``true`` no number). The
+types shared by several boundaries, class names above all, are declared here once from ``mem_core.limits``. Each
+boundary turns a failure into its own one-line error through ``problem``; hand-written checks remain only on the
+live wire's per-message path, where measured speed needs them (``mem_core/protocol.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, Field, StrictBool, StrictInt, StrictStr, TypeAdapter, ValidationError
+
+from mem_core.limits import MAX_CLASS_NAME, MAX_CLASSES, MAX_LABEL_NAMES, MAX_TEXT
+
+
+def _printable(name: str) -> str:
+    if not name.isprintable() or not name.strip():  # control characters would reach a header escaped, 6 bytes each
+        raise ValueError("a class name must be printable and not only spaces")
+    return name
+
+
+Text = Annotated[StrictStr, Field(max_length=MAX_TEXT)]
+Count = Annotated[StrictInt, Field(ge=0, le=(1 << 63) - 1)]
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Flag = StrictBool
+ClassName = Annotated[StrictStr, Field(min_length=1, max_length=MAX_CLASS_NAME), AfterValidator(_printable)]
+ClassNames = Annotated[list[ClassName], Field(min_length=1, max_length=MAX_CLASSES)]
+LabelNames = Annotated[list[ClassName], Field(max_length=MAX_LABEL_NAMES)]
+
+
+class SchemaError(ValueError):
+    """A value that does not fit its schema: ``where`` is the dotted path to the first wrong part, ``reason`` why."""
+
+    def __init__(self, where: str, reason: str) -> None:
+        super().__init__(f"{where}: {reason}" if where else reason)
+        self.where = where
+        self.reason = reason
+
+
+@functools.cache
+def adapter(schema: Any) -> TypeAdapter:
+    """The (cached) validator of a schema type."""
+    return TypeAdapter(schema)
+
+
+def check(schema: Any, value: Any) -> Any:
+    """``value`` validated against ``schema`` (strict; JSON objects become dicts, arrays lists); ``SchemaError``."""
+    try:
+        return adapter(schema).validate_python(value, strict=True)
+    except ValidationError as exc:
+        raise _first(exc) from None
+
+
+def check_json_value(schema: Any, value: Any) -> Any:
+    """``value`` (as TOML or JSON give it: lists where ``schema`` may say tuple) validated against ``schema``."""
+    try:
+        text = json.dumps(value, allow_nan=True)
+    except (TypeError, ValueError):  # a TOML date or time: no config field takes one
+        raise SchemaError("", f"expected a number, a string, true or false or a list, got {_short(value)}") from None
+    try:
+        return adapter(schema).validate_json(text, strict=True)
+    except ValidationError as exc:
+        raise _first(exc) from None
+
+
+def problem(schema: Any, value: Any) -> str | None:
+    """Why ``value`` does not fit ``schema`` (one line), or None."""
+    try:
+        check(schema, value)
+    except SchemaError as exc:
+        return str(exc)
+    return None
+
+
+def class_names_problem(names: Any) -> str | None:
+    """Why ``names`` cannot be a model's or a labels corpus's classes (1 to ``MAX_CLASSES`` distinct printable names
+    of at most ``MAX_CLASS_NAME`` characters: what the live wire carries), or None."""
+    found = problem(ClassNames, names)
+    if found is None and len(set(names)) != len(names):
+        return "class names must be distinct"
+    return None if found is None else f"classes: {found}"
+
+
+_PHRASES = {  # pydantic's error types in the words MEM's errors use
+    "int_type": "expected an integer",
+    "bool_type": "expected true or false",
+    "float_type": "expected a number",
+    "finite_number": "expected a finite number",
+    "string_type": "expected a string",
+    "list_type": "expected a list",
+    "tuple_type": "expected a list",
+    "dict_type": "expected an object",
+    "model_type": "expected an object",
+    "dataclass_type": "expected an object",
+    "missing": "missing",
+}
+
+
+def _first(exc: ValidationError) -> SchemaError:
+    """The first error of ``exc`` as a ``SchemaError``: the path, and the reason with the value it refused."""
+    error = exc.errors(include_url=False)[0]
+    loc = [str(part) for part in error["loc"] if part != "[key]"]
+    if error["type"] == "missing" and loc and loc[-1].isdigit():  # a fixed-length tuple given too few values
+        return SchemaError(".".join(loc[:-1]), "too few values")
+    if error["type"] == "too_long" and "max_length" in error.get("ctx", {}):  # a list or tuple given too many
+        return SchemaError(".".join(loc), f"at most {error['ctx']['max_length']} values, got {_short(error['input'])}")
+    reason = _PHRASES.get(error["type"])
+    if reason is None:
+        reason = error["msg"].removeprefix("Value error, ").replace("Input should be", "must be")
+        reason = reason[0].lower() + reason[1:]
+    if error["type"] != "missing":
+        reason += f", got {_short(error['input'])}"
+    return SchemaError(".".join(loc), reason)
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters: an error stays one line whatever the input holds."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
