@@ -182,12 +182,16 @@ def test_bench_train_measures_every_stage_and_the_loader(tmp_path):
 
 
 def test_bench_cnn_reference_trains_on_the_finetuning_label_subset(tmp_path):
-    """The CNN yardstick sees the finetuning stage's label fraction and validates on the whole val split."""
+    """The CNN yardstick trains through the finetuning stage: its label fraction, with the steps of a run on all
+    labels, validated on the whole val split, into a run directory like any finetuning run's."""
     out = tmp_path / "cnn.json"
     args = ("--dataset", "sim", "--preset", "cpu-tiny", "--labels", "0.1", "--epochs", "1", "--arch", "resnet10t")
-    r = mem("bench", "cnn-reference", *args, "--json", str(out))
+    r = mem("bench", "cnn-reference", *args, "--json", str(out), "--out", str(tmp_path / "run"))
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads(out.read_text())
     assert (result["train_samples"], result["val_samples"]) == (100, 200)  # 10 % of sim's 1000, all of its val
-    [row] = result["rows"]  # a fraction validates every round(1 / labels) epochs, and always after the last
-    assert row["epoch"] == 1 and 0.0 <= row["val_top1"] <= 1.0 and row["train_acc"] > 0.0
+    assert result["epochs"] == 10  # 1 epoch of all labels = 10 epochs of 10 % of them
+    [row] = result["rows"]  # a fraction validates every round(eval_every / labels) epochs, and after the last
+    assert row["epoch"] == 10 and 0.0 <= row["val_top1"] <= 1.0 and row["train_acc"] > 0.0
+    assert json.loads((tmp_path / "run" / "result.json").read_text())["top1"] == result["best_top1"]
+    assert (tmp_path / "run" / "best.pt").is_file() and (tmp_path / "run" / "confusion.png").is_file()

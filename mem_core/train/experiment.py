@@ -61,6 +61,16 @@ def _stage_config(cfg: LabelEfficiencyConfig, stage: str, *extra: str):
     return stage_config(stage, preset=cfg.preset, config_file=cfg.config_file, values=values, overrides=overrides)
 
 
+def equal_steps(cfg, fraction: float) -> list[str]:
+    """Overrides that give a run on ``fraction`` of the labels the optimisation steps, validations and warm-up of
+    ``cfg``'s run on all of them (epochs / fraction, evaluating as often per sample seen)."""
+    return [
+        f"epochs={max(1, round(cfg.epochs / fraction))}",
+        f"eval_every={max(1, round(cfg.eval_every / fraction))}",
+        f"warmup_epochs={cfg.warmup_epochs / fraction}",
+    ]
+
+
 def run(cfg: LabelEfficiencyConfig) -> dict[str, Any]:
     """Run (or continue) the whole experiment and return the results table."""
     from mem_core.train import finetune, pretrain, tokenizer
@@ -99,12 +109,7 @@ def run(cfg: LabelEfficiencyConfig) -> dict[str, Any]:
         settings = [f"seed={seed}", f"data.labels={fraction}", f"data.label_seed={seed}"]
         ft_cfg = _stage_config(cfg, "finetune", *settings)
         if cfg.equal_steps and fraction < 1:
-            settings += [
-                f"epochs={max(1, round(ft_cfg.epochs / fraction))}",
-                f"eval_every={max(1, round(ft_cfg.eval_every / fraction))}",
-                f"warmup_epochs={ft_cfg.warmup_epochs / fraction}",
-            ]
-            ft_cfg = _stage_config(cfg, "finetune", *settings)
+            ft_cfg = _stage_config(cfg, "finetune", *settings, *equal_steps(ft_cfg, fraction))
         pending.append((path, arm, ft_cfg, init))
     if cfg.jobs == 1:
         for path, arm, ft_cfg, init in pending:
