@@ -2,16 +2,19 @@
 
 An export directory holds ``model.safetensors`` + ``model.json`` (format version, task, architecture, classes,
 input spec, head width, the window the model was trained on) and, when the model was pretrained with MEM,
-``tokenizer.safetensors`` + ``tokenizer.json`` for the live token overlay. Safetensors and JSON only: nothing in an export is executed.
+``tokenizer.safetensors`` + ``tokenizer.json`` for the live token overlay. Safetensors and JSON only: nothing in an
+export is executed. A JSON file of another format version than ``EXPORT_VERSION`` is refused, naming both.
 
 ``load_model`` takes an export directory or a finetune / segment run directory (the run's best checkpoint);
 ``load_tokenizer`` a tokenizer run or an export directory that carries one.
 
-Loading trusts nothing in the files: the JSON is read only up to ``MAX_JSON_BYTES`` and every value is checked,
-the architecture is first built on PyTorch's "meta" device (no memory) with at most ``MAX_DEPTH`` blocks, and the
-weights file must hold exactly the tensors (names, shapes) of that model, so the model that is then built is no
-larger than its weights file, plus the buffers it computes itself (relative position indices), which may take at
-most ``MAX_DERIVED_BYTES``. Every failure is a ``RunError`` naming the file.
+Loading trusts nothing in the files: the JSON is read only up to ``MAX_JSON_BYTES`` and checked against a schema
+(``ModelMeta``, ``mem_core.schema``; the architecture and input as a training config's, ``mem_core.train.configs``),
+the architecture is first built on PyTorch's "meta" device (no memory), and the weights file must hold exactly the
+tensors (names, shapes) of that model, so the model that is then built is no larger than its weights file, plus the
+buffers it computes itself (relative position indices), which may take at most ``MAX_DERIVED_BYTES``. One window
+through that skeleton counts the work the model asks of the live server per window, at most ``MAX_WINDOW_FLOPS``.
+Every failure is a ``RunError`` naming the file.
 """
 
 from __future__ import annotations
@@ -19,31 +22,58 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, NotRequired
 
 import torch
+from pydantic import Field, StrictInt
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
+from torch.utils.flop_counter import FlopCounterMode
+from typing_extensions import TypedDict  # pydantic reads typing.TypedDict only from Python 3.12
 
-from mem_core.configuration import from_dict, to_dict
+from mem_core.configuration import check_ranges, from_dict, to_dict
 from mem_core.errors import MemError
+from mem_core.limits import (
+    MAX_DERIVED_BYTES,
+    MAX_EXPORT_WINDOW_EVENTS,
+    MAX_EXPORT_WINDOW_MS,
+    MAX_WIDTH,
+    MAX_WINDOW_FLOPS,
+)
 from mem_core.lineage import MODEL_JSON, TOKENIZER_LINK, read_json, tokenizer_of
 from mem_core.models import DiscreteVAE, MEMViT, SegmentationModel, TokenizerConfig, ViTConfig
 from mem_core.representation import InputSpec
+from mem_core.schema import ClassNames, SchemaError, Text, check, class_names_problem
+from mem_core.train.configs import INPUT_RANGES, check_model_sizes
 from mem_core.train.rundir import RunDir, RunError, atomic_write_bytes, json_safe, load_checkpoint
 
-EXPORT_VERSION = 1
+EXPORT_VERSION = 2
 MODEL_FILE, TOKENIZER_FILE = "model.safetensors", "tokenizer.safetensors"
 TOKENIZER_JSON = TOKENIZER_LINK  # an export's tokenizer description (in a pretraining run, the link to its tokenizer)
 TASKS = {"finetune": "classification", "segment": "segmentation"}  # training stage -> task of its model
-# Limits on what a model file may describe (the paper's models are far inside them).
-MAX_DEPTH = 256  # transformer blocks, tokenizer layers and residual blocks: bounds the time to build the skeleton
-MAX_CLASSES = 100_000
-MAX_INPUT_SIDE = 4096  # pixels of the model input (the paper: 224)
-MAX_N_MAX = 1 << 24  # events per input window (the paper: 30 000)
-MAX_DERIVED_BYTES = 2 << 30  # buffers a model computes itself: ViT-B/16 at 224 px needs 4 MB, at 512 px 100 MB
+# what building or running a described model raises when the description is inconsistent (timm asserts input sizes)
 _BUILD_ERRORS = (MemError, ValueError, TypeError, ZeroDivisionError, OverflowError, RuntimeError, KeyError)
-NCARS_SAMPLE_US = 100_000  # every N-Cars sample is 100 ms of events (Sironi et al., 2018)
+_RUN_ERRORS = (*_BUILD_ERRORS, AssertionError, IndexError)
+
+
+class TrainingWindow(TypedDict):
+    """The window a model was trained on: ``events`` (its ``n_max``) and ``ms``, the span every sample had, or None."""
+
+    events: Annotated[StrictInt, Field(ge=1, le=MAX_EXPORT_WINDOW_EVENTS)]
+    ms: Annotated[float, Field(gt=0, le=MAX_EXPORT_WINDOW_MS, allow_inf_nan=False)] | None
+
+
+class ModelMeta(TypedDict):
+    """A model's description (``model.json`` less its ``format_version``); ``architecture`` is a ``ViTConfig`` and
+    ``input`` an ``InputSpec``, checked as a training config's."""
+
+    task: Literal["classification", "segmentation"]
+    classes: ClassNames
+    architecture: dict[str, Any]
+    input: dict[str, Any]
+    head_channels: Annotated[StrictInt, Field(ge=1, le=MAX_WIDTH)] | None
+    training_window: TrainingWindow
+    source_run: NotRequired[Text | None]
 
 
 def build_task_model(meta: dict[str, Any]) -> torch.nn.Module:
@@ -59,53 +89,69 @@ def build_task_model(meta: dict[str, Any]) -> torch.nn.Module:
 def load_model(path: Path | str, device: torch.device | str = "cpu") -> tuple[torch.nn.Module, dict[str, Any]]:
     """(model in eval mode, meta) from an export directory or a finetune / segment run directory.
 
-    ``meta`` holds ``task``, ``architecture``, ``classes``, ``input`` (an ``InputSpec`` dict), ``head_channels`` and
-    ``training_window`` (``{"events", "ms"}``, see ``training_window``; for exports written before it was recorded:
-    the input's ``n_max`` events and no time span).
+    ``meta`` holds ``task``, ``architecture``, ``classes``, ``input`` (an ``InputSpec`` dict), ``head_channels``,
+    ``training_window`` (``{"events", "ms"}``, see ``training_window``) and ``window_flops``: the floating-point
+    operations of one window through the model (what a live server's warm-up runs; see ``limits.warm_up_timeout_s``).
     """
     path = Path(path)
     if (path / MODEL_JSON).is_file():
-        meta = read_json(path / MODEL_JSON)
-        if meta.get("format_version") != EXPORT_VERSION:
-            raise RunError(f"{path / MODEL_JSON}: unsupported export format {meta.get('format_version')!r}")
-        check_meta(meta, path / MODEL_JSON)
+        description = path / MODEL_JSON
+        meta = _read_versioned(description)
+        check_meta(meta, description)
         weights_file = path / MODEL_FILE
         weights = _read_safetensors(weights_file)
     elif (path / "config.json").is_file():
-        meta, weights_file = _run_model(RunDir(path))
+        run = RunDir(path)
+        description = run.config_path
+        meta, weights_file = _run_model(run)
         weights = _checkpoint_model(weights_file)
     else:
         raise RunError(f"{path}: not a MEM run directory (no config.json) nor an export directory (no {MODEL_JSON})")
-    meta.setdefault("training_window", {"events": meta["input"].get("n_max", InputSpec.n_max), "ms": None})
-    model = _load_checked(lambda: build_task_model(meta), weights, weights_file, _from_legacy_layout)
+    window = _task_window(meta)
+    model, meta["window_flops"] = _load_checked(
+        lambda: build_task_model(meta), weights, weights_file, description, window
+    )
     return model.to(device).eval(), meta
+
+
+def window_flops(meta: dict[str, Any], where: Path = Path(MODEL_JSON)) -> int:
+    """The floating-point operations of one live window through the model that ``meta`` (checked by ``check_meta``)
+    describes, counted on PyTorch's meta device: nothing is computed or allocated. ``RunError`` naming ``where``
+    beyond ``MAX_WINDOW_FLOPS``."""
+    with torch.device("meta"):
+        skeleton = build_task_model(meta)
+    return _window_flops(skeleton.eval(), _task_window(meta), where)
+
+
+def _task_window(meta: dict[str, Any]) -> Callable[[torch.nn.Module], Any]:
+    """What the live server runs a task model on: one (1, C, H, W) input of the model's ``InputSpec``."""
+    spec = from_dict(InputSpec, meta["input"])
+    return lambda model: model(torch.zeros(1, spec.in_chans, *spec.size))
 
 
 def training_window(config: dict[str, Any]) -> dict[str, Any]:
     """The window a training run's samples had: ``events``, the input's ``n_max``, and ``ms``, the time span of the
-    dataset's samples where every sample spans the same (N-Cars 100 ms, sim 50 ms, DSEC-Semantic 50 ms), else None.
+    dataset's samples where every sample spans the same (``mem_core.datasets.sample_span_us``), else None.
 
     The live server uses it as its default window, so a model is served on windows like those it learned from.
     """
-    from mem_core.datasets.dsec_semantic import DSEC_WINDOW_US  # lazy: the datasets are only needed here
-    from mem_core.datasets.sim import SIM_DURATION_US
+    from mem_core.datasets import sample_span_us  # lazy: the datasets (and their readers) are only needed here
 
-    span_us = {"ncars": NCARS_SAMPLE_US, "sim": SIM_DURATION_US, "dsec-semantic": DSEC_WINDOW_US}
-    dataset = config.get("data", {}).get("dataset")
+    span_us = sample_span_us(config.get("data", {}).get("dataset"))
     events = config.get("input", {}).get("n_max", InputSpec.n_max)
-    return {"events": events, "ms": span_us[dataset] / 1000 if dataset in span_us else None}
+    return {"events": events, "ms": None if span_us is None else span_us / 1000}
 
 
-def _from_legacy_layout(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Weights saved before the task models used timm's own pooling head (November 2026), made loadable.
-
-    A classifier then wrapped its ViT (``backbone.*`` keys) and normalized every token before pooling as well as
-    after (``fc_norm``): that token norm is put back, so the model computes what it was trained to.
-    """
-    if isinstance(model, MEMViT) and "backbone.cls_token" in weights:
-        model.norm = torch.nn.LayerNorm(model.embed_dim, eps=1e-6)  # timm's Beit norm
-        return {key.removeprefix("backbone."): value for key, value in weights.items()}
-    return weights
+def _read_versioned(path: Path) -> dict[str, Any]:
+    """The JSON object of an export file, refused unless it is of ``EXPORT_VERSION``."""
+    meta = read_json(path)
+    version = meta.get("format_version")
+    if version != EXPORT_VERSION:
+        raise RunError(
+            f"{path}: export format version {version!r}, this MEM reads version {EXPORT_VERSION} "
+            "(export the model again with `mem export`)"
+        )
+    return meta
 
 
 def _run_model(run: RunDir) -> tuple[dict[str, Any], Path]:
@@ -139,55 +185,22 @@ def _checkpoint_model(path: Path) -> dict[str, Any]:
 
 
 def check_meta(meta: dict[str, Any], where: Path) -> None:
-    """Raise ``RunError`` naming ``where`` unless ``meta`` describes a model MEM can build within its limits."""
-
-    def require(ok: bool, problem: str) -> None:
-        if not ok:
-            raise RunError(f"{where}: {problem}")
-
-    task, classes, head = meta.get("task"), meta.get("classes"), meta.get("head_channels")
-    require(task in TASKS.values(), f"task must be classification or segmentation, got {task!r}")
-    require(
-        isinstance(classes, list) and 1 <= len(classes) <= MAX_CLASSES and all(isinstance(c, str) for c in classes),
-        f"classes must be a list of 1..{MAX_CLASSES} names",
-    )
-    if task == "segmentation":
-        require(_is_int(head) and 1 <= head <= 1 << 16, f"head_channels must be an integer in 1..65536, got {head!r}")
-    vit = _parse(ViTConfig, meta.get("architecture"), where, "architecture")
-    sizes = (vit.img_size, vit.patch_size, vit.embed_dim, vit.num_heads, vit.depth, vit.in_chans)
-    require(min(sizes) >= 1, f"architecture sizes must be >= 1, got {sizes}")
-    require(vit.depth <= MAX_DEPTH, f"architecture depth {vit.depth} > {MAX_DEPTH}")
-    require(vit.img_size <= MAX_INPUT_SIDE, f"architecture img_size {vit.img_size} > {MAX_INPUT_SIDE}")
-    spec = _parse(InputSpec, meta.get("input"), where, "input")
-    sides = (*spec.size, *(spec.resize_to or ()))
-    require(
-        max(sides) <= MAX_INPUT_SIDE and spec.n_max <= MAX_N_MAX,
-        f"input beyond {MAX_INPUT_SIDE} px or {MAX_N_MAX} events",
-    )
-    require(spec.temporal_bins <= 64, f"input temporal_bins {spec.temporal_bins} > 64")
-    window = meta.get("training_window", {"events": spec.n_max, "ms": None})  # absent in exports before it existed
-    events, ms = (window.get("events"), window.get("ms")) if isinstance(window, dict) else (None, None)
-    require(
-        _is_int(events)
-        and 1 <= events <= MAX_N_MAX
-        and (ms is None or (isinstance(ms, int | float) and not isinstance(ms, bool) and 0 < ms <= 1e7)),
-        f"training_window must be {{'events': 1..{MAX_N_MAX}, 'ms': null or a positive number}}, got {window!r}",
-    )
-
-
-def _parse(cls: type, values: Any, where: Path, what: str) -> Any:
-    if not isinstance(values, dict):
-        raise RunError(f"{where}: {what} must be an object, got {type(values).__name__}")
+    """Raise ``RunError`` naming ``where`` unless ``meta`` describes a model MEM can build and serve within its
+    limits: ``ModelMeta``, distinct class names, an architecture and input a training config could have."""
     try:
-        return from_dict(cls, values, f"{what}.")
-    except ZeroDivisionError as e:  # a 0 where the config divides (patch size, heads)
-        raise RunError(f"{where}: {what} sizes must be >= 1 ({e})") from e
-    except (MemError, ValueError, TypeError, OverflowError) as e:
-        raise RunError(f"{where}: {e}") from e
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+        check(ModelMeta, meta)
+    except SchemaError as e:
+        raise RunError(f"{where}: {e}") from None
+    problem = class_names_problem(meta["classes"])
+    if problem is not None:
+        raise RunError(f"{where}: {problem}")
+    if meta["task"] == "segmentation" and meta["head_channels"] is None:
+        raise RunError(f"{where}: head_channels: a segmentation model needs its head's width")
+    try:
+        check_model_sizes(from_dict(ViTConfig, meta["architecture"], "architecture."), "architecture.")
+        check_ranges(from_dict(InputSpec, meta["input"], "input."), INPUT_RANGES, "input.")
+    except ValueError as e:  # a ConfigError, or a __post_init__ finding the sizes inconsistent
+        raise RunError(f"{where}: {e}") from None
 
 
 def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
@@ -201,29 +214,46 @@ def _load_checked(
     build: Callable[[], torch.nn.Module],
     weights: dict[str, Any],
     weights_file: Path,
-    adapt: Callable[[torch.nn.Module, dict[str, Any]], dict[str, Any]] = lambda model, weights: weights,
-) -> torch.nn.Module:
-    """``build()`` with ``weights`` loaded, once a skeleton on the meta device shows they fit it exactly.
-
-    ``adapt(model, weights)`` may rename the weights (and change the model) for an older layout.
-    """
+    description: Path,
+    window: Callable[[torch.nn.Module], Any],
+) -> tuple[torch.nn.Module, int]:
+    """``build()`` with ``weights`` loaded, and the floating-point operations of ``window(model)`` (one live window),
+    once a skeleton on the meta device shows that the weights fit it exactly and that the window's work is within
+    ``MAX_WINDOW_FLOPS`` (a model the file ``description`` describes; ``RunError`` naming the file otherwise)."""
     try:
         with torch.device("meta"):
             skeleton = build()
     except _BUILD_ERRORS as e:
         raise RunError(f"{weights_file}: the model it belongs to cannot be built ({type(e).__name__}: {e})") from e
-    adapted = adapt(skeleton, weights)  # may add modules to the skeleton (the legacy token norm)
     expected = skeleton.state_dict()
-    problem = _mismatch(expected, adapted)
+    problem = _mismatch(expected, weights)
     if problem is None:
         derived = sum(b.numel() * b.element_size() for n, b in skeleton.named_buffers() if n not in expected)
         if derived > MAX_DERIVED_BYTES:
             problem = f"its model would compute {derived} bytes of buffers (limit {MAX_DERIVED_BYTES})"
     if problem is not None:
         raise RunError(f"{weights_file}: the weights do not fit the model described beside them: {problem}")
+    flops = _window_flops(skeleton.eval(), window, description)
     model = build()
-    model.load_state_dict(adapt(model, weights))
-    return model
+    model.load_state_dict(weights)
+    return model, flops
+
+
+def _window_flops(skeleton: torch.nn.Module, window: Callable[[torch.nn.Module], Any], description: Path) -> int:
+    """The floating-point operations of ``window(skeleton)``, counted on the meta device (nothing is computed)."""
+    counter = FlopCounterMode(display=False)
+    try:
+        with torch.device("meta"), torch.no_grad(), counter:
+            window(skeleton)
+    except _RUN_ERRORS as e:
+        raise RunError(f"{description}: the model cannot run on its own input ({type(e).__name__}: {e})") from e
+    flops = counter.get_total_flops()
+    if flops > MAX_WINDOW_FLOPS:
+        raise RunError(
+            f"{description}: one window through this model takes {flops:.3g} FLOP (floating-point operations), "
+            f"at most {MAX_WINDOW_FLOPS:.3g}"
+        )
+    return flops
 
 
 def _mismatch(expected: dict[str, torch.Tensor], weights: dict[str, Any]) -> str | None:
@@ -245,8 +275,8 @@ def load_tokenizer(path: Path | str, device: torch.device | str = "cpu") -> Disc
     """A frozen tokenizer (eval mode) from a tokenizer run directory or an export directory that carries one."""
     path = Path(path)
     if (path / TOKENIZER_JSON).is_file():
-        where = path / TOKENIZER_JSON
-        config = _tokenizer_config(read_json(where).get("architecture"), where)
+        description = path / TOKENIZER_JSON
+        config = _tokenizer_config(_read_versioned(description).get("architecture"), description)
         weights_file = path / TOKENIZER_FILE
         weights = _read_safetensors(weights_file)
     elif (path / "config.json").is_file():
@@ -255,26 +285,28 @@ def load_tokenizer(path: Path | str, device: torch.device | str = "cpu") -> Disc
         if info.get("stage") != "tokenizer":
             raise RunError(f"{run.path} is a {info.get('stage')!r} run, not a tokenizer run")
         stored = info.get("config")
-        config = _tokenizer_config(stored.get("model") if isinstance(stored, dict) else None, run.config_path)
+        description = run.config_path
+        config = _tokenizer_config(stored.get("model") if isinstance(stored, dict) else None, description)
         weights_file = run.checkpoint_path
         weights = _checkpoint_model(weights_file)
     else:
         raise RunError(f"{path}: neither a tokenizer run nor an export directory with a tokenizer")
-    model = _load_checked(lambda: DiscreteVAE(config), weights, weights_file)
+    window = torch.zeros(1, config.in_chans, config.img_size, config.img_size)  # what the live token overlay runs on
+    model, _ = _load_checked(
+        lambda: DiscreteVAE(config), weights, weights_file, description, lambda m: m.token_ids(window)
+    )
     return model.to(device).eval().requires_grad_(False)
 
 
 def _tokenizer_config(values: Any, where: Path) -> TokenizerConfig:
-    """A stored tokenizer architecture, checked (runs and exports before November 2026 call ``img_size``
-    ``image_size``)."""
-    if isinstance(values, dict):
-        values = {("img_size" if k == "image_size" else k): v for k, v in values.items()}
-    config = _parse(TokenizerConfig, values, where, "architecture")
-    counts = (config.num_layers, config.num_resnet_blocks, config.num_tokens, config.codebook_dim, config.hidden_dim)
-    if min(*counts, config.in_chans) < 1 or max(config.num_layers, config.num_resnet_blocks) > MAX_DEPTH:
-        raise RunError(f"{where}: tokenizer architecture sizes must be >= 1 with at most {MAX_DEPTH} layers")
-    if config.img_size > MAX_INPUT_SIDE:
-        raise RunError(f"{where}: tokenizer img_size {config.img_size} > {MAX_INPUT_SIDE}")
+    """A stored tokenizer architecture, checked as a training config's."""
+    if not isinstance(values, dict):
+        raise RunError(f"{where}: architecture: expected an object, got {type(values).__name__}")
+    try:
+        config = from_dict(TokenizerConfig, values, "architecture.")
+        check_model_sizes(config, "architecture.")
+    except ValueError as e:  # a ConfigError, or a __post_init__ finding the sizes inconsistent
+        raise RunError(f"{where}: {e}") from None
     return config
 
 
@@ -291,12 +323,10 @@ def export_model(
     source_run: str | None = None,
     window_ms: float | None = None,
 ) -> Path:
-    """Write ``model.safetensors`` + ``model.json`` (and ``tokenizer.*`` when given) to ``out``. ``window_ms`` is
-    the time span of the training samples, if they all had one (see ``training_window``)."""
-    if task not in TASKS.values():
-        raise ValueError(f"task must be classification or segmentation, got {task!r}")
+    """Write ``model.safetensors`` + ``model.json`` (and ``tokenizer.*`` when given) to ``out``; ``RunError`` naming
+    ``model.json`` when ``load_model`` would refuse it. ``window_ms`` is the time span of the training samples, if
+    they all had one (see ``training_window``)."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     meta = {
         "format_version": EXPORT_VERSION,
         "task": task,
@@ -307,6 +337,8 @@ def export_model(
         "training_window": {"events": input_spec.n_max, "ms": window_ms},
         "source_run": source_run,
     }
+    check_meta(meta, out / MODEL_JSON)
+    out.mkdir(parents=True, exist_ok=True)
     save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(out / MODEL_FILE))
     atomic_write_bytes(out / MODEL_JSON, (json.dumps(json_safe(meta), indent=2) + "\n").encode())
     if tokenizer is not None:

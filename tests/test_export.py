@@ -1,9 +1,11 @@
-"""Model files: exports round-trip, models saved before the timm pooling head still load and predict the same, and
-damaged or tampered exports, runs and checkpoints are one error naming the file."""
+"""Model files: exports round-trip, an export of another format version is refused, and damaged or tampered exports,
+runs and checkpoints (compute bombs included) are one error naming the file."""
 
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -14,11 +16,24 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from mem_core import export
 from mem_core.configuration import to_dict
-from mem_core.export import build_task_model, export_model, export_random, export_run, load_model, load_tokenizer
+from mem_core.export import (
+    EXPORT_VERSION,
+    TASKS,
+    build_task_model,
+    export_model,
+    export_random,
+    export_run,
+    load_model,
+    load_tokenizer,
+    window_flops,
+)
 from mem_core.inference import Predictor
+from mem_core.limits import MAX_WINDOW_FLOPS
 from mem_core.models import MEMViT, TokenizerConfig, ViTConfig
 from mem_core.representation import InputSpec
+from mem_core.train.configs import stage_config
 from mem_core.train.rundir import RunDir, RunError
 
 ARCH = ViTConfig(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, drop_path=0.0)
@@ -62,27 +77,6 @@ def test_a_convolutional_stem_exports_with_its_batch_norm_statistics(tmp_path, s
             if isinstance(norm, torch.nn.BatchNorm2d):
                 norm.reset_running_stats()
         assert not torch.allclose(loaded.forward_features(x), expected, atol=1e-2)  # the statistics mattered
-
-
-def test_a_classifier_saved_in_the_old_layout_loads_and_predicts_as_it_was_trained(tmp_path):
-    # Before November 2026 a classifier wrapped its ViT (keys backbone.*) and normalized every token before the
-    # mean as well as after it: tokens -> LayerNorm -> mean -> fc_norm -> head.
-    torch.manual_seed(0)
-    old = MEMViT(ARCH, 3)
-    old.norm = torch.nn.LayerNorm(ARCH.embed_dim, eps=1e-6)
-    torch.nn.init.normal_(old.norm.weight)  # a trained token norm, not the identity it starts as
-    head_keys = ("fc_norm.", "head.")
-    legacy = {(k if k.startswith(head_keys) else f"backbone.{k}"): v for k, v in old.state_dict().items()}
-    run = RunDir.create(
-        tmp_path / "run", "finetune", {"model": to_dict(ARCH), "input": to_dict(InputSpec(size=(32, 32)))}, resume=False
-    )
-    run.write_json("classes.json", {"classes": ["a", "b", "c"]})
-    run.save_checkpoint({"model": legacy, "epoch": 0}, best=True)
-
-    model, _ = load_model(run.path)
-    x = torch.rand(4, 2, 32, 32)
-    with torch.no_grad():
-        assert torch.allclose(model(x), old(x), atol=1e-6)
 
 
 TOKENIZER = TokenizerConfig(img_size=32, num_layers=2, num_tokens=16, hidden_dim=8, codebook_dim=8, num_resnet_blocks=1)
@@ -130,9 +124,15 @@ def rename_tensor(folder: Path) -> None:
         (write("model.json", b"[1, 2]"), "model.json", "expected a JSON object"),
         (write("model.json", b" " * (2 << 20)), "model.json", "larger than 1048576 bytes"),
         (write("model.json", bytes(range(256))), "model.json", "not valid JSON"),
-        (edit_json("model.json", lambda m: m.update(task="detection")), "model.json", "task must be"),
-        (edit_json("model.json", lambda m: m.update(classes="cars")), "model.json", "classes must be a list"),
-        (edit_json("model.json", lambda m: m["architecture"].update(depth=10**6)), "model.json", "depth 1000000 > 256"),
+        (edit_json("model.json", lambda m: m.update(task="detection")), "model.json", "task: must be"),
+        (edit_json("model.json", lambda m: m.update(classes="cars")), "model.json", "classes: expected a list"),
+        (edit_json("model.json", lambda m: m.update(classes=["a", "a"])), "model.json", "distinct"),
+        (edit_json("model.json", lambda m: m.update(classes=["a", "b\x00"])), "model.json", "classes.1: .*printable"),
+        (
+            edit_json("model.json", lambda m: m["architecture"].update(depth=10**6)),
+            "model.json",
+            r"architecture.depth must be in \[1, 256\], got 1000000",
+        ),
         (
             edit_json("model.json", lambda m: m["architecture"].update(patch_size=0)),
             "model.json",
@@ -141,11 +141,17 @@ def rename_tensor(folder: Path) -> None:
         (edit_json("model.json", lambda m: m["architecture"].update(embed_dim="wide")), "model.json", "embed_dim"),
         (
             edit_json("model.json", lambda m: m["architecture"].update(embed_dim=100_000, num_heads=1)),
+            "model.json",
+            "embed_dim must be in",
+        ),
+        (
+            edit_json("model.json", lambda m: m["architecture"].update(embed_dim=64, num_heads=2)),
             "model.safetensors",
             "do not fit",
         ),
-        (edit_json("model.json", lambda m: m["input"].update(n_max=10**12)), "model.json", "events"),
-        (edit_json("model.json", lambda m: m.pop("architecture")), "model.json", "architecture must be an object"),
+        (edit_json("model.json", lambda m: m["input"].update(n_max=10**12)), "model.json", "input.n_max must be in"),
+        (edit_json("model.json", lambda m: m.pop("architecture")), "model.json", "architecture: missing"),
+        (edit_json("model.json", lambda m: m.pop("training_window")), "model.json", "training_window: missing"),
         (edit_json("model.json", lambda m: m.update(training_window={"events": -1})), "model.json", "training_window"),
         (edit_json("model.json", lambda m: m.update(training_window=[1e40])), "model.json", "training_window"),
         (write("model.safetensors", b"garbage" * 10), "model.safetensors", "not a readable safetensors file"),
@@ -166,20 +172,75 @@ def test_a_damaged_export_is_one_error_naming_the_file(export_dir, tmp_path, dam
     assert str(info.value).startswith(f"{folder / file}: ")
 
 
-def test_an_architecture_whose_derived_buffers_would_not_fit_is_refused_before_building(tmp_path):
-    # 4096 px in 16 px patches: each block would compute a 65 537^2 relative position index (34 GB) that no file stores
-    arch = to_dict(ViTConfig(img_size=4096, patch_size=16, embed_dim=8, depth=1, num_heads=1, drop_path=0.0))
-    meta = {"task": "classification", "architecture": arch, "classes": ["a", "b"], "head_channels": None}
+def write_export(folder: Path, arch: ViTConfig, spec: InputSpec) -> Path:
+    """An export of a classifier ``arch`` on inputs ``spec`` with zero weights, written without building the model."""
+    meta = {"task": "classification", "architecture": to_dict(arch), "classes": ["a", "b"], "head_channels": None}
     with torch.device("meta"):
         skeleton = build_task_model(meta).state_dict()
-    tmp_path.joinpath("model.json").write_text(
-        json.dumps({**meta, "format_version": 1, "input": to_dict(InputSpec(size=(4096, 4096)))})
+    folder.mkdir()
+    window = {"events": spec.n_max, "ms": None}
+    meta.update(format_version=EXPORT_VERSION, input=to_dict(spec), training_window=window)
+    (folder / "model.json").write_text(json.dumps(meta))
+    save_file({k: torch.zeros(v.shape, dtype=v.dtype) for k, v in skeleton.items()}, str(folder / "model.safetensors"))
+    return folder
+
+
+def test_an_export_of_another_format_version_is_refused_naming_both_versions(export_dir, tmp_path):
+    folder = tmp_path / "export"
+    shutil.copytree(export_dir, folder)
+    edit_json("model.json", lambda m: m.update(format_version=1))(folder)
+    with pytest.raises(RunError) as info:
+        load_model(folder)
+    assert str(info.value) == (
+        f"{folder / 'model.json'}: export format version 1, this MEM reads version {EXPORT_VERSION} "
+        "(export the model again with `mem export`)"
     )
-    save_file(
-        {k: torch.zeros(v.shape, dtype=v.dtype) for k, v in skeleton.items()}, str(tmp_path / "model.safetensors")
-    )
+
+
+def test_an_architecture_whose_derived_buffers_would_not_fit_is_refused_before_building(tmp_path):
+    # 2048 px in 32 px patches: each of 32 blocks would compute a 4097^2 relative position index (134 MB) no file stores
+    arch = ViTConfig(img_size=2048, patch_size=32, embed_dim=8, depth=32, num_heads=1, drop_path=0.0)
+    folder = write_export(tmp_path / "export", arch, InputSpec(size=(2048, 2048)))
     with pytest.raises(RunError, match=r"model\.safetensors: .*would compute \d+ bytes of buffers"):
-        load_model(tmp_path)
+        load_model(folder)
+
+
+def test_a_compute_bomb_is_refused_before_it_is_built(tmp_path):
+    """33.5 MB of weights that ask for 4 million tokens (4096 px in 2 px patches): a warm-up that never ends."""
+    arch = ViTConfig(
+        img_size=4096, patch_size=2, embed_dim=2, depth=1, num_heads=1, rel_pos_bias=False, abs_pos_emb=True
+    )
+    folder = write_export(tmp_path / "export", arch, InputSpec(size=(4096, 4096)))
+    with pytest.raises(RunError, match=r"model\.json: architecture\.img_size must be in \[1, 2048\], got 4096"):
+        Predictor(folder)
+
+
+def test_a_model_whose_window_takes_more_work_than_the_limit_is_refused(export_dir, monkeypatch):
+    flops = load_model(export_dir)[1]["window_flops"]
+    assert flops > 0
+    monkeypatch.setattr(export, "MAX_WINDOW_FLOPS", flops - 1)
+    with pytest.raises(RunError, match=re.escape(f"model.json: one window through this model takes {flops:.3g} FLOP")):
+        load_model(export_dir)
+
+
+def test_the_paper_presets_models_are_within_the_limits():
+    """ViT-B/16 at 224 px (classification) and at 512 px (DSEC segmentation) export and serve."""
+    seen = []
+    for preset in ("paper-ncars", "paper-ncaltech101", "paper-nimagenet"):
+        for stage, classes in (("finetune", 1000), ("segment", 11)):
+            config = stage_config(stage, preset=preset)
+            meta = {
+                "task": TASKS[stage],
+                "architecture": to_dict(replace(config.model, img_size=config.input.size[0])),
+                "classes": [f"class {i}" for i in range(classes)],
+                "input": to_dict(config.input),
+                "head_channels": getattr(config, "head_channels", None),
+                "training_window": {"events": config.input.n_max, "ms": None},
+            }
+            export.check_meta(meta, Path("model.json"))
+            if meta not in seen:
+                seen.append(meta)
+                assert window_flops(meta) <= MAX_WINDOW_FLOPS
 
 
 def finetune_run(folder: Path) -> Path:
@@ -199,7 +260,11 @@ def finetune_run(folder: Path) -> Path:
         (lambda run: torch.save({"epoch": 1}, run / "best.pt"), "best.pt", "no model weights"),
         (lambda run: (run / "classes.json").unlink(), "classes.json", "cannot read"),
         (write("config.json", b"\xff\xfe"), "config.json", "corrupt"),
-        (edit_json("config.json", lambda c: c["config"].pop("model")), "config.json", "architecture must be an object"),
+        (
+            edit_json("config.json", lambda c: c["config"].pop("model")),
+            "config.json",
+            "architecture: expected an object",
+        ),
         (write("init.json", b'{"path": 7}'), "init.json", "no 'path'"),
     ],
 )
@@ -240,11 +305,3 @@ def test_an_export_records_the_window_its_model_was_trained_on(tmp_path, dataset
     out = export_run(run.path, tmp_path / "export")
     assert json.loads((out / "model.json").read_text())["training_window"] == {"events": 5000, "ms": ms}
     assert load_model(out)[1]["training_window"] == load_model(run.path)[1]["training_window"]
-
-
-def test_an_export_written_before_the_window_was_recorded_loads_with_its_event_count(tmp_path):
-    out = export_random(tmp_path / "export", architecture=ARCH, input_spec=InputSpec(n_max=7000, size=(32, 32)))
-    meta = json.loads((out / "model.json").read_text())
-    del meta["training_window"]
-    (out / "model.json").write_text(json.dumps(meta))
-    assert load_model(out)[1]["training_window"] == {"events": 7000, "ms": None}

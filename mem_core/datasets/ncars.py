@@ -10,6 +10,7 @@ from mem_core.events import SensorSize
 
 NCARS_CLASSES = ["background", "cars"]
 NCARS_SENSOR = SensorSize(100, 120)
+NCARS_SAMPLE_US = 100_000  # every sample is 100 ms of events (Sironi et al., 2018)
 
 
 def ncars(root: Path, split: str) -> EventSource:

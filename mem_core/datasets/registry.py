@@ -33,11 +33,26 @@ REGISTRY: dict[str, SourceFactory] = {
     "corpus": corpus.corpus,
     "sim": sim.sim,
 }
+# The time every sample of a dataset spans, where all span the same: the window a model trained on it is served on.
+SAMPLE_SPANS_US: dict[str, int] = {
+    "ncars": ncars.NCARS_SAMPLE_US,
+    "dsec-semantic": dsec_semantic.DSEC_WINDOW_US,
+    "sim": sim.SIM_DURATION_US,
+}
 
 
-def register(name: str, factory: SourceFactory) -> None:
-    """Add (or replace) a dataset: ``factory(root, split, **options)`` returns an ``EventSource``."""
+def register(name: str, factory: SourceFactory, sample_us: int | None = None) -> None:
+    """Add (or replace) a dataset: ``factory(root, split, **options)`` returns an ``EventSource``; ``sample_us`` is
+    the time span of every sample, if they all span the same."""
     REGISTRY[name] = factory
+    SAMPLE_SPANS_US.pop(name, None)
+    if sample_us is not None:
+        SAMPLE_SPANS_US[name] = sample_us
+
+
+def sample_span_us(name: str | None) -> int | None:
+    """The time span in microseconds of every sample of dataset ``name``, or None where samples differ in span."""
+    return SAMPLE_SPANS_US.get(name) if name is not None else None
 
 
 def dataset_names() -> list[str]:
