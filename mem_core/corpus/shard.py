@@ -22,7 +22,7 @@ from h5py import h5f, h5p
 
 from mem_core.corpus.format import COLUMNS, CorpusError
 from mem_core.events import EVENT_DTYPE
-from mem_core.io.hdf5 import storage_problem
+from mem_core.io.hdf5 import LayoutError, check_datasets, member
 
 SWMR_READ_ATTEMPTS = 24
 # What h5py raises for a damaged file, object header or chunk.
@@ -43,6 +43,9 @@ def open_shard(path: Path, *, sealed: bool) -> tuple[h5py.File, dict[str, h5py.D
         raise CorpusError(f"{path}: cannot open shard ({e})") from e
     try:
         return f, _datasets(path, f)
+    except LayoutError as e:
+        f.close()
+        raise CorpusError(f"{path}: refused shard ({e})") from None
     except H5_ERRORS as e:
         f.close()
         raise CorpusError(f"{path}: damaged shard ({type(e).__name__}: {e})") from e
@@ -52,11 +55,11 @@ def open_shard(path: Path, *, sealed: bool) -> tuple[h5py.File, dict[str, h5py.D
 
 
 def _datasets(path: Path, f: h5py.File) -> dict[str, h5py.Dataset]:
-    missing = [name for name in DATASETS if name not in f]
+    found = {name: member(f, name) for name in DATASETS}  # a link out of the shard is refused, never followed
+    missing = [name for name, ds in found.items() if ds is None]
     if missing or "index_stride" not in f.attrs:
         raise CorpusError(f"{path}: not a corpus shard (missing {', '.join(missing) or 'index_stride'})")
-    datasets = {name: f[name] for name in DATASETS}  # a damaged object header raises here
-    for name, ds in datasets.items():
+    for name, ds in found.items():
         if not isinstance(ds, h5py.Dataset):
             raise CorpusError(f"{path}: not a corpus shard ({name} is not a dataset)")
         expected = EVENT_DTYPE[name] if name in COLUMNS else np.dtype("<i8")
@@ -65,9 +68,8 @@ def _datasets(path: Path, f: h5py.File) -> dict[str, h5py.Dataset]:
     stride = f.attrs["index_stride"]
     if not isinstance(stride, np.integer | int) or stride < 1:
         raise CorpusError(f"{path}: damaged shard (index_stride {stride!r} is not a positive integer)")
-    if (problem := storage_problem(datasets, path.stat().st_size)) is not None:
-        raise CorpusError(f"{path}: damaged shard ({problem})")
-    return datasets
+    check_datasets(found, path.stat().st_size)
+    return found
 
 
 def _open_swmr(path: Path) -> h5py.File:

@@ -13,6 +13,7 @@ from pathlib import Path
 import h5py
 import hdf5plugin  # registers the Blosc/ZSTD filters before h5py opens a DSEC file
 import numpy as np
+from h5py import h5d, h5l
 
 from mem_core.events import EVENT_DTYPE, SensorSize, infer_sensor
 from mem_core.io.base import EventFile, EventFileError, check_on_sensor, sort_by_time
@@ -24,9 +25,48 @@ FIELDS = ("x", "y", "t", "p")
 MAX_EXPANSION = 1000
 ALWAYS_ALLOWED_BYTES = 64 << 20
 _DECODE_ERRORS = (OSError, KeyError, ValueError, TypeError, RuntimeError)
+_LINK_KINDS = {h5l.TYPE_SOFT: "a soft link", h5l.TYPE_EXTERNAL: "an external link to another file"}
 
 
-def storage_problem(datasets: dict[str, h5py.Dataset], file_size: int) -> str | None:
+class LayoutError(Exception):
+    """An HDF5 object that must not be read as stored (it points outside the file, or its sizes are implausible);
+    the caller names the file."""
+
+
+def member(group: h5py.Group, name: str, *, follow_links: bool = False) -> h5py.Group | h5py.Dataset | None:
+    """``group[name]``, or None when there is no such link, without following a link out of the file.
+
+    Only the link itself is looked at first (h5py's ``in`` and ``get`` open what a link points to: an external link
+    to a FIFO hangs there). A soft or external link is a ``LayoutError`` unless ``follow_links``.
+    """
+    key = name.encode()
+    if not group.id.links.exists(key):
+        return None
+    kind = group.id.links.get_info(key).type
+    if kind != h5l.TYPE_HARD and not follow_links:
+        where = f"{group.name.rstrip('/')}/{name}"
+        raise LayoutError(f"{where} is {_LINK_KINDS.get(kind, f'a link of type {kind}')}, not data stored in the file")
+    return group[name]
+
+
+def check_datasets(datasets: dict[str, h5py.Dataset], file_size: int, *, follow_links: bool = False) -> None:
+    """Raise ``LayoutError`` unless every dataset can be read from this file within bounded memory.
+
+    Refused before any data is read: raw data stored in other files (external storage: ``/etc/passwd`` read as
+    events, ``/dev/zero`` as gigabytes) or mapped from other datasets (virtual datasets, whose sources may be
+    anything) unless ``follow_links``; declared sizes the file cannot hold.
+    """
+    for name, ds in datasets.items():
+        plist = ds.id.get_create_plist()
+        if not follow_links and plist.get_layout() == h5d.VIRTUAL:
+            raise LayoutError(f"dataset {name} is a virtual dataset (its data lies in other datasets or files)")
+        if not follow_links and plist.get_external_count():
+            raise LayoutError(f"dataset {name} keeps its data in external files, not in this one")
+    if (problem := _storage_problem(datasets, file_size)) is not None:
+        raise LayoutError(problem)
+
+
+def _storage_problem(datasets: dict[str, h5py.Dataset], file_size: int) -> str | None:
     """Why the declared sizes of ``datasets`` cannot be what the file stores, or None.
 
     Reading a dataset allocates its declared shape first, and chunks never written read as fill values: a damaged
@@ -44,19 +84,28 @@ def storage_problem(datasets: dict[str, h5py.Dataset], file_size: int) -> str | 
     return None
 
 
-def read_dsec(path: Path) -> EventFile:
-    """Decode a DSEC-layout ``events.h5`` file."""
+def read_dsec(path: Path, *, follow_links: bool = False) -> EventFile:
+    """Decode a DSEC-layout ``events.h5`` file.
+
+    ``follow_links`` reads data the file points to elsewhere (external storage, soft and external links, virtual
+    datasets); without it such a file is refused, since it can name any file on the machine.
+    """
     try:
         with h5py.File(path, "r") as f:
-            group = f.get("events")
-            if not isinstance(group, h5py.Group) or not all(isinstance(group.get(k), h5py.Dataset) for k in FIELDS):
+            group = member(f, "events", follow_links=follow_links)
+            is_group = isinstance(group, h5py.Group)
+            found = {k: member(group, k, follow_links=follow_links) for k in FIELDS} if is_group else {}
+            if not all(isinstance(found.get(k), h5py.Dataset) for k in FIELDS):
                 top = sorted(f.keys())[:8]
                 raise EventFileError(path, f"not a DSEC events file: no events/{{x,y,t,p}} datasets (top level: {top})")
-            datasets = {k: group[k] for k in FIELDS}
-            _check_columns(path, datasets)
-            columns = {k: ds[()] for k, ds in datasets.items()}
-            t_offset = _t_offset(path, f)
+            datasets = {f"events/{k}": found[k] for k in FIELDS}
+            offset = member(f, "t_offset", follow_links=follow_links)
+            _check_columns(path, datasets, offset, follow_links)
+            columns = {k: ds[()] for k, ds in zip(FIELDS, datasets.values(), strict=True)}
+            t_offset = 0 if offset is None else int(np.asarray(offset[()]).reshape(-1)[0])
             attrs = {k: int(group.attrs[k]) for k in ("width", "height") if k in group.attrs}
+    except LayoutError as e:
+        raise EventFileError(path, f"refused: {e}") from None
     except _DECODE_ERRORS as e:
         raise EventFileError(path, f"corrupt HDF5 file ({type(e).__name__}: {e})") from e
     events = np.empty(columns["t"].size, dtype=EVENT_DTYPE)
@@ -74,26 +123,21 @@ def read_dsec(path: Path) -> EventFile:
     return EventFile(events, DSEC_SENSOR if fits else inferred)
 
 
-def _check_columns(path: Path, datasets: dict[str, h5py.Dataset]) -> None:
-    """Shapes, types and declared sizes of ``events/{x,y,t,p}``, checked before anything is read."""
+def _check_columns(
+    path: Path, datasets: dict[str, h5py.Dataset], offset: h5py.Dataset | None, follow_links: bool
+) -> None:
+    """Shapes, types, layout and declared sizes of ``events/{x,y,t,p}`` and ``t_offset``, before anything is read."""
     sizes = {k: ds.shape for k, ds in datasets.items()}
     if any(ds.ndim != 1 for ds in datasets.values()) or len({ds.size for ds in datasets.values()}) != 1:
         raise EventFileError(path, f"corrupt: events/x, y, t, p must be 1-D of equal length, got shapes {sizes}")
     if not all(np.issubdtype(ds.dtype, np.integer) for ds in datasets.values()):
         kinds = {k: str(ds.dtype) for k, ds in datasets.items()}
         raise EventFileError(path, f"events/x, y, t, p must be integers, got {kinds}")
-    if (problem := storage_problem(datasets, path.stat().st_size)) is not None:
-        raise EventFileError(path, f"corrupt: {problem}")
-
-
-def _t_offset(path: Path, f: h5py.File) -> int:
-    """DSEC's ``t_offset`` (one integer, us), 0 when the file has none."""
-    if "t_offset" not in f:
-        return 0
-    ds = f["t_offset"]
-    if not isinstance(ds, h5py.Dataset) or ds.size != 1 or not np.issubdtype(ds.dtype, np.integer):
-        raise EventFileError(path, f"corrupt: t_offset must be one integer, got {ds!r}")
-    return int(np.asarray(ds[()]).reshape(-1)[0])
+    if offset is not None:
+        if not isinstance(offset, h5py.Dataset) or offset.size != 1 or not np.issubdtype(offset.dtype, np.integer):
+            raise EventFileError(path, f"corrupt: t_offset must be one integer, got {offset!r}")
+        datasets = {**datasets, "t_offset": offset}
+    check_datasets(datasets, path.stat().st_size, follow_links=follow_links)
 
 
 def write_dsec(path: Path, events: np.ndarray, sensor: SensorSize) -> None:

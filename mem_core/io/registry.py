@@ -21,27 +21,32 @@ Read = Callable[[Path], EventFile]
 
 
 class Reader(NamedTuple):
-    """A registered format: ``sniff(path, first_bytes)`` claims a file by content, ``extensions`` by name."""
+    """A registered format: ``sniff(path, first_bytes)`` claims a file by content, ``extensions`` by name;
+    ``read_linked`` (formats that can point outside the file) reads what the file points to elsewhere as well."""
 
     name: str
     sniff: Sniff | None
     read: Read
     extensions: tuple[str, ...]
+    read_linked: Read | None = None
 
 
 _READERS: list[Reader] = []
 
 
-def register_reader(name: str, sniff: Sniff | None, read: Read, extensions: tuple[str, ...] = ()) -> None:
+def register_reader(
+    name: str, sniff: Sniff | None, read: Read, extensions: tuple[str, ...] = (), read_linked: Read | None = None
+) -> None:
     """Add a format to ``read_events``; later registrations are consulted first (a plug-in can claim files).
 
     ``sniff(path, head)`` gets the first bytes of a file (``b""`` for a directory, so a directory-based store
     can claim its folder) and must not raise. ``read(path)`` returns an ``EventFile`` and raises
     ``EventFileError`` for anything it cannot decode. ``extensions`` (lower case, with the dot) are a fallback
-    for files no sniffer claims. Registering an existing name replaces it.
+    for files no sniffer claims. ``read_linked``, for a format whose files can point to data elsewhere, reads
+    that data too: ``read_events(..., follow_links=True)`` uses it. Registering an existing name replaces it.
     """
     _READERS[:] = [r for r in _READERS if r.name != name]
-    _READERS.insert(0, Reader(name, sniff, read, tuple(e.lower() for e in extensions)))
+    _READERS.insert(0, Reader(name, sniff, read, tuple(e.lower() for e in extensions), read_linked))
 
 
 def formats() -> list[str]:
@@ -83,21 +88,24 @@ def detect_format(path: str | os.PathLike) -> str:
     return _reader(Path(path)).name
 
 
-def read_events(path: str | os.PathLike) -> EventFile:
+def read_events(path: str | os.PathLike, *, follow_links: bool = False) -> EventFile:
     """Read a whole event file: ``(events, sensor)`` with ``EVENT_DTYPE`` events sorted by ``t``.
 
     Formats: N-MNIST / N-Caltech101 ``.bin``/``.bs2``, Prophesee ``.dat``, EVT 2.0 / 3.0 ``.raw``, AEDAT4,
     N-ImageNet ``.npz``, DSEC ``.h5`` and any registered with ``register_reader``. Every failure (missing,
-    empty, truncated, corrupt, unknown) raises ``EventFileError`` naming the path and the reason.
+    empty, truncated, corrupt, unknown) raises ``EventFileError`` naming the path and the reason. A file that
+    points to data outside itself (HDF5 external storage, soft or external links, virtual datasets) is refused
+    unless ``follow_links``: it could name any file on the machine, a device or a FIFO.
     """
     path = Path(path)
-    return _read_checked(_reader(path), path)
+    return _read_checked(_reader(path), path, follow_links)
 
 
-def _read_checked(reader: Reader, path: Path) -> EventFile:
+def _read_checked(reader: Reader, path: Path, follow_links: bool) -> EventFile:
     """``reader.read(path)`` with the checks every format shares: a plausible sensor, memory that ran out."""
+    read = reader.read_linked if follow_links and reader.read_linked is not None else reader.read
     try:
-        decoded = reader.read(path)
+        decoded = read(path)
     except MemoryError as e:  # a reader sizes its arrays from the file: a damaged one can ask for too much
         raise EventFileError(
             path, f"decoding needs more memory than this process may use ({e or 'MemoryError'})"
@@ -108,14 +116,14 @@ def _read_checked(reader: Reader, path: Path) -> EventFile:
     return decoded
 
 
-def describe(path: str | os.PathLike) -> dict[str, Any]:
+def describe(path: str | os.PathLike, *, follow_links: bool = False) -> dict[str, Any]:
     """Summary for ``mem inspect``: format, events, height, width, t_min, t_max, on, off (JSON-ready).
 
-    ``t_min``/``t_max`` (us) are ``None`` for a file without events.
+    ``t_min``/``t_max`` (us) are ``None`` for a file without events; ``follow_links`` as for ``read_events``.
     """
     path = Path(path)
     reader = _reader(path)
-    events, sensor = _read_checked(reader, path)
+    events, sensor = _read_checked(reader, path, follow_links)
     on = int(np.count_nonzero(events["p"]))
     empty = events.size == 0
     return {
@@ -184,14 +192,20 @@ def _prophesee(kind: str) -> Sniff:
 
 
 # Built-ins, registered so that the most specific content checks come first.
-for _name, _sniff, _read, _ext in (
-    ("bin", None, nbin.read_bin, nbin.EXTENSIONS),
-    ("dat", _prophesee("dat"), prophesee.read_dat, (".dat",)),
-    ("evt2", _prophesee("evt2"), prophesee.read_raw, ()),
+for _name, _sniff, _read, _ext, _linked in (
+    ("bin", None, nbin.read_bin, nbin.EXTENSIONS, None),
+    ("dat", _prophesee("dat"), prophesee.read_dat, (".dat",), None),
+    ("evt2", _prophesee("evt2"), prophesee.read_raw, (), None),
     # .raw files whose header names no supported encoding reach read_raw by extension, which says why it fails
-    ("evt3", _prophesee("evt3"), prophesee.read_raw, (".raw",)),
-    ("npz", _has_magic(b"PK"), npz.read_npz, (".npz",)),
-    ("dsec-h5", _has_magic(b"\x89HDF\r\n\x1a\n"), hdf5.read_dsec, (".h5", ".hdf5")),
-    ("aedat4", _has_magic(b"#!AER-DAT4"), aedat4.read_aedat4, (".aedat4",)),
+    ("evt3", _prophesee("evt3"), prophesee.read_raw, (".raw",), None),
+    ("npz", _has_magic(b"PK"), npz.read_npz, (".npz",), None),
+    (
+        "dsec-h5",
+        _has_magic(b"\x89HDF\r\n\x1a\n"),
+        hdf5.read_dsec,
+        (".h5", ".hdf5"),
+        functools.partial(hdf5.read_dsec, follow_links=True),
+    ),
+    ("aedat4", _has_magic(b"#!AER-DAT4"), aedat4.read_aedat4, (".aedat4",), None),
 ):
-    register_reader(_name, _sniff, _read, _ext)
+    register_reader(_name, _sniff, _read, _ext, _linked)

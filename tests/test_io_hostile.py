@@ -1,0 +1,131 @@
+"""Crafted hostile event files: each is refused with one line naming the file and what is wrong, before it can
+read another file, hang on a special file or allocate beyond what it stores."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from conftest import synthetic_events
+
+from mem_core.corpus import Corpus, CorpusError, CorpusWriter
+from mem_core.events import SensorSize
+from mem_core.io import EventFileError, describe, read_events
+
+DSEC_COLUMNS = (("x", "<u2"), ("y", "<u2"), ("t", "<u4"), ("p", "u1"))
+N = 16
+FIFO_GRACE_S = 15
+
+
+def write_dsec(path: Path, special: dict[str, Callable[[h5py.Group, str, str], None]] | None = None) -> Path:
+    """A small DSEC layout; ``special[name](group, name, dtype)`` creates that column instead of plain data."""
+    special = special or {}
+    with h5py.File(path, "w") as f:
+        group = f.create_group("events")
+        for name, dtype in DSEC_COLUMNS:
+            if name in special:
+                special[name](group, name, dtype)
+            else:
+                group.create_dataset(name, data=np.arange(N).astype(dtype))
+    return path
+
+
+@pytest.fixture
+def fifo(tmp_path) -> Iterator[Path]:
+    """A FIFO that a helper process opens for writing after ``FIFO_GRACE_S``: a reader blocked on it (HDF5 holds the
+    GIL while it waits) then gets an empty file and the test fails instead of hanging."""
+    path = tmp_path / "fifo"
+    os.mkfifo(path)
+    unblock = f"import os, time; time.sleep({FIFO_GRACE_S}); os.close(os.open({str(path)!r}, os.O_WRONLY))"
+    helper = subprocess.Popen([sys.executable, "-c", unblock])
+    yield path
+    helper.kill()
+    helper.wait()
+
+
+# ------------------------------------------------------------------------------------------ HDF5 indirection
+
+
+def test_h5_column_stored_in_another_file_is_refused_not_read(tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_bytes(b"root:x:0:0:root:/root:/bin/bash\n")
+
+    def external(group, name, dtype):
+        group.create_dataset(name, shape=(N,), dtype=dtype, external=[(str(secret), 0, N)])
+
+    path = write_dsec(tmp_path / "events.h5", {"p": external})
+    with pytest.raises(EventFileError, match=r"events\.h5: refused: dataset events/p keeps its data in external files"):
+        read_events(path)
+    events, _ = read_events(path, follow_links=True)  # the user's opt-in
+    np.testing.assert_array_equal(events["p"], np.frombuffer(secret.read_bytes()[:N], np.uint8) > 0)
+
+
+def test_h5_external_link_to_a_fifo_is_refused_without_opening_it(tmp_path, fifo):
+    path = tmp_path / "events.h5"
+    with h5py.File(path, "w") as f:
+        f["events"] = h5py.ExternalLink(str(fifo), "/events")
+    with pytest.raises(EventFileError, match=r"events\.h5: refused: /events is an external link"):
+        describe(path)
+
+
+def test_h5_virtual_dataset_with_a_fifo_source_is_refused_without_opening_it(tmp_path, fifo):
+    def virtual(group, name, dtype):
+        layout = h5py.VirtualLayout(shape=(N,), dtype=dtype)
+        layout[:] = h5py.VirtualSource(str(fifo), "x", shape=(N,))
+        group.create_virtual_dataset(name, layout)
+
+    path = write_dsec(tmp_path / "events.h5", {"x": virtual})
+    with pytest.raises(EventFileError, match=r"refused: dataset events/x is a virtual dataset"):
+        read_events(path)
+
+
+def test_h5_soft_link_is_refused_unless_links_are_followed(tmp_path):
+    def soft(group, name, dtype):
+        group.file.create_dataset("elsewhere", data=np.arange(N).astype(dtype))
+        group[name] = h5py.SoftLink("/elsewhere")
+
+    path = write_dsec(tmp_path / "events.h5", {"t": soft})
+    with pytest.raises(EventFileError, match=r"refused: /events/t is a soft link"):
+        read_events(path)
+    events, sensor = read_events(path, follow_links=True)
+    np.testing.assert_array_equal(events["t"], np.arange(N))
+    assert sensor == SensorSize(480, 640)
+
+
+# ------------------------------------------------------------------------------------------ corpus shards
+
+
+def corpus_with_shard_column(root: Path, name: str, replace: Callable[[h5py.File, str], None]) -> Corpus:
+    """A one-recording corpus whose shard column ``name`` was replaced by ``replace(file, name)``."""
+    with CorpusWriter(root, min_free_bytes=0) as writer:
+        writer.add_recording("a", synthetic_events(100), SensorSize(32, 48))
+    with h5py.File(root / "shard-00000.h5", "r+") as f:
+        del f[name]
+        replace(f, name)
+    return Corpus(root)
+
+
+def test_shard_column_linked_to_a_fifo_is_refused_without_opening_it(tmp_path, fifo):
+    def link(f, name):
+        f[name] = h5py.ExternalLink(str(fifo), "/t")
+
+    corpus = corpus_with_shard_column(tmp_path / "c", "t", link)
+    with pytest.raises(CorpusError, match=r"shard-00000\.h5: refused shard \(/t is an external link"):
+        corpus.events(0)
+
+
+def test_shard_column_stored_in_another_file_is_refused(tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_bytes(bytes(range(100)))
+
+    def external(f, name):
+        f.create_dataset(name, shape=(100,), dtype="u1", external=[(str(secret), 0, 100)])
+
+    corpus = corpus_with_shard_column(tmp_path / "c", "p", external)
+    assert "refused shard (dataset p keeps its data in external files" in corpus.check()["shard-00000.h5"]
