@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from mem_core import shared_data_dir
+from mem_core.adapters import loader_worker_pids
 from mem_core.corpus import CorpusWriter
 from mem_core.datasets.corpus import CorpusSource
 from mem_core.events import SensorSize, make_events
@@ -241,7 +242,7 @@ def loader_rows(stream: np.ndarray, sensor: SensorSize) -> list[dict]:
                 for batch, _, _ in loader:
                     if start is None:  # the first batch pays worker start-up: not counted
                         start = time.perf_counter()
-                        pid = loader._iterator._workers[0].pid if workers else os.getpid()
+                        pid = loader_worker_pids(loader)[0] if workers else os.getpid()
                         worker_cpu = process_cpu_seconds(pid)
                         continue
                     seen += batch.t.shape[0]

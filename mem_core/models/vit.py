@@ -20,6 +20,8 @@ from timm.models.beit import Beit
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from mem_core.adapters import set_fused_attention
+
 BACKBONE_PREFIX = "backbone."
 RESNET_STRIDES = (2, 4, 8, 16, 32)  # ResNet-18's feature strides: after conv1, layer1, layer2, layer3, layer4
 
@@ -156,9 +158,8 @@ def _pick_attention_kernel(attn: nn.Module, args: tuple) -> None:
     1.1-2.1 ms), so it keeps it (docs/BENCHMARKS.md)."""
     x = args[0]
     training_on_cpu = x.device.type == "cpu" and (torch.is_grad_enabled() or torch.is_autocast_enabled("cpu"))
-    fused = not training_on_cpu and use_fused_attn()  # timm's own switch (TIMM_FUSED_ATTN=0) still turns SDPA off
-    if attn.fused_attn != fused:  # written only on a change: a compiled model sees a constant
-        attn.fused_attn = fused
+    # timm's own switch (TIMM_FUSED_ATTN=0) still turns SDPA off
+    set_fused_attention(attn, not training_on_cpu and use_fused_attn())
 
 
 STEM_CLASSES: dict[str, type[nn.Module]] = {"conv": ConvStem, "resnet": ResNetStem}

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from mem_core.adapters import shutdown_loader_workers
 from mem_core.datasets import EventSource, WindowDataset, collate_windows
 from mem_core.errors import MemError
 from mem_core.train.engine import EpochBatchSampler, StepResult, seed_everything, train_one_epoch
@@ -92,9 +93,7 @@ class _Loader(DataLoader):
         """Stop the persistent workers now. Left to the garbage collector (a stage's loaders sit in reference
         cycles), the workers' queues can be torn down before the iterator tells the workers to stop, and torch
         then waits its 5 s join timeout for each worker: seconds of stall at a random later moment."""
-        iterator, self._iterator = self._iterator, None
-        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-            iterator._shutdown_workers()
+        shutdown_loader_workers(self)
 
 
 def build_stage_loaders(cfg, runtime: Runtime, train_src: EventSource, val_src: EventSource, indices=None):
