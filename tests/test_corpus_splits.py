@@ -58,10 +58,9 @@ def test_labelled_sessions_hold_out_a_tenth_of_each_class_in_guarded_blocks(tmp_
     sessions = [(f"c{k}", 50, "cars") for k in range(12)] + [(f"b{k}", 50, "background") for k in range(25)]
     order = sorted(sessions, key=lambda s: int(s[0][1:]))  # classes interleaved in corpus order
     root = build(tmp_path, order)
-    # 1 of 12 cars, centred; 2 of 25 backgrounds (2.5 -> 2), one centred in each half; their class neighbours guard
+    # 1 of 12 cars, centred; 2 of 25 backgrounds (2.5 -> 2), one centred in each half; blocks of one: no guard
     assert split_names(root, "val") == ["b18", "b6", "c5"]
-    guard = {"c4", "c6", "b5", "b7", "b17", "b19"}
-    assert set(split_names(root, "train")) == {name for name, _, _ in sessions} - {"b18", "b6", "c5"} - guard
+    assert set(split_names(root, "train")) == {name for name, _, _ in sessions} - {"b18", "b6", "c5"}
 
 
 def test_a_labelled_session_of_several_segments_is_held_out_whole(tmp_path):
@@ -78,21 +77,20 @@ def test_a_class_with_one_labelled_session_is_a_clear_error(tmp_path):
     assert len(CorpusSource(root, "all", slot=SLOT)) == 3  # no split asked, nothing to refuse
 
 
-def test_many_unlabelled_sessions_hold_out_a_twentieth_whole_in_guarded_blocks(tmp_path):
+def test_many_unlabelled_sessions_hold_out_a_twentieth_whole_in_blocks(tmp_path):
     root = build(tmp_path, [(f"s{k:02d}", 250, None) for k in range(40)])
     assert split_names(root, "val") == ["s09", "s29"]  # one centred in each half
     assert held_out(root) == [("s09", 0, 100), ("s09", 100, 150), ("s29", 0, 100), ("s29", 100, 150)]
-    assert len(split_names(root, "train")) == 40 - 2 - 4  # s08, s10, s28 and s30 guard the blocks
+    assert len(split_names(root, "train")) == 40 - 2
 
 
-def test_few_unlabelled_sessions_hold_out_guarded_blocks_inside_each(tmp_path):
-    # 45 slots -> 2 (5 %, rounded), slots 11 and 33, one centred in each half, with slots 10, 12, 32 and 34 as
-    # guard; 2 slots -> the first one; 1 slot -> none. A session cut into segments is one stream: its slots run on
-    # through its segments (15 slots each).
+def test_few_unlabelled_sessions_hold_out_blocks_inside_each(tmp_path):
+    # 45 slots -> 2 (5 %, rounded), slots 11 and 33, one centred in each half; 2 slots -> the first one; 1 slot ->
+    # none. A session cut into segments is one stream: its slots run on through its segments (15 slots each).
     root = build(tmp_path, [("long", 4500, None), ("two", 200, None), ("one", 80, None)], {"long": 3})
     assert held_out(root) == [("long", 1100, 100), ("long/2", 300, 100), ("two", 0, 100)]
     train = CorpusSource(root, "train", slot=SLOT)
-    assert len(train) == 45 - 2 - 4 + 1 + 1
+    assert len(train) == 45 - 2 + 1 + 1
 
 
 def test_unlabelled_sessions_of_one_slot_each_hold_out_the_last_session(tmp_path):
@@ -100,19 +98,25 @@ def test_unlabelled_sessions_of_one_slot_each_hold_out_the_last_session(tmp_path
     assert held_out(root) == [("c", 0, 80)]
 
 
-def test_training_windows_never_reach_into_validation_slots(tmp_path):
-    """A window longer than its slot is centred on it, but stays on its side of the split (both ways)."""
-    root = build(tmp_path, [("long", 1000, None)])  # 10 slots: slot 4 (events 400..499) is validation, 3 and 5 guard
+def test_training_windows_never_reach_into_validation_or_guard_slots(tmp_path):
+    """A window longer than its slot is centred on it, but stays on its side of the split (both ways), and never
+    reads the guard slots around a validation block."""
+    root = build(tmp_path, [("long", 40_000, None)])  # 400 slots: 20 held out, in 10 blocks of 2 with 1-slot guards
     train, val = CorpusSource(root, "train", slot=SLOT), CorpusSource(root, "val", slot=SLOT)
+    blocks = sorted({lo // SLOT for _, lo, _ in held_out(root)})
+    assert len(blocks) == 20 and len(train) == 400 - 20 - 20
+    guarded = np.zeros(40_000, dtype=bool)  # events of validation slots and the slot on each side of a block
+    for slot in blocks:
+        guarded[(slot - 1) * SLOT : (slot + 2) * SLOT] = True
     rng = np.random.default_rng(0)
-    assert len(train) == 7
     for i in range(len(train)):
         for window in (train.load_window(i, 250, rng), train.load_window(i, 250, None)):
             t = window["t"]
-            assert len(window) == 250 and (t.max() < 300 or t.min() >= 600), "a training window read guard events"
-            assert t.max() - t.min() == 249  # one run of training slots, never across the held-out block
+            assert len(window) == 250 and not guarded[t].any(), f"training window {t.min()}..{t.max()}"
+            assert t.max() - t.min() == 249  # one run of training slots, never across a held-out block
     window = val.load_window(0, 250, rng)["t"]
-    assert window.min() == 400 and window.max() == 499  # the validation block alone, not its neighbours
+    first = blocks[0] * SLOT
+    assert window.min() == first and window.max() == first + 2 * SLOT - 1  # its block alone, not its neighbours
 
 
 def test_a_corpus_of_one_slot_is_shared_by_train_and_val_with_a_warning(tmp_path, caplog):
@@ -125,7 +129,7 @@ def test_a_corpus_of_one_slot_is_shared_by_train_and_val_with_a_warning(tmp_path
 
 def test_finetune_from_a_pretrain_run_on_a_corpus_of_short_labelled_captures(tmp_path):
     """``mem finetune --dataset corpus --init PRETRAIN_RUN`` on captures of a few thousand events, one class each
-    (what the live viewer saves): validation is the middle capture of each class, its neighbours guard it."""
+    (what the live viewer saves): validation is the middle capture of each class, the others train."""
     from typer.testing import CliRunner
 
     from app.cli import app
@@ -155,4 +159,4 @@ def test_finetune_from_a_pretrain_run_on_a_corpus_of_short_labelled_captures(tmp
     val = CorpusSource(corpus, "val", window=3000)
     assert [val.corpus.recordings[int(rec)].name for rec in val.samples[:, 0]] == ["capture4", "capture5"]
     train = json.loads((tmp_path / "ft" / "classes.json").read_text())
-    assert train["train_samples"] == 12 - 2 - 4
+    assert train["train_samples"] == 12 - 2

@@ -37,8 +37,7 @@ def test_ncars_official_layout_carves_a_fixed_validation_split(tmp_path, data_di
             for src in sorted((data_dir / "ncars-dev" / "val" / cls).glob("*.dat"))[:20]:
                 (tmp_path / split / cls / src.name).symlink_to(src)
     train, val, test = (open_source("ncars", tmp_path, s) for s in ("train", "val", "test"))
-    # per class: 2 validation samples (10 %) in 2 blocks, each with a guard sample on both sides
-    assert (len(train), len(val), len(test)) == (28, 4, 40)
+    assert (len(train), len(val), len(test)) == (36, 4, 40)
     assert set(map(str, train.files)).isdisjoint(map(str, val.files))
     assert open_source("ncars", tmp_path, "val").files == val.files  # the same carve-out every time
 
@@ -47,8 +46,7 @@ def test_nmnist_list_files(data_dir):
     test = open_source("nmnist", data_dir / "nmnist-small", "test")
     train = open_source("nmnist", data_dir / "nmnist-small", "train")
     val = open_source("nmnist", data_dir / "nmnist-small", "val")
-    assert len(test) == 100 and len(val) == 100  # 10 % of train1K, in blocks; their guards are in neither split
-    assert 1000 - 3 * len(val) <= len(train) < 1000 - len(val)  # guards of at least 1 on both sides of a block
+    assert len(test) == 100 and len(val) == 100 and len(train) == 900  # blocks of 1 sample per class: no guard
     assert test.classes == [str(d) for d in range(10)] and test.sensor == SensorSize(34, 34)
     assert len(test.load(3)) > 0
 
@@ -66,8 +64,7 @@ def test_ncaltech101_split_is_written_once_and_exact(tmp_path):
     make_ncaltech(tmp_path)
     train = open_source("ncaltech101", tmp_path, "train")
     split = json.loads((tmp_path / "mem-split.json").read_text())
-    # per class: 2 test (20 %, random), then of the 8 others 1 validation with a guard sample on both sides
-    assert {k: len(v) for k, v in split.items()} == {"train": 20, "val": 4, "test": 8}
+    assert {k: len(v) for k, v in split.items()} == {"train": 28, "val": 4, "test": 8}
     # exact class names: 'ant' is not matched inside 'elephant'
     assert train.classes == ["BACKGROUND_Google", "Faces_easy", "ant", "elephant"]
     for rel, cls in split["train"] + split["test"]:

@@ -48,22 +48,22 @@ def touch(path: Path) -> None:
 
 
 def test_ncars_carves_validation_as_guarded_blocks_spread_over_each_class(tmp_path):
-    by_class = {0: list(range(0, 100, 2)), 1: list(range(1, 100, 2))}  # ids of both classes interleaved, as in N-Cars
+    by_class = {0: list(range(0, 400, 2)), 1: list(range(1, 400, 2))}  # ids of both classes interleaved, as in N-Cars
     for label, cls in enumerate(("background", "cars")):
         for i in by_class[label]:
             touch(tmp_path / "n-cars_train" / cls / f"obj_{i:06d}_td.dat")
     train, val = open_source("ncars", tmp_path, "train"), open_source("ncars", tmp_path, "val")
-    assert (len(train), len(val)) == (70, 10)  # 5 blocks of 1 per class, each with 1 guard id on both sides
-    assert_val_is_guarded_blocks_spread_over_each_class(by_class, train, val, blocks=5)
+    assert (len(train), len(val)) == (320, 40)  # 10 blocks of 2 per class, each with 1 guard id on both sides
+    assert_val_is_guarded_blocks_spread_over_each_class(by_class, train, val, blocks=10)
 
 
 def test_nmnist_carves_validation_as_guarded_blocks_spread_over_each_class(tmp_path):
-    by_class = {d: list(range(d * 1000 + 1, d * 1000 + 101)) for d in range(10)}
+    by_class = {d: list(range(d * 1000 + 1, d * 1000 + 201)) for d in range(10)}
     for d, numbers in by_class.items():
         for i in numbers:
             touch(tmp_path / "Train" / str(d) / f"{i}.bin")  # unpadded names: file order is numeric order
     train, val = open_source("nmnist", tmp_path, "train"), open_source("nmnist", tmp_path, "val")
-    assert (len(train), len(val)) == (700, 100)
+    assert (len(train), len(val)) == (1600, 200)
     assert_val_is_guarded_blocks_spread_over_each_class(by_class, train, val, blocks=10)
 
 
@@ -76,8 +76,8 @@ def test_ncaltech101_val_is_guarded_blocks_of_each_class_in_what_is_not_test(tmp
     for cls in ("ant", "elephant"):
         train = [int(rel[-8:-4]) for rel, c in split["train"] if c == cls]
         val = [int(rel[-8:-4]) for rel, c in split["val"] if c == cls]
-        assert len(val) == 3 and len(train) == 32 - 3 - 6  # 10 % of the 32 non-test files, 3 blocks of 1 + guards
-        assert min(val) < 15 and max(val) > 25 and not {v + d for v in val for d in (-1, 1)} & set(train)
+        assert len(val) == 3 and len(train) == 29  # 10 % of the 32 non-test files: 3 blocks of 1, too small to guard
+        assert min(val) < 15 and max(val) > 25 and not set(val) & set(train)
 
 
 def test_files_are_listed_in_numeric_order(tmp_path):
@@ -100,8 +100,10 @@ def test_block_split_holds_out_guarded_blocks_of_every_class():
 def test_held_out_blocks_keep_training_data_in_small_sequences():
     assert list(held_out_blocks(2, 0.1)) == [VAL, TRAIN]
     assert list(held_out_blocks(1, 0.1)) == [TRAIN]  # nothing to validate on without losing all training data
-    roles = held_out_blocks(10, 0.1)
-    assert list(roles).count(VAL) == 1 and list(roles).count(GUARD) == 2
+    roles = held_out_blocks(40, 0.1)
+    assert list(roles).count(VAL) == 4 and GUARD not in roles  # blocks of one sample: no guard
+    roles = held_out_blocks(100, 0.2)
+    assert list(roles).count(VAL) == 20 and list(roles).count(GUARD) == 20  # blocks of 2, a guard of 1 each side
     for n in range(2, 60):
         roles = held_out_blocks(n, 0.3)
         assert (roles == TRAIN).sum() >= (roles == VAL).sum() >= 1

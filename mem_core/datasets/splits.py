@@ -7,9 +7,10 @@ reads 7-13 points higher than truly unseen recordings. One contiguous block at t
 training but holds only a handful of recordings, and misjudged the gap between two models by a factor of two to three
 on N-Cars (docs/RESULTS.md, section 2). The carve-out is therefore ``VAL_BLOCKS`` contiguous blocks per class, one
 centred in each equal stretch of the class's samples in file (= sample id) order, each with a guard of half a block
-(at least one sample) on both sides that neither split uses, so a recording straddling a block's edge is not on both
-sides. Only choices that are not held-out data (the labelled fraction of a label-efficiency run, N-Caltech101's
-historical 80/20 test split) are random.
+(rounded down) on both sides that neither split uses, so a recording straddling a block's edge is not on both sides;
+small datasets, whose blocks are single samples, keep all their other samples for training. Only choices that are
+not held-out data (the labelled fraction of a label-efficiency run, N-Caltech101's historical 80/20 test split) are
+random.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from mem_core.datasets.base import DatasetError
 
 VAL_FRACTION = 0.1
 VAL_BLOCKS = 10  # blocks per class: many recordings, spread like an unseen test split's
-GUARD_RATIO = 0.5  # guard on each side of a block, in block lengths (at least 1 sample): left unused
+GUARD_RATIO = 0.5  # guard on each side of a block, in block lengths (rounded down): left unused
 SPLIT_SEED = 20240101  # fixed: the same test carve-out on every machine
 TRAIN, VAL, GUARD = 0, 1, 2  # roles of the samples of an ordered sequence
 
@@ -33,7 +34,7 @@ def held_out_blocks(n: int, fraction: float, blocks: int = VAL_BLOCKS) -> np.nda
 
     ``fraction`` of them (at least one when ``n >= 2``) are validation, in up to ``blocks`` contiguous blocks, one
     centred in each of ``blocks`` equal stretches of the sequence. Each block has ``GUARD_RATIO`` of its length
-    (rounded up) on both sides as guard, shrunk where needed so that training keeps at least as many samples as
+    (rounded down) on both sides as guard, shrunk where needed so that training keeps at least as many samples as
     validation.
     """
     roles = np.full(n, TRAIN, dtype=np.int8)
@@ -41,7 +42,7 @@ def held_out_blocks(n: int, fraction: float, blocks: int = VAL_BLOCKS) -> np.nda
     if k == 0:
         return roles
     b = min(blocks, k)
-    guard = min(math.ceil(GUARD_RATIO * k / b), max(0, (n - 2 * k) // (2 * b)))
+    guard = min(math.floor(GUARD_RATIO * k / b), max(0, (n - 2 * k) // (2 * b)))
     stretches = np.array_split(np.arange(n), b)
     for stretch, size in zip(stretches, (len(part) for part in np.array_split(np.arange(k), b)), strict=True):
         size = min(size, len(stretch))
