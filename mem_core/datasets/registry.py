@@ -2,9 +2,9 @@
 
 =================  =====================================================================================
 ``ncars``          ``root/{train,val,test}`` or the official ``root/n-cars_{train,test}``, each with ``cars/`` and
-                   ``background/`` Prophesee ``.dat`` files; without a ``val`` folder, val is a fixed 10 % of train
+                   ``background/`` Prophesee ``.dat`` files; without a ``val`` folder, val is 10 % of train in blocks
 ``nmnist``         ``root`` with ``<id> <class>`` list files (``train*.txt`` / ``test*.txt``) naming ``<id>.bs2`` or
-                   ``<id>.bin``, or the official ``root/{Train,Test}/<digit>/*.bin``; val is a fixed 10 % of train
+                   ``<id>.bin``, or the official ``root/{Train,Test}/<digit>/*.bin``; val is 10 % of train in blocks
 ``ncaltech101``    ``root/<class>/*.bin`` (101 classes incl. ``BACKGROUND_Google``); the fixed 80/20 train/test
                    split (val = 10 % of train) is written once to a split file and read from it afterwards
 ``nimagenet``      ``root/{train,val}/<wnid>/*.npz`` (or ``extracted_train`` / ``extracted_val``)
