@@ -115,6 +115,8 @@ def collect(config: IngestConfig) -> tuple[list[IngestItem], list[dict[str, Any]
                 failed.append({"path": str(root), "reason": str(e)})
         elif root.is_file():
             items.append(IngestItem(root, root.name))
+        elif not root.is_dir():  # a FIFO would block its reader, a device never end
+            failed.append({"path": str(root), "reason": "not a regular file or a folder"})
         else:
             found = [
                 IngestItem(path, _name_for(path, root))

@@ -158,6 +158,18 @@ def test_an_ingest_that_gives_nothing_is_a_failure_and_a_partial_one_is_not(mixe
     assert ingest([folder], tmp_path / "c6").failure() is None  # everything already ingested: nothing went wrong
 
 
+def test_special_files_given_or_found_are_never_opened(mixed_folder, tmp_path):
+    folder, good, _ = mixed_folder
+    os.mkfifo(tmp_path / "pipe.dat")  # opening it would wait for a writer for good
+    os.mkfifo(folder / "pipe.dat")
+    (folder / "zero.dat").symlink_to("/dev/zero")  # reading it would never end
+    assert ingest([tmp_path / "pipe.dat"], tmp_path / "c1").failure() == (
+        f"{tmp_path / 'pipe.dat'}: not a regular file or a folder"
+    )
+    report = ingest([folder], tmp_path / "c2")
+    assert sorted(e["path"] for e in report.ingested) == sorted(map(str, good))
+
+
 def test_worker_processes_give_the_same_corpus(mixed_folder, tmp_path):
     folder, _, _ = mixed_folder
     one = ingest([folder], tmp_path / "one")

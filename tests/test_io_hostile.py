@@ -16,7 +16,7 @@ from conftest import synthetic_events
 
 from mem_core.corpus import Corpus, CorpusError, CorpusWriter
 from mem_core.events import SensorSize
-from mem_core.io import EventFileError, describe, read_events
+from mem_core.io import EventFileError, aedat4, describe, hdf5, nbin, npz, prophesee, read_events
 
 DSEC_COLUMNS = (("x", "<u2"), ("y", "<u2"), ("t", "<u4"), ("p", "u1"))
 N = 16
@@ -129,3 +129,51 @@ def test_shard_column_stored_in_another_file_is_refused(tmp_path):
 
     corpus = corpus_with_shard_column(tmp_path / "c", "p", external)
     assert "refused shard (dataset p keeps its data in external files" in corpus.check()["shard-00000.h5"]
+
+
+# ------------------------------------------------------------------------------------------ special files
+
+
+def test_fifo_named_like_an_event_file_is_refused_without_blocking(tmp_path, fifo):
+    path = tmp_path / "x.dat"
+    fifo.rename(path)
+    with pytest.raises(EventFileError, match=r"x\.dat: not a regular file \(a FIFO\)"):
+        describe(path)
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        read_events,
+        nbin.read_bin,
+        prophesee.read_dat,
+        prophesee.read_raw,
+        npz.read_npz,
+        hdf5.read_dsec,
+        aedat4.read_aedat4,
+    ],
+)
+def test_every_reader_refuses_a_link_to_a_device(tmp_path, read):
+    path = tmp_path / "x.dat"
+    path.symlink_to("/dev/null")  # /dev/zero would never end: a reader must not even start
+    with pytest.raises(EventFileError, match=r"x\.dat: not a regular file \(a character device\)"):
+        read(path)
+
+
+def test_a_link_to_a_regular_file_is_read_as_that_file(tmp_path):
+    target = write_dsec(tmp_path / "real.h5")
+    (tmp_path / "link.h5").symlink_to(target)
+    np.testing.assert_array_equal(read_events(tmp_path / "link.h5").events, read_events(target).events)
+
+
+def test_corpus_manifest_or_shard_that_is_no_regular_file_is_refused(tmp_path, fifo):
+    root = tmp_path / "c"
+    corpus = corpus_with_shard_column(root, "p", lambda f, name: f.create_dataset(name, data=np.zeros(100, "u1")))
+    (root / "shard-00000.h5").unlink()
+    (root / "shard-00000.h5").symlink_to("/dev/null")
+    with pytest.raises(CorpusError, match=r"shard-00000\.h5: cannot open shard \(not a regular file \(a character"):
+        corpus.events(0)
+    (root / "manifest.json").unlink()
+    fifo.rename(root / "manifest.json")
+    with pytest.raises(CorpusError, match=r"manifest\.json: corrupt corpus manifest \(not a regular file \(a FIFO"):
+        Corpus(root)

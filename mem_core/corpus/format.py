@@ -49,6 +49,7 @@ from typing import Any
 
 from mem_core.errors import MemError
 from mem_core.events import SensorSize, sensor_problem
+from mem_core.io.base import open_regular, os_problem
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -97,10 +98,13 @@ def load_manifest(root: Path) -> dict[str, Any]:
     """The manifest as JSON, with its top level checked (``parse_manifest`` checks the entries)."""
     path = root / MANIFEST
     try:
-        manifest = json.loads(path.read_text())
+        with open_regular(path) as f:  # a FIFO in its place would block the open
+            manifest = json.loads(f.read())
     except FileNotFoundError:
         raise CorpusError(f"{path}: no corpus manifest (not a corpus directory?)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+    except OSError as e:
+        raise CorpusError(f"{path}: corrupt corpus manifest ({os_problem(e)})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise CorpusError(f"{path}: corrupt corpus manifest ({e})") from e
     if not isinstance(manifest, dict) or not {"format_version", "recordings", "shards"} <= manifest.keys():
         raise CorpusError(f"{path}: not a corpus manifest (missing format_version/recordings/shards)")

@@ -22,6 +22,7 @@ from h5py import h5f, h5p
 
 from mem_core.corpus.format import COLUMNS, CorpusError
 from mem_core.events import EVENT_DTYPE
+from mem_core.io.base import check_regular, os_problem
 from mem_core.io.hdf5 import LayoutError, check_datasets, member
 
 SWMR_READ_ATTEMPTS = 24
@@ -35,8 +36,12 @@ def open_shard(path: Path, *, sealed: bool) -> tuple[h5py.File, dict[str, h5py.D
 
     ``sealed``: the manifest says the writer closed the shard (then it is opened without SWMR).
     """
-    if not path.is_file():
-        raise CorpusError(f"{path}: shard listed in the manifest is missing")
+    try:
+        check_regular(path)  # h5py opens the file by name
+    except FileNotFoundError:
+        raise CorpusError(f"{path}: shard listed in the manifest is missing") from None
+    except OSError as e:
+        raise CorpusError(f"{path}: cannot open shard ({os_problem(e)})") from None
     try:
         f = h5py.File(path, "r") if sealed else _open_swmr(path)
     except H5_ERRORS as e:

@@ -16,7 +16,14 @@ import numpy as np
 from h5py import h5d, h5l
 
 from mem_core.events import EVENT_DTYPE, SensorSize, infer_sensor
-from mem_core.io.base import EventFile, EventFileError, check_on_sensor, sort_by_time
+from mem_core.io.base import (
+    EventFile,
+    EventFileError,
+    NotRegularFile,
+    check_on_sensor,
+    check_regular,
+    sort_by_time,
+)
 
 DSEC_SENSOR = SensorSize(480, 640)
 FIELDS = ("x", "y", "t", "p")
@@ -91,6 +98,7 @@ def read_dsec(path: Path, *, follow_links: bool = False) -> EventFile:
     datasets); without it such a file is refused, since it can name any file on the machine.
     """
     try:
+        check_regular(path)  # h5py opens the file by name
         with h5py.File(path, "r") as f:
             group = member(f, "events", follow_links=follow_links)
             is_group = isinstance(group, h5py.Group)
@@ -106,6 +114,8 @@ def read_dsec(path: Path, *, follow_links: bool = False) -> EventFile:
             attrs = {k: int(group.attrs[k]) for k in ("width", "height") if k in group.attrs}
     except LayoutError as e:
         raise EventFileError(path, f"refused: {e}") from None
+    except NotRegularFile as e:
+        raise EventFileError(path, str(e)) from None
     except _DECODE_ERRORS as e:
         raise EventFileError(path, f"corrupt HDF5 file ({type(e).__name__}: {e})") from e
     events = np.empty(columns["t"].size, dtype=EVENT_DTYPE)

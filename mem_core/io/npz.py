@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from mem_core.events import EVENT_DTYPE, SensorSize, infer_sensor
-from mem_core.io.base import EventFile, EventFileError, sort_by_time
+from mem_core.io.base import EventFile, EventFileError, NotRegularFile, open_regular, sort_by_time
 
 NIMAGENET_SENSOR = SensorSize(480, 640)
 KEY = "event_data"
@@ -45,8 +45,10 @@ _NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.form
 def read_npz(path: Path) -> EventFile:
     """Decode an N-ImageNet ``.npz`` file."""
     try:
-        with zipfile.ZipFile(path) as archive:
+        with open_regular(path) as f, zipfile.ZipFile(f) as archive:
             data = _event_data(path, archive)
+    except NotRegularFile as e:
+        raise EventFileError(path, str(e)) from None
     except _DECODE_ERRORS as e:
         raise EventFileError(path, f"corrupt .npz archive ({type(e).__name__}: {e})") from e
     names = data.dtype.names or ()

@@ -12,7 +12,7 @@ import numpy as np
 
 from mem_core.events import SensorSize, sensor_problem, validate_events
 from mem_core.io import aedat4, hdf5, nbin, npz, prophesee
-from mem_core.io.base import EventFile, EventFileError
+from mem_core.io.base import EventFile, EventFileError, open_regular, os_problem
 
 SNIFF_BYTES = 8192
 
@@ -55,15 +55,14 @@ def formats() -> list[str]:
 
 
 def _head(path: Path) -> bytes:
-    try:
-        with path.open("rb") as f:
-            head = f.read(SNIFF_BYTES)
-    except FileNotFoundError as e:
-        raise EventFileError(path, "no such file or directory") from e
-    except IsADirectoryError:
+    """The first bytes of a regular file, ``b""`` for a directory (a store a plug-in may claim)."""
+    if path.is_dir():
         return b""
+    try:
+        with open_regular(path) as f:
+            head = f.read(SNIFF_BYTES)
     except OSError as e:
-        raise EventFileError(path, f"cannot read the file ({e.strerror or e})") from e
+        raise EventFileError(path, os_problem(e)) from None
     if not head:
         raise EventFileError(path, "empty file (0 bytes)")
     return head
