@@ -177,3 +177,24 @@ def test_corpus_manifest_or_shard_that_is_no_regular_file_is_refused(tmp_path, f
     fifo.rename(root / "manifest.json")
     with pytest.raises(CorpusError, match=r"manifest\.json: corrupt corpus manifest \(not a regular file \(a FIFO"):
         Corpus(root)
+
+
+# ------------------------------------------------------------------------------------------ bombs
+
+
+def huge_chunks(group, name, dtype):
+    """16 values in one gzip chunk of 2^25 elements: a small file that decompresses 32 MiB to read any value."""
+    group.create_dataset(name, data=np.arange(N).astype(dtype), chunks=(1 << 25,), maxshape=(None,), compression="gzip")
+
+
+def test_h5_with_chunks_far_larger_than_its_data_is_refused_before_reading(tmp_path):
+    path = write_dsec(tmp_path / "events.h5", {"p": huge_chunks})
+    assert path.stat().st_size < 200_000
+    with pytest.raises(EventFileError, match=r"refused: dataset events/p comes in chunks of \(33554432,\) elements"):
+        read_events(path)
+
+
+def test_shard_with_chunks_far_larger_than_a_window_is_refused(tmp_path):
+    corpus = corpus_with_shard_column(tmp_path / "c", "x", lambda f, name: huge_chunks(f, name, "<u2"))
+    with pytest.raises(CorpusError, match=r"shard-00000\.h5: refused shard \(dataset x comes in chunks of"):
+        corpus.window(0, 0, 10)

@@ -8,6 +8,7 @@ present (our writer adds them), else DSEC's 640 x 480 when the events fit, else 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import h5py
@@ -31,6 +32,9 @@ FIELDS = ("x", "y", "t", "p")
 # and gzip reach ~10x on event columns; a constant column far more, hence the margin), beyond a size always allowed.
 MAX_EXPANSION = 1000
 ALWAYS_ALLOWED_BYTES = 64 << 20
+# HDF5 decompresses a whole chunk to read any element of it: 16 x h5py's largest automatic chunk (1 MiB), 128 x a
+# corpus shard's. A 2 MB file declaring 16 events in chunks of 2^29 elements took 1.2 GB to read one window.
+MAX_CHUNK_BYTES = 16 << 20
 _DECODE_ERRORS = (OSError, KeyError, ValueError, TypeError, RuntimeError)
 _LINK_KINDS = {h5l.TYPE_SOFT: "a soft link", h5l.TYPE_EXTERNAL: "an external link to another file"}
 
@@ -61,7 +65,8 @@ def check_datasets(datasets: dict[str, h5py.Dataset], file_size: int, *, follow_
 
     Refused before any data is read: raw data stored in other files (external storage: ``/etc/passwd`` read as
     events, ``/dev/zero`` as gigabytes) or mapped from other datasets (virtual datasets, whose sources may be
-    anything) unless ``follow_links``; declared sizes the file cannot hold.
+    anything) unless ``follow_links``; chunks of more than ``MAX_CHUNK_BYTES`` (a chunk is decompressed whole to
+    read one element of it); declared sizes the file cannot hold.
     """
     for name, ds in datasets.items():
         plist = ds.id.get_create_plist()
@@ -69,6 +74,12 @@ def check_datasets(datasets: dict[str, h5py.Dataset], file_size: int, *, follow_
             raise LayoutError(f"dataset {name} is a virtual dataset (its data lies in other datasets or files)")
         if not follow_links and plist.get_external_count():
             raise LayoutError(f"dataset {name} keeps its data in external files, not in this one")
+        chunk_bytes = math.prod(ds.chunks) * ds.dtype.itemsize if ds.chunks else 0
+        if chunk_bytes > MAX_CHUNK_BYTES:
+            raise LayoutError(
+                f"dataset {name} comes in chunks of {ds.chunks} elements ({chunk_bytes} bytes), more than the "
+                f"{MAX_CHUNK_BYTES} a reader decompresses at once"
+            )
     if (problem := _storage_problem(datasets, file_size)) is not None:
         raise LayoutError(problem)
 
