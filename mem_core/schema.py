@@ -26,7 +26,6 @@ def _printable(name: str) -> str:
 
 Text = Annotated[StrictStr, Field(max_length=MAX_TEXT)]
 Count = Annotated[StrictInt, Field(ge=0, le=(1 << 63) - 1)]
-Finite = Annotated[float, Field(allow_inf_nan=False)]
 NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Flag = StrictBool
 ClassName = Annotated[StrictStr, Field(min_length=1, max_length=MAX_CLASS_NAME), AfterValidator(_printable)]
@@ -62,7 +61,7 @@ def check_json_value(schema: Any, value: Any) -> Any:
     try:
         text = json.dumps(value, allow_nan=True)
     except (TypeError, ValueError):  # a TOML date or time: no config field takes one
-        raise SchemaError("", f"expected a number, a string, true or false or a list, got {_short(value)}") from None
+        raise SchemaError("", f"expected a number, a string, true or false or a list, got {short(value)}") from None
     try:
         return adapter(schema).validate_json(text, strict=True)
     except ValidationError as exc:
@@ -81,10 +80,11 @@ def problem(schema: Any, value: Any) -> str | None:
 def class_names_problem(names: Any) -> str | None:
     """Why ``names`` cannot be a model's or a labels corpus's classes (1 to ``MAX_CLASSES`` distinct printable names
     of at most ``MAX_CLASS_NAME`` characters: what the live wire carries), or None."""
-    found = problem(ClassNames, names)
-    if found is None and len(set(names)) != len(names):
-        return "class names must be distinct"
-    return None if found is None else f"classes: {found}"
+    try:
+        check(ClassNames, names)
+    except SchemaError as exc:
+        return f"classes{'.' if exc.where else ''}{exc.where}: {exc.reason}"
+    return "classes: names must be distinct" if len(set(names)) != len(names) else None
 
 
 _PHRASES = {  # pydantic's error types in the words MEM's errors use
@@ -109,17 +109,17 @@ def _first(exc: ValidationError) -> SchemaError:
     if error["type"] == "missing" and loc and loc[-1].isdigit():  # a fixed-length tuple given too few values
         return SchemaError(".".join(loc[:-1]), "too few values")
     if error["type"] == "too_long" and "max_length" in error.get("ctx", {}):  # a list or tuple given too many
-        return SchemaError(".".join(loc), f"at most {error['ctx']['max_length']} values, got {_short(error['input'])}")
+        return SchemaError(".".join(loc), f"at most {error['ctx']['max_length']} values, got {short(error['input'])}")
     reason = _PHRASES.get(error["type"])
     if reason is None:
         reason = error["msg"].removeprefix("Value error, ").replace("Input should be", "must be")
         reason = reason[0].lower() + reason[1:]
     if error["type"] != "missing":
-        reason += f", got {_short(error['input'])}"
+        reason += f", got {short(error['input'])}"
     return SchemaError(".".join(loc), reason)
 
 
-def _short(value: Any, limit: int = 80) -> str:
+def short(value: Any, limit: int = 80) -> str:
     """``repr(value)`` cut to ``limit`` characters: an error stays one line whatever the input holds."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,148 @@
+"""Where two boundaries meet, what one accepts the other takes: whatever an export accepts, the live server can
+publish and the viewer's decoders (mem_core/protocol.py) draw; whatever a file holds, the wire carries."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mem_core import events, limits
+from mem_core.configuration import to_dict
+from mem_core.export import check_meta
+from mem_core.models import ViTConfig
+from mem_core.protocol import (
+    MAX_LABEL,
+    VIEW_DECODERS,
+    decode,
+    decode_control,
+    decode_events,
+    decode_reply,
+    encode,
+    encode_control,
+    encode_events,
+)
+from mem_core.representation import InputSpec
+from mem_core.train.rundir import RunError
+
+SENSOR = {"height": limits.MAX_SENSOR_SIDE, "width": limits.MAX_SENSOR_SIDE}
+MAX_EXPORT_MS = limits.MAX_EXPORT_WINDOW_MS
+WIDE = "\U0001d538"  # a printable character of 4 UTF-8 bytes, the widest a header holds
+
+
+def names(count: int, offset: int = 0, length: int = limits.MAX_CLASS_NAME) -> list[str]:
+    """``count`` distinct class names of ``length`` 4-byte characters."""
+    return [WIDE * (length - 1) + chr(0x20000 + offset + i) for i in range(count)]
+
+
+def text(length: int = limits.MAX_TEXT) -> str:
+    return WIDE * length
+
+
+def meta(classes: list[str], side: int = 64, task: str = "classification") -> dict:
+    arch = ViTConfig(img_size=side, patch_size=side // 8, embed_dim=32, depth=1, num_heads=2, drop_path=0.0)
+    spec = InputSpec(size=(side, side), n_max=limits.MAX_EXPORT_WINDOW_EVENTS)
+    window = {"events": spec.n_max, "ms": limits.MAX_EXPORT_WINDOW_MS}
+    head = 32 if task == "segmentation" else None
+    return {
+        "task": task,
+        "architecture": to_dict(arch),
+        "classes": classes,
+        "input": to_dict(spec),
+        "head_channels": head,
+        "training_window": window,
+    }
+
+
+def labels_field(model_classes: list[str]) -> dict:
+    """The server's ``labels`` field at its largest: the model's classes offered, as many other names captured."""
+    captured = names(limits.MAX_CLASSES, offset=limits.MAX_CLASSES)
+    return {
+        "root": text(),
+        "classes": model_classes + captured,
+        "counts": dict.fromkeys(captured, (1 << 63) - 1),
+        "captures": (1 << 63) - 1,
+        "last": captured[-1],
+        "error": text(),
+    }
+
+
+def settings(model_classes: list[str]) -> dict:
+    """What stats and control replies share (docs/protocol.md), every text at its longest."""
+    window = {"events": limits.MAX_WINDOW_EVENTS, "ms": limits.MAX_WINDOW_MS}
+    replay = {"playing": True, "speed": 1000.0, "position_s": 1e9, "duration_s": 1e9}
+    return {
+        "session": text(),
+        "task": "classification",
+        "commands": (1 << 63) - 1,
+        "model_state": "ready",
+        # the window the server starts with is the export's training window
+        "accumulation": {**window, "default_events": limits.MAX_EXPORT_WINDOW_EVENTS, "default_ms": MAX_EXPORT_MS},
+        "source": {"kind": text(), "model": text(), "serial": text(), **SENSOR, "recordable": True, "replay": replay},
+        "recording": {"active": True, "root": text(), "name": text(), "events": 1 << 62, "error": text()},
+        "labels": labels_field(model_classes),
+        "training": {"state": text(), "epoch": 1, "epochs": 1, "val_top1": 1.0, "run": text(), "message": text()},
+        "model": {"name": text(), "version": 1, "path": text(), "error": text()},
+    }
+
+
+def test_the_largest_class_set_an_export_accepts_reaches_the_viewer_in_every_message():
+    classes = names(limits.MAX_CLASSES)
+    check_meta(meta(classes), Path("model.json"))  # the export accepts it
+
+    probs = np.full(len(classes), 1 / len(classes), np.float32)
+    top_k = [{"id": i, "name": name, "prob": float(probs[i])} for i, name in enumerate(classes)]
+    pred = encode("pred", 0, {"probs": probs}, task="classification", classes=classes, top_k=top_k, model_version=1)
+    stats = encode("stats", 0, **settings(classes), control="tcp://127.0.0.1:5558", events_per_s=1e9)
+    state = {**settings(classes), "classes": classes, "token_grid": [limits.MAX_IMAGE_SIDE] * 2}
+    reply = encode_control(0, "state", ok=False, error=text(), state=state)
+
+    for frames in (pred, stats, reply):
+        assert len(frames[1]) <= limits.MAX_HEADER_BYTES
+    assert VIEW_DECODERS["pred"](decode(pred)).classes == classes
+    assert VIEW_DECODERS["stats"](decode(stats))["labels"]["classes"][: len(classes)] == classes
+    assert decode_reply(decode(reply))["state"]["classes"] == classes
+    segmentation = encode("pred", 0, {"mask": np.zeros((8, 8), np.uint16)}, task="segmentation", classes=classes)
+    assert VIEW_DECODERS["pred"](decode(segmentation)).mask is not None
+
+
+@pytest.mark.parametrize(
+    ("classes", "problem"),
+    [
+        (names(limits.MAX_CLASSES + 1), "at most 1000"),
+        (names(2, length=limits.MAX_CLASS_NAME + 1), "at most 55 characters"),
+        (["car", "car"], "distinct"),
+        (["car", "tab\there"], "printable"),
+        (["car", "   "], "printable"),
+    ],
+)
+def test_a_class_set_the_wire_cannot_carry_is_refused_by_the_export_in_one_line(classes, problem):
+    with pytest.raises(RunError, match=problem) as info:
+        check_meta(meta(classes), Path("model.json"))
+    assert str(info.value).startswith("model.json: classes") and "\n" not in str(info.value)
+
+
+def test_the_largest_input_an_export_accepts_is_drawn_by_the_viewer():
+    side = limits.MAX_INPUT_SIDE
+    check_meta(meta(["a", "b"], side=side, task="segmentation"), Path("model.json"))
+    hist = encode("hist", 0, {"hist": np.zeros((2, side, side), np.float16)})
+    mask = encode("pred", 0, {"mask": np.zeros((side, side), np.uint8)}, task="segmentation", classes=["a", "b"])
+    grid = np.full((side, side), limits.MAX_NUM_TOKENS - 1, np.int32)  # the finest grid and the largest codebook
+    tokens = encode("tokens", 0, {"tokens": grid}, num_tokens=limits.MAX_NUM_TOKENS)
+    assert VIEW_DECODERS["hist"](decode(hist)).shape == (2, side, side)
+    assert VIEW_DECODERS["pred"](decode(mask)).mask.shape == (side, side)
+    assert VIEW_DECODERS["tokens"](decode(tokens))[1] == limits.MAX_NUM_TOKENS
+
+
+def test_a_capture_label_of_the_longest_class_name_is_taken():
+    label = names(1)[0]
+    assert MAX_LABEL == limits.MAX_CLASS_NAME
+    assert decode_control(decode(encode_control(0, "capture", label=label))) == ("capture", {"label": label})
+
+
+def test_the_largest_sensor_a_file_may_have_travels_as_events(events_factory):
+    sensor = events.SensorSize(events.MAX_SENSOR_SIDE, events.MAX_SENSOR_SIDE)
+    batch = events_factory(100, sensor, seed=1)
+    decoded, got = decode_events(decode(encode_events(0, batch, sensor)))
+    assert got == sensor and np.array_equal(decoded, batch)
