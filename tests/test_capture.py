@@ -45,6 +45,7 @@ def test_undo_takes_the_last_capture_out_and_a_new_session_continues(tmp_path, e
     assert Corpus(root).check(full=True) == {}
 
 
+@pytest.mark.slow
 def test_a_capture_survives_the_process_being_killed(tmp_path):
     code = (
         "import os, sys\nfrom mem_core.events import SensorSize, make_events\n"

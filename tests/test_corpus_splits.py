@@ -127,6 +127,7 @@ def test_a_corpus_of_one_slot_is_shared_by_train_and_val_with_a_warning(tmp_path
     assert "one 80-event slot: train and val share it" in caplog.text
 
 
+@pytest.mark.slow
 def test_finetune_from_a_pretrain_run_on_a_corpus_of_short_labelled_captures(tmp_path):
     """``mem finetune --dataset corpus --init PRETRAIN_RUN`` on captures of a few thousand events, one class each
     (what the live viewer saves): validation is the middle capture of each class, the others train."""

@@ -190,6 +190,7 @@ def test_a_damaged_corpus_shard_stops_before_training_or_is_skipped(tmp_path, ca
     assert all(len(source.load(i)) == 5000 for i in range(len(source)))
 
 
+@pytest.mark.slow
 def test_training_on_a_damaged_corpus_stops_at_once_unless_told_to_skip_bad_shards(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 

@@ -13,6 +13,8 @@ import torch
 from mem_core.train.engine import EpochBatchSampler
 from mem_core.train.rundir import RunDir, load_checkpoint
 
+pytestmark = pytest.mark.slow  # torchrun processes
+
 SETTINGS = [
     "epochs=2",
     "batch_size=8",

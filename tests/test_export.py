@@ -283,6 +283,7 @@ def test_a_tokenizer_run_with_a_damaged_checkpoint_names_it(tmp_path):
         load_tokenizer(run.path)
 
 
+@pytest.mark.slow
 def test_cli_export_reports_a_damaged_checkpoint_in_one_line(tmp_path):
     run = finetune_run(tmp_path / "run")
     (run / "best.pt").write_bytes(b"PK\x03\x04 not a checkpoint")

@@ -474,6 +474,7 @@ def run_child(kind: str, labels: list[str], paths: list[Path], work: Path) -> di
     return counts
 
 
+@pytest.mark.slow
 def test_event_file_mutants_are_refused_by_name_or_read_as_events(data_dir, tmp_path):
     cases = event_file_mutants(data_dir, tmp_path)
     paths = []
@@ -485,12 +486,14 @@ def test_event_file_mutants_are_refused_by_name_or_read_as_events(data_dir, tmp_
     assert counts["refused"] > len(cases) // 2, counts  # the mutants do damage: most are refused
 
 
+@pytest.mark.slow
 def test_corpus_mutants_are_refused_by_name_or_read_whole(data_dir, tmp_path):
     cases = corpus_mutants(data_dir, tmp_path)
     counts = run_child("corpus", [label for label, _ in cases], [root for _, root in cases], tmp_path)
     assert counts["refused"] > len(cases) // 2, counts
 
 
+@pytest.mark.slow
 def test_model_file_mutants_are_refused_by_name_or_load(tmp_path):
     cases = model_mutants(tmp_path)
     counts = run_child("model", [label for label, _ in cases], [root for _, root in cases], tmp_path)

@@ -53,6 +53,8 @@ from mem_core.representation import InputSpec
 from recorders.replay import ReplaySource
 from recorders.zmq_source import ZmqEventSource
 
+pytestmark = pytest.mark.slow  # hypothesis over real sockets
+
 FUZZ = settings(
     max_examples=200,  # per kind and receiver: about 3600 mutants in all
     derandomize=True,  # seeded: the same mutants on every run

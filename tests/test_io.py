@@ -208,6 +208,7 @@ def test_aedat4_written_by_dv_processing_reads_back(tmp_path, events_factory, co
     assert_same_as_dv(read, dv_events(path))
 
 
+@pytest.mark.slow
 def test_aedat4_is_decoded_in_process(data_dir, monkeypatch):
     def no_child(*args, **kwargs):
         raise AssertionError("reading an AEDAT4 file started a process")

@@ -80,12 +80,14 @@ def _write(work: Path, name: str, content: bytes) -> Path:
     return path
 
 
+@pytest.mark.slow
 @FUZZ
 @given(prefix=st.sampled_from(PREFIXES), tail=st.binary(max_size=2048), suffix=st.sampled_from(EXTENSIONS))
 def test_random_bytes_are_read_or_refused(work, prefix, tail, suffix):
     read_or_refuse(_write(work, suffix, prefix + tail))
 
 
+@pytest.mark.slow
 @FUZZ
 @given(data=st.data())
 def test_truncated_real_files_are_read_or_refused(samples, work, data):
@@ -95,6 +97,7 @@ def test_truncated_real_files_are_read_or_refused(samples, work, data):
     read_or_refuse(_write(work, name, content[:cut]))
 
 
+@pytest.mark.slow
 @FUZZ
 @given(data=st.data())
 def test_damaged_real_files_are_read_or_refused(samples, work, data):
@@ -105,6 +108,7 @@ def test_damaged_real_files_are_read_or_refused(samples, work, data):
     read_or_refuse(_write(work, name, bytes(content)))
 
 
+@pytest.mark.slow
 @FUZZ
 @given(data=st.data())
 def test_cut_or_damaged_aedat4_is_read_or_refused_in_process(data_dir, work, data):

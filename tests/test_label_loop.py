@@ -27,6 +27,8 @@ from mem_core.train.evaluate import evaluate_run
 from recorders.capture import LabelledCaptures
 from recorders.simulated import SimulatorSource
 
+pytestmark = pytest.mark.slow  # labelling, training and a model switch in the live loop
+
 CLASSES = ("disc", "cross", "triangle")  # a 3-class camera: chance is 33 %
 CAMERA = replace(task_config(seed=21), classes=CLASSES, scene_us=1_000_000)
 UNSEEN_S = 40  # seconds of the same camera that nobody captured: about 40 one-second scenes

@@ -25,6 +25,8 @@ from mem_core.models import TokenizerConfig, ViTConfig
 from mem_core.protocol import decode
 from mem_core.representation import InputSpec
 
+pytestmark = pytest.mark.slow  # a server and the viewer on real sockets with a model
+
 START_S = 90.0  # the server imports torch and loads the model: slow on a loaded machine
 CLI = [sys.executable, "-m", "app.cli"]
 ENV = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}

@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 import app.qt_platform as qt_platform
 
 LDD_OUTPUT = """\tlinux-vdso.so.1 (0x00007ffd)
@@ -39,6 +41,7 @@ def test_missing_xcb_libraries_are_named_with_the_packages_to_install(monkeypatc
     assert qt_platform.window_problem() is None
 
 
+@pytest.mark.slow
 def test_mem_view_without_a_running_display_is_one_line_not_an_abort():
     env = {"PATH": "/usr/bin:/bin", "DISPLAY": ":987", "HOME": "/tmp"}
     r = subprocess.run(
