@@ -206,6 +206,7 @@ def mem(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_cli_lists_bad_files_and_exits_nonzero_only_with_strict(mixed_folder, tmp_path):
     folder, _, bad = mixed_folder
     out = tmp_path / "corpus"
@@ -218,6 +219,7 @@ def test_cli_lists_bad_files_and_exits_nonzero_only_with_strict(mixed_folder, tm
     assert len(Corpus(out).recordings) == 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("what", ["missing", "empty folder"])
 def test_cli_exits_nonzero_when_an_input_gives_nothing(tmp_path, what):
     path = tmp_path / "input"
@@ -228,6 +230,7 @@ def test_cli_exits_nonzero_when_an_input_gives_nothing(tmp_path, what):
     assert done.stderr.strip().splitlines()[-1].startswith(f"error: {path}: "), done.stderr
 
 
+@pytest.mark.slow
 def test_inspect_reports_an_ingested_corpus(mixed_folder, tmp_path):
     folder, _, _ = mixed_folder
     out = tmp_path / "corpus"
@@ -241,6 +244,7 @@ def test_inspect_reports_an_ingested_corpus(mixed_folder, tmp_path):
         assert summary[key] == described[key]
 
 
+@pytest.mark.slow
 def test_inspect_opens_every_shard_and_verify_reads_every_event(mixed_folder, tmp_path):
     folder, _, _ = mixed_folder
     out = tmp_path / "corpus"
