@@ -19,6 +19,8 @@ MAX_SENSOR_SIDE = 8192
 MAX_WINDOW_EVENTS = 1_000_000  # events of one live window (15 MB in the server's ring); the paper's models take 30 000
 MAX_WINDOW_MS = 10_000.0  # time span of one live window
 
+MAX_SIM_OBJECTS = 256  # moving shapes of the simulated camera (its rendering time grows with them)
+
 # --------------------------------------------------------------------------------------------------- the wire
 
 MAX_HEADER_BYTES = 1 << 20  # a message's JSON header

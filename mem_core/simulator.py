@@ -22,7 +22,9 @@ from dataclasses import dataclass, replace
 import numba
 import numpy as np
 
-from mem_core.events import EVENT_DTYPE, SensorSize
+from mem_core.configuration import ConfigError, Interval, check_ranges
+from mem_core.events import EVENT_DTYPE, SensorSize, sensor_problem
+from mem_core.limits import MAX_SIM_OBJECTS, is_int
 
 SHAPES: tuple[str, ...] = ("disc", "square", "triangle", "cross", "ring")
 BACKGROUND_LABEL = 0
@@ -54,34 +56,37 @@ class SimulatorConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "sensor", SensorSize(*self.sensor))
         object.__setattr__(self, "classes", tuple(self.classes))
-        problems = []
-        if self.sensor.height <= 0 or self.sensor.width <= 0:
-            problems.append(f"sensor must be positive, got {self.sensor}")
-        if not self.classes or len(set(self.classes)) != len(self.classes):
-            problems.append(f"classes must be non-empty and unique, got {self.classes}")
+        problem = sensor_problem(self.sensor)
+        if problem is not None:
+            raise ConfigError(f"sensor: {problem}")
         unknown = [c for c in self.classes if c not in SHAPES]
-        if unknown:
-            problems.append(f"unknown classes {unknown} (known: {SHAPES})")
+        if not self.classes or len(set(self.classes)) != len(self.classes) or unknown:
+            raise ConfigError(f"classes must be distinct names of {SHAPES}, got {self.classes}")
         for name in ("n_objects", "refractory_us", "step_us", "scene_us", "seed"):
-            if not isinstance(getattr(self, name), int | np.integer):
-                problems.append(f"{name} must be an integer, got {getattr(self, name)!r}")
-        if self.n_objects < 0:
-            problems.append(f"n_objects must be >= 0, got {self.n_objects}")
-        lo, hi = self.size_range
-        if not 0 < lo <= hi:
-            problems.append(f"size_range must satisfy 0 < low <= high, got {self.size_range}")
-        lo, hi = self.speed_range
-        if not 0 <= lo <= hi:
-            problems.append(f"speed_range must satisfy 0 <= low <= high, got {self.speed_range}")
-        if self.contrast_threshold <= 0:
-            problems.append(f"contrast_threshold must be > 0, got {self.contrast_threshold}")
-        for name in ("threshold_sigma", "refractory_us", "noise_rate_hz", "texture", "max_angular_speed", "scene_us"):
-            if getattr(self, name) < 0:
-                problems.append(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.step_us <= 0:
-            problems.append(f"step_us must be > 0, got {self.step_us}")
-        if problems:
-            raise ValueError("invalid SimulatorConfig: " + "; ".join(problems))
+            value = getattr(self, name)
+            if not (is_int(value) or isinstance(value, np.integer)):
+                raise ConfigError(f"{name} must be an integer, got {value!r}")
+        check_ranges(self, SIMULATOR_RANGES)
+        for name in ("size_range", "speed_range"):
+            low, high = getattr(self, name)
+            if low > high:
+                raise ConfigError(f"{name} must be (low, high) with low <= high, got {getattr(self, name)}")
+
+
+# Every number of a simulator config (one may come from a corpus's metadata): a value outside is a ConfigError.
+SIMULATOR_RANGES = {
+    "n_objects": Interval(0, MAX_SIM_OBJECTS),
+    "size_range": Interval(0, lo_open=True),
+    "speed_range": Interval(0),
+    "max_angular_speed": Interval(0),
+    "contrast_threshold": Interval(0, lo_open=True),
+    "threshold_sigma": Interval(0),
+    "refractory_us": Interval(0),
+    "noise_rate_hz": Interval(0),
+    "step_us": Interval(1),
+    "texture": Interval(0),
+    "scene_us": Interval(0),
+}
 
 
 def fast_config(seed: int = 0) -> SimulatorConfig:

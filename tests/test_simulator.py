@@ -168,6 +168,8 @@ def test_make_sample_distractors_are_labelled_as_other_classes():
         ({"speed_range": (5.0, 1.0)}, "speed_range"),
         ({"step_us": 1.5}, "step_us must be an integer"),
         ({"scene_us": -1}, "scene_us"),
+        ({"n_objects": 10**9}, r"n_objects must be in \[0, 256\]"),  # a corpus's metadata may ask for any number
+        ({"sensor": (100_000, 64)}, "sides must lie in 1..8192"),
     ],
 )
 def test_config_rejects_bad_values(change, message):
