@@ -8,21 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mem_core import events, limits
+from mem_core import events, limits, protocol
 from mem_core.configuration import to_dict
 from mem_core.export import check_meta
 from mem_core.models import ViTConfig
-from mem_core.protocol import (
-    MAX_LABEL,
-    VIEW_DECODERS,
-    decode,
-    decode_control,
-    decode_events,
-    decode_reply,
-    encode,
-    encode_control,
-    encode_events,
-)
 from mem_core.representation import InputSpec
 from mem_core.train.rundir import RunError
 
@@ -93,18 +82,22 @@ def test_the_largest_class_set_an_export_accepts_reaches_the_viewer_in_every_mes
 
     probs = np.full(len(classes), 1 / len(classes), np.float32)
     top_k = [{"id": i, "name": name, "prob": float(probs[i])} for i, name in enumerate(classes)]
-    pred = encode("pred", 0, {"probs": probs}, task="classification", classes=classes, top_k=top_k, model_version=1)
-    stats = encode("stats", 0, **settings(classes), control="tcp://127.0.0.1:5558", events_per_s=1e9)
+    pred = protocol.encode(
+        "pred", 0, {"probs": probs}, task="classification", classes=classes, top_k=top_k, model_version=1
+    )
+    stats = protocol.encode("stats", 0, **settings(classes), control="tcp://127.0.0.1:5558", events_per_s=1e9)
     state = {**settings(classes), "classes": classes, "token_grid": [limits.MAX_IMAGE_SIDE] * 2}
-    reply = encode_control(0, "state", ok=False, error=text(), state=state)
+    reply = protocol.encode_control(0, "state", ok=False, error=text(), state=state)
 
     for frames in (pred, stats, reply):
         assert len(frames[1]) <= limits.MAX_HEADER_BYTES
-    assert VIEW_DECODERS["pred"](decode(pred)).classes == classes
-    assert VIEW_DECODERS["stats"](decode(stats))["labels"]["classes"][: len(classes)] == classes
-    assert decode_reply(decode(reply))["state"]["classes"] == classes
-    segmentation = encode("pred", 0, {"mask": np.zeros((8, 8), np.uint16)}, task="segmentation", classes=classes)
-    assert VIEW_DECODERS["pred"](decode(segmentation)).mask is not None
+    assert protocol.VIEW_DECODERS["pred"](protocol.decode(pred)).classes == classes
+    assert protocol.VIEW_DECODERS["stats"](protocol.decode(stats))["labels"]["classes"][: len(classes)] == classes
+    assert protocol.decode_reply(protocol.decode(reply))["state"]["classes"] == classes
+    segmentation = protocol.encode(
+        "pred", 0, {"mask": np.zeros((8, 8), np.uint16)}, task="segmentation", classes=classes
+    )
+    assert protocol.VIEW_DECODERS["pred"](protocol.decode(segmentation)).mask is not None
 
 
 @pytest.mark.parametrize(
@@ -126,23 +119,28 @@ def test_a_class_set_the_wire_cannot_carry_is_refused_by_the_export_in_one_line(
 def test_the_largest_input_an_export_accepts_is_drawn_by_the_viewer():
     side = limits.MAX_INPUT_SIDE
     check_meta(meta(["a", "b"], side=side, task="segmentation"), Path("model.json"))
-    hist = encode("hist", 0, {"hist": np.zeros((2, side, side), np.float16)})
-    mask = encode("pred", 0, {"mask": np.zeros((side, side), np.uint8)}, task="segmentation", classes=["a", "b"])
+    hist = protocol.encode("hist", 0, {"hist": np.zeros((2, side, side), np.float16)})
+    mask = protocol.encode(
+        "pred", 0, {"mask": np.zeros((side, side), np.uint8)}, task="segmentation", classes=["a", "b"]
+    )
     grid = np.full((side, side), limits.MAX_NUM_TOKENS - 1, np.int32)  # the finest grid and the largest codebook
-    tokens = encode("tokens", 0, {"tokens": grid}, num_tokens=limits.MAX_NUM_TOKENS)
-    assert VIEW_DECODERS["hist"](decode(hist)).shape == (2, side, side)
-    assert VIEW_DECODERS["pred"](decode(mask)).mask.shape == (side, side)
-    assert VIEW_DECODERS["tokens"](decode(tokens))[1] == limits.MAX_NUM_TOKENS
+    tokens = protocol.encode("tokens", 0, {"tokens": grid}, num_tokens=limits.MAX_NUM_TOKENS)
+    assert protocol.VIEW_DECODERS["hist"](protocol.decode(hist)).shape == (2, side, side)
+    assert protocol.VIEW_DECODERS["pred"](protocol.decode(mask)).mask.shape == (side, side)
+    assert protocol.VIEW_DECODERS["tokens"](protocol.decode(tokens))[1] == limits.MAX_NUM_TOKENS
 
 
 def test_a_capture_label_of_the_longest_class_name_is_taken():
     label = names(1)[0]
-    assert MAX_LABEL == limits.MAX_CLASS_NAME
-    assert decode_control(decode(encode_control(0, "capture", label=label))) == ("capture", {"label": label})
+    assert protocol.MAX_LABEL == limits.MAX_CLASS_NAME
+    assert protocol.decode_control(protocol.decode(protocol.encode_control(0, "capture", label=label))) == (
+        "capture",
+        {"label": label},
+    )
 
 
 def test_the_largest_sensor_a_file_may_have_travels_as_events(events_factory):
     sensor = events.SensorSize(events.MAX_SENSOR_SIDE, events.MAX_SENSOR_SIDE)
     batch = events_factory(100, sensor, seed=1)
-    decoded, got = decode_events(decode(encode_events(0, batch, sensor)))
+    decoded, got = protocol.decode_events(protocol.decode(protocol.encode_events(0, batch, sensor)))
     assert got == sensor and np.array_equal(decoded, batch)
