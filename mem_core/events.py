@@ -15,6 +15,9 @@ EVENT_DTYPE = np.dtype([("t", "<i8"), ("x", "<u2"), ("y", "<u2"), ("p", "u1")])
 # The largest sensor side MEM accepts from a file, a corpus or a message: several times the largest event sensor
 # made (1280 x 960), and small enough that one (2, H, W) float32 histogram stays within 512 MiB.
 MAX_SENSOR_SIDE = 8192
+# The largest |t| (us) MEM accepts: 73 000 years either side of 0, beyond any clock, and small enough that the
+# difference of two times, and a replay that continues after its last event (time shifted by the span), stay in int64.
+MAX_ABS_TIME_US = 1 << 61
 
 
 class SensorSize(NamedTuple):
@@ -34,6 +37,13 @@ def sensor_problem(sensor: SensorSize) -> str | None:
     )
 
 
+def time_problem(t_min: int, t_max: int) -> str | None:
+    """Why event times from ``t_min`` to ``t_max`` us are implausible (beyond +-``MAX_ABS_TIME_US``), or None."""
+    if t_min >= -MAX_ABS_TIME_US and t_max <= MAX_ABS_TIME_US:
+        return None
+    return f"event times {t_min}..{t_max} us reach beyond +-2^61 us (73 000 years from 0)"
+
+
 def make_events(t, x, y, p) -> np.ndarray:
     """Pack column arrays into an ``EVENT_DTYPE`` array (values are cast, not checked)."""
     t = np.asarray(t)
@@ -50,7 +60,8 @@ def empty_events() -> np.ndarray:
 
 
 def validate_events(events: np.ndarray, sensor: SensorSize | None = None) -> None:
-    """Raise ``ValueError`` naming the first problem: wrong dtype, unsorted time, coordinates off-sensor, bad polarity."""
+    """Raise ``ValueError`` naming the first problem: wrong dtype, unsorted time, times beyond +-``MAX_ABS_TIME_US``,
+    coordinates off-sensor, bad polarity."""
     if not isinstance(events, np.ndarray) or events.dtype != EVENT_DTYPE:
         got = getattr(events, "dtype", type(events).__name__)
         raise ValueError(f"events must be a numpy array of EVENT_DTYPE {EVENT_DTYPE}, got {got}")
@@ -62,6 +73,8 @@ def validate_events(events: np.ndarray, sensor: SensorSize | None = None) -> Non
     if dt.size and dt.min() < 0:
         i = int(np.argmax(dt < 0))
         raise ValueError(f"events are not sorted by time: t[{i}]={events['t'][i]} > t[{i + 1}]={events['t'][i + 1]}")
+    if (problem := time_problem(int(events["t"][0]), int(events["t"][-1]))) is not None:
+        raise ValueError(problem)
     p_max = int(events["p"].max())
     if p_max > 1:
         raise ValueError(f"polarity must be 0 (OFF) or 1 (ON), found {p_max}")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mem_core.events import EVENT_DTYPE
+from mem_core.events import EVENT_DTYPE, MAX_ABS_TIME_US
 from mem_core.io import read_events
 from recorders.base import HEARTBEAT_S, LiveSource, Pacer, RecorderError
 
@@ -93,6 +93,10 @@ class ReplaySource(LiveSource):
                 offset = last_out + 1 - int(t[start])
             end = int(np.searchsorted(t, int(t[start]) + self.batch_us, side="left"))
             t_end = int(t[end - 1]) + offset
+            if t_end > MAX_ABS_TIME_US:  # loops and backward seeks shift time forward, without end
+                raise RecorderError(
+                    f"{self.path}: replayed time would reach {t_end} us, beyond the +-2^61 us events may hold"
+                )
             delay = self._pacer.delay(t_end)
             if delay > HEARTBEAT_S:  # a quiet stretch of the file: stay responsive to pause, seek and the consumer
                 time.sleep(HEARTBEAT_S)

@@ -198,3 +198,60 @@ def test_shard_with_chunks_far_larger_than_a_window_is_refused(tmp_path):
     corpus = corpus_with_shard_column(tmp_path / "c", "x", lambda f, name: huge_chunks(f, name, "<u2"))
     with pytest.raises(CorpusError, match=r"shard-00000\.h5: refused shard \(dataset x comes in chunks of"):
         corpus.window(0, 0, 10)
+
+
+# ------------------------------------------------------------------------------------------ values beyond their types
+
+
+def write_npz(path: Path, **columns) -> Path:
+    """An N-ImageNet .npz whose fields take the dtypes of the given columns."""
+    data = np.zeros(len(columns["t"]), dtype=[(k, np.asarray(v).dtype) for k, v in columns.items()])
+    for k, v in columns.items():
+        data[k] = v
+    np.savez(path, event_data=data)
+    return path
+
+
+def dsec_with(path: Path, t_offset: np.ndarray | None = None, **columns: np.ndarray) -> Path:
+    """The small DSEC layout with the given columns (any dtype) and ``t_offset``."""
+    special = {k: lambda group, name, dtype, v=v: group.create_dataset(name, data=v) for k, v in columns.items()}
+    write_dsec(path, special)
+    if t_offset is not None:
+        with h5py.File(path, "r+") as f:
+            f.create_dataset("t_offset", data=t_offset)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (
+            lambda p: write_npz(p / "x.npz", x=[1, 2], y=[1, 2], t=np.array([-(2**63), 2**63 - 1]), p=[0, 1]),
+            r"x\.npz: corrupt: t spans -9223372036854775808\.\.9223372036854775807, outside",
+        ),
+        (
+            lambda p: write_npz(p / "x.npz", x=[1, 2], y=[1, 2], t=np.array([0, 2**64 - 1], np.uint64), p=[0, 1]),
+            r"x\.npz: corrupt: t spans 0\.\.18446744073709551615",
+        ),
+        (
+            lambda p: dsec_with(p / "x.h5", t_offset=np.int64(2**63 - 1)),
+            r"x\.h5: corrupt: events/t \+ t_offset spans 9223372036854775807\.\.",
+        ),
+        (
+            lambda p: dsec_with(p / "x.h5", t_offset=np.uint64(2**64 - 1)),
+            r"x\.h5: corrupt: events/t \+ t_offset spans 18446744073709551615\.\.",
+        ),
+        (
+            lambda p: dsec_with(p / "x.h5", x=np.full(N, 70_000, np.int32)),
+            r"x\.h5: corrupt: events/x spans 70000\.\.70000, outside \[0, 65535\]",
+        ),
+        (
+            lambda p: dsec_with(p / "x.h5", t=np.full(N, 2**64 - 1, np.uint64)),
+            r"x\.h5: corrupt: events/t \+ t_offset spans 18446744073709551615",
+        ),
+    ],
+)
+def test_values_the_event_dtype_cannot_hold_are_refused_not_wrapped(tmp_path, make, message):
+    path = make(tmp_path)
+    with pytest.raises(EventFileError, match=message):
+        read_events(path)

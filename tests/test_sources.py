@@ -258,6 +258,25 @@ def test_replay_of_a_bad_file_names_it(tmp_path):
         ReplaySource(bad)
 
 
+def test_replay_of_times_spanning_int64_is_refused_on_opening(tmp_path):
+    events = np.zeros(2, dtype=[("x", "<u2"), ("y", "<u2"), ("t", "<i8"), ("p", "?")])
+    events["t"] = [-(2**63), 2**63 - 1]
+    np.savez(tmp_path / "span.npz", event_data=events)
+    with pytest.raises(EventFileError, match=r"span\.npz: corrupt: t spans"):
+        open_source(str(tmp_path / "span.npz"))
+
+
+def test_looped_replay_stops_with_one_line_before_time_leaves_int64(tmp_path):
+    events = np.zeros(2, dtype=EVENT_DTYPE)
+    events["t"] = [-(2**61), 2**61]  # the widest span a file may hold: each loop moves time on by 2^62 us
+    source = ReplaySource(write_events(tmp_path / "wide.npz", events, SensorSize(32, 48)), speed=0, loop=True)
+    stream = iter(source)
+    np.testing.assert_array_equal(np.concatenate([next(stream), next(stream)])["t"], events["t"])
+    with pytest.raises(RecorderError, match=r"wide\.npz: replayed time would reach \d+ us, beyond"):
+        for _ in range(10):
+            next(stream)
+
+
 # ---------------------------------------------------------------------------------------------- DV network stream
 
 WRITER = Path(__file__).with_name("dv_network_writer_child.py")

@@ -29,7 +29,7 @@ from mem_core.corpus.format import (
     load_manifest,
     parse_manifest,
 )
-from mem_core.events import EVENT_DTYPE, SensorSize, validate_events
+from mem_core.events import EVENT_DTYPE, SensorSize, time_problem, validate_events
 
 _BUFFER_EVENTS = 1 << 20  # events held in memory before a shard write (64 chunks)
 _RESERVE_BYTES = 16 << 20  # ballast deleted on a failed write so HDF5 can still close the shard
@@ -60,7 +60,8 @@ def _check_events(events: np.ndarray, sensor: SensorSize, t_last: int | None) ->
     """``validate_events`` plus "not before ``t_last``", with a compiled fast path for valid input."""
     valid = isinstance(events, np.ndarray) and events.dtype == EVENT_DTYPE and events.ndim == 1
     t_floor = np.iinfo(np.int64).min if t_last is None else t_last
-    if valid and _events_ok(events, t_floor, sensor.width, sensor.height):
+    plausible = valid and (events.size == 0 or time_problem(int(events["t"][0]), int(events["t"][-1])) is None)
+    if plausible and _events_ok(events, t_floor, sensor.width, sensor.height):
         return
     validate_events(events, sensor)  # raises with the first problem named
     raise ValueError(f"events go back in time: first t={int(events['t'][0])} is before the last appended t={t_last}")

@@ -129,6 +129,16 @@ def sort_by_time(events: np.ndarray) -> np.ndarray:
     return events
 
 
+def check_column(path: Path, what: str, column: np.ndarray, lo: int, hi: int, shift: int = 0) -> None:
+    """``EventFileError`` unless every value of the integer ``column`` plus ``shift`` lies in ``[lo, hi]``, compared
+    exactly (as Python ints): a value the event dtype cannot hold is a corrupt file, never wrapped around."""
+    if column.size == 0:
+        return
+    low, high = int(column.min()) + shift, int(column.max()) + shift
+    if low < lo or high > hi:
+        raise EventFileError(path, f"corrupt: {what} spans {low}..{high}, outside [{lo}, {hi}]")
+
+
 def check_on_sensor(path: Path, events: np.ndarray, sensor: SensorSize, source: str) -> None:
     """Raise ``EventFileError`` when an event lies outside ``sensor`` (declared by ``source``): a corrupt file."""
     if events.size == 0:

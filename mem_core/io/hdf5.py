@@ -16,11 +16,12 @@ import hdf5plugin  # registers the Blosc/ZSTD filters before h5py opens a DSEC f
 import numpy as np
 from h5py import h5d, h5l
 
-from mem_core.events import EVENT_DTYPE, SensorSize, infer_sensor
+from mem_core.events import EVENT_DTYPE, MAX_ABS_TIME_US, SensorSize, infer_sensor
 from mem_core.io.base import (
     EventFile,
     EventFileError,
     NotRegularFile,
+    check_column,
     check_on_sensor,
     check_regular,
     sort_by_time,
@@ -129,8 +130,13 @@ def read_dsec(path: Path, *, follow_links: bool = False) -> EventFile:
         raise EventFileError(path, str(e)) from None
     except _DECODE_ERRORS as e:
         raise EventFileError(path, f"corrupt HDF5 file ({type(e).__name__}: {e})") from e
+    for k in ("x", "y"):
+        check_column(path, f"events/{k}", columns[k], 0, np.iinfo(EVENT_DTYPE[k]).max)
+    check_column(path, "events/t + t_offset", columns["t"], -MAX_ABS_TIME_US, MAX_ABS_TIME_US, shift=t_offset)
     events = np.empty(columns["t"].size, dtype=EVENT_DTYPE)
-    events["t"] = columns["t"].astype(np.int64) + t_offset
+    # t + t_offset in 64-bit modular arithmetic: exact, as every sum was checked to lie inside int64, whatever the
+    # column's type and however large t_offset is on its own
+    events["t"] = (columns["t"].astype(np.uint64) + np.uint64(t_offset % (1 << 64))).view(np.int64)
     events["x"] = columns["x"]
     events["y"] = columns["y"]
     events["p"] = columns["p"] > 0

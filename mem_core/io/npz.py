@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mem_core.events import EVENT_DTYPE, SensorSize, infer_sensor
-from mem_core.io.base import EventFile, EventFileError, NotRegularFile, open_regular, sort_by_time
+from mem_core.events import EVENT_DTYPE, MAX_ABS_TIME_US, SensorSize, infer_sensor
+from mem_core.io.base import EventFile, EventFileError, NotRegularFile, check_column, open_regular, sort_by_time
 
 NIMAGENET_SENSOR = SensorSize(480, 640)
 KEY = "event_data"
@@ -60,12 +60,12 @@ def read_npz(path: Path) -> EventFile:
     if not all(np.issubdtype(data[f].dtype, np.integer) or data[f].dtype == bool for f in FIELDS):
         kinds = {f: str(data[f].dtype) for f in FIELDS}
         raise EventFileError(path, f"'{KEY}' fields must be integers (t in microseconds), got {kinds}")
-    events = np.empty(data.size, dtype=EVENT_DTYPE)
     for f in ("x", "y"):
-        if data.size and (int(data[f].min()) < 0 or int(data[f].max()) > np.iinfo(np.uint16).max):
-            raise EventFileError(path, f"corrupt: {f} outside [0, 65535]")
+        check_column(path, f, data[f], 0, np.iinfo(EVENT_DTYPE[f]).max)
+    check_column(path, "t", data["t"], -MAX_ABS_TIME_US, MAX_ABS_TIME_US)
+    events = np.empty(data.size, dtype=EVENT_DTYPE)
+    for f in ("x", "y", "t"):
         events[f] = data[f]
-    events["t"] = data["t"]
     events["p"] = data["p"] > 0
     events = sort_by_time(events)
     inferred = infer_sensor(events)

@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from mem_core.events import SensorSize, sensor_problem, validate_events
+from mem_core.events import SensorSize, sensor_problem, time_problem, validate_events
 from mem_core.io import aedat4, hdf5, nbin, npz, prophesee
 from mem_core.io.base import EventFile, EventFileError, open_regular, os_problem
 
@@ -101,7 +101,8 @@ def read_events(path: str | os.PathLike, *, follow_links: bool = False) -> Event
 
 
 def _read_checked(reader: Reader, path: Path, follow_links: bool) -> EventFile:
-    """``reader.read(path)`` with the checks every format shares: a plausible sensor, memory that ran out."""
+    """``reader.read(path)`` with the checks every format shares: a plausible sensor and time range, memory that ran
+    out."""
     read = reader.read_linked if follow_links and reader.read_linked is not None else reader.read
     try:
         decoded = read(path)
@@ -109,8 +110,11 @@ def _read_checked(reader: Reader, path: Path, follow_links: bool) -> EventFile:
         raise EventFileError(
             path, f"decoding needs more memory than this process may use ({e or 'MemoryError'})"
         ) from e
-    unknown = decoded.events.size == 0 and decoded.sensor == (0, 0)  # an empty file of a format without geometry
+    events = decoded.events
+    unknown = events.size == 0 and decoded.sensor == (0, 0)  # an empty file of a format without geometry
     if not unknown and (problem := sensor_problem(decoded.sensor)) is not None:
+        raise EventFileError(path, f"corrupt: {problem}")
+    if events.size and (problem := time_problem(int(events["t"].min()), int(events["t"].max()))) is not None:
         raise EventFileError(path, f"corrupt: {problem}")
     return decoded
 
