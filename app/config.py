@@ -8,6 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from mem_core.configuration import ConfigError, Interval, check_ranges
+from mem_core.limits import MAX_WINDOW_EVENTS, MAX_WINDOW_MS
+
 
 @dataclass(frozen=True)
 class ServeConfig:
@@ -39,6 +42,15 @@ class ServeConfig:
     train_epochs: int = 150
     watch: bool = False
 
+    def __post_init__(self) -> None:
+        if self.window is not None and not 1 <= self.window <= MAX_WINDOW_EVENTS:
+            raise ConfigError(f"window must be 1 to {MAX_WINDOW_EVENTS:,} events, got {self.window}")
+        if self.window_ms is not None and self.window_ms not in Interval(0, MAX_WINDOW_MS):
+            raise ConfigError(f"window_ms must be 0 (no time limit) to {MAX_WINDOW_MS:g} ms, got {self.window_ms}")
+        check_ranges(
+            self, {"top_k": Interval(1), "train_epochs": Interval(1), "stats_interval_s": Interval(0, lo_open=True)}
+        )
+
 
 @dataclass(frozen=True)
 class ViewConfig:
@@ -63,6 +75,5 @@ class DemoConfig:
 
     def __post_init__(self) -> None:
         if not self.label_seeds or len(set(self.label_seeds)) != len(self.label_seeds):
-            raise ValueError(f"label seeds must be distinct and at least one, got {self.label_seeds}")
-        if self.jobs < 1:
-            raise ValueError(f"jobs must be at least 1, got {self.jobs}")
+            raise ConfigError(f"label seeds must be distinct and at least one, got {self.label_seeds}")
+        check_ranges(self, {"jobs": Interval(1)})

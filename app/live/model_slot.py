@@ -1,0 +1,172 @@
+"""The model ``mem serve`` serves: loaded in its own thread while the source streams, swapped for another export
+(``--watch``, a Train run) between two windows, and named and versioned for the viewer.
+
+torch is imported by ``load``, not at start, so the sensor view streams while the model loads.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from app.config import ServeConfig
+from mem_core.configuration import ConfigError
+from mem_core.errors import RunError
+from mem_core.limits import MAX_TEXT
+from mem_core.lineage import source_run
+
+if TYPE_CHECKING:
+    from mem_core.inference import Predictor
+
+WATCH_INTERVAL_S = 1.0  # how often --watch looks at the model's files
+MODEL_FILES = ("model.json", "model.safetensors", "best.pt")
+
+
+class ModelSlot:
+    """The served model and its version; ``load`` serves the first one, ``swap`` and ``watch`` later ones.
+
+    Args:
+        config: ``model``, ``tokenizer`` and ``device`` are read.
+        prepare: called with a loaded model and ``keep_window`` just before it is served (the server adapts its
+            window and asks for the held window to be inferred again).
+        wake: set once a model is served (the inference loop waits on it).
+        predictor: a ``Predictor`` to serve instead of loading ``config.model``.
+        torch_threads: torch CPU threads to set before loading; None leaves the process's setting alone.
+        announce: told when a swapped-in model is served.
+    """
+
+    def __init__(
+        self,
+        config: ServeConfig,
+        *,
+        prepare: Callable[[Predictor, bool], None],
+        wake: threading.Event,
+        predictor: Predictor | None = None,
+        torch_threads: int | None = None,
+        announce: Callable[[str], None] | None = None,
+    ) -> None:
+        if predictor is None and config.model is not None and not Path(config.model).is_dir():
+            raise ConfigError(f"model {config.model}: no such directory (an export or a finetune / segment run)")
+        self._config = config
+        self._prepare, self._wake = prepare, wake
+        self._given = predictor
+        self._torch_threads = torch_threads
+        self._announce = announce
+        # (predictor, its version): one attribute, so a window never pairs one model's output with another's version
+        self._served: tuple[Predictor | None, int] = (None, 0)
+        self.loading = predictor is not None or config.model is not None  # a first model is coming
+        self.path: Path | None = Path(config.model) if config.model is not None else None
+        self.name: str | None = None
+        self.error: str | None = None  # why a newer model could not be loaded (the served one stays)
+        self._stamp: tuple | None = None  # the served model's files (size, mtime), for --watch
+        self.loaded = threading.Event()
+
+    @property
+    def served(self) -> tuple[Predictor | None, int]:
+        """(the model being served, its version), read together."""
+        return self._served
+
+    @property
+    def predictor(self) -> Predictor | None:
+        """The model being served (None while loading, or without a model)."""
+        return self._served[0]
+
+    @property
+    def version(self) -> int:
+        """Models served so far: 1 for the first, +1 for each swap (0: none yet)."""
+        return self._served[1]
+
+    def load(self) -> None:
+        """Import torch, load and warm up the first model, and serve it; raises what loading raised."""
+        import torch
+
+        from mem_core.inference import Predictor
+
+        if self._torch_threads is not None:
+            torch.set_num_threads(self._torch_threads)
+        config = self._config
+        stamp = model_stamp(self.path)
+        predictor = self._given or Predictor(config.model, config.tokenizer, config.device)
+        predictor.warm_up()
+        self._serve(predictor, self.path, stamp)
+
+    def swap(self, path: Path | str, keep_window: bool = False) -> None:
+        """Load the model at ``path`` (an export or a run) and serve it from the next window on; raises what loading
+        raised and keeps the served model then. Runs in the calling thread (a watcher, a Train run)."""
+        from mem_core.inference import Predictor
+
+        path = Path(path)
+        stamp = model_stamp(path)
+        predictor = Predictor(path, None, self._config.device)
+        predictor.warm_up()
+        self._serve(predictor, path, stamp, keep_window)
+        if self._announce is not None:
+            self._announce(f"mem serve: now serving {path} (model version {self.version})")
+
+    def watch(self, stop: threading.Event) -> None:
+        """``--watch``: load the served model's files again when they changed and stayed unchanged for one look
+        (an export being written is not read half-way); a model that fails to load is reported, once."""
+        while not self.loaded.wait(0.2):
+            if stop.is_set():  # the server ended before its first model loaded
+                return
+        seen = failed = None
+        while not stop.wait(WATCH_INTERVAL_S):
+            path = self.path
+            stamp = model_stamp(path)
+            if stamp is None or stamp == self._stamp or stamp == failed:
+                seen = stamp
+                continue
+            if stamp != seen:  # changed since the last look: wait until it settles
+                seen = stamp
+                continue
+            try:
+                self.swap(path)
+            except Exception as exc:  # a broken export: keep serving the current model
+                failed = stamp
+                self.error = f"{path}: {type(exc).__name__}: {exc}"[:MAX_TEXT]
+
+    def state(self) -> dict[str, Any] | None:
+        """The ``model`` entry of the server's state: name, version and path, and the error of a failed swap."""
+        model = None
+        if self.version:
+            model = {"name": self.name or "model", "version": self.version, "path": str(self.path)}
+        if self.error is not None:
+            model = {**(model or {"name": "none", "version": 0, "path": ""}), "error": self.error}
+        return model
+
+    def _serve(self, predictor: Predictor, path: Path | None, stamp: tuple | None, keep_window: bool = False) -> None:
+        self._prepare(predictor, keep_window)  # before the swap: the loop must not end a file before this model ran
+        self.path, self._stamp = path, stamp
+        self.name = model_name(path)
+        self.error = None
+        self._served = (predictor, self.version + 1)
+        self.loading = False
+        self.loaded.set()
+        self._wake.set()
+
+
+def model_stamp(path: Path | None) -> tuple | None:
+    """(name, size, mtime) of a model directory's files, to tell a newer export; None when it has none."""
+    if path is None:
+        return None
+    stamp = []
+    for name in MODEL_FILES:
+        try:
+            info = (path / name).stat()
+        except OSError:
+            continue
+        stamp.append((name, info.st_size, info.st_mtime_ns))
+    return tuple(stamp) or None
+
+
+def model_name(path: Path | None) -> str | None:
+    """How the viewer names a model: the run an export came from (``label-003``), else its directory."""
+    if path is None:
+        return None
+    try:
+        source = source_run(path)
+    except RunError:  # a model.json that does not say cleanly: the loader reports it, the name falls back
+        source = None
+    return source.name if source is not None else path.name

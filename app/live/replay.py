@@ -1,0 +1,133 @@
+"""Replay control for ``mem serve`` on a source that can be steered in time: play, pause, speed and seek, and where in
+the replayed events the stream is.
+
+A command is carried out by the reader thread between two batches, so the first batch after a seek is known and a
+window never mixes events from before and after it; the control thread waits until it was done, so its reply shows
+the effect.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from app.live.control import Command, ControlError
+
+REPLAY_COMMANDS = ("play", "pause", "speed", "seek")
+REPLAY_COMMAND_WAIT_S = 5.0  # the reader thread carries a replay command out within ~50 ms; a reply waits this long
+
+
+@runtime_checkable
+class Replayable(Protocol):
+    """A source that can be steered in time (``recorders.replay.ReplaySource``): the stream times of its first and
+    last events, ``speed`` (x real time), pausing, and ``seek`` to microseconds after its first event. Its batches
+    keep coming while paused (empty ones), so commands are carried out between them."""
+
+    t_first: int
+    t_last: int
+    speed: float
+
+    @property
+    def paused(self) -> bool: ...
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+    def seek(self, t_us: int) -> None: ...
+
+
+class ReplayController:
+    """Play, pause, speed and seek over ``source``, and the position of the stream in its events.
+
+    Args:
+        source: the replayed source.
+        forget: drops the events held so far (a window from before a seek would mix two moments).
+    """
+
+    def __init__(self, source: Replayable, forget: Callable[[], None]) -> None:
+        self.source = source
+        self._forget = forget
+        self._pending: queue.SimpleQueue[tuple[str, dict[str, Any], Future]] = queue.SimpleQueue()
+        self._base_us: int | None = 0  # the position of the next batch's first event (set at the start, by a seek)
+        self._ref_us = 0  # the stream time of the source's first event, as the stream continues after loops and seeks
+        self.position_us = 0  # where the newest batch ends, from the source's first event (reader thread writes)
+        self.reading = False  # a reader thread carries the commands out between batches
+
+    @property
+    def commands(self) -> dict[str, Command]:
+        """The control commands this controller carries out."""
+        return dict.fromkeys(REPLAY_COMMANDS, self.request)
+
+    def request(self, command: str, args: dict[str, Any]) -> None:
+        """Have the reader thread carry out ``command`` and wait until it did (raising what it raised); with no
+        reader (the source ended) carry it out here."""
+        done: Future = Future()
+        self._pending.put((command, args, done))
+        deadline = time.monotonic() + REPLAY_COMMAND_WAIT_S
+        while True:
+            if not self.reading:
+                self.apply_pending()
+            try:
+                return done.result(timeout=0.05)  # raises what the command raised
+            except TimeoutError:
+                if time.monotonic() > deadline:
+                    raise ControlError(
+                        f"{command}: the replay did not respond within {REPLAY_COMMAND_WAIT_S:g} s"
+                    ) from None
+
+    def apply_pending(self) -> None:
+        """Carry out the commands that came (the reader thread, between two batches)."""
+        while True:
+            try:
+                command, args, done = self._pending.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                self._apply(command, args)
+            except Exception as exc:  # handed to the control thread, which answers with it
+                done.set_exception(exc)
+            else:
+                done.set_result(None)
+
+    def track(self, batch: np.ndarray) -> None:
+        """Follow the position with a batch about to be held (the reader thread, before the ring sees it)."""
+        if self._base_us is not None:  # first batch after the start or a seek
+            self._ref_us = int(batch["t"][0]) - self._base_us
+            self._base_us = None
+        self.position_us = self.file_position_us(int(batch["t"][-1]))
+
+    def file_position_us(self, t_us: int) -> int:
+        """Where in the replayed events the event at stream time ``t_us`` lies (loops continue 1 us after the end)."""
+        return (t_us - self._ref_us) % (self._duration_us() + 1)
+
+    def state(self) -> dict[str, Any]:
+        """The ``replay`` entry of the source state: playing, speed, position and duration in seconds."""
+        return {
+            "playing": not self.source.paused,
+            "speed": self.source.speed,
+            "position_s": self.position_us / 1e6,
+            "duration_s": self._duration_us() / 1e6,
+        }
+
+    def _apply(self, command: str, args: dict[str, Any]) -> None:
+        source = self.source
+        if command == "play":
+            source.resume()
+        elif command == "pause":
+            source.pause()
+        elif command == "speed":
+            source.speed = args["value"]
+        else:
+            position = min(int(args["position_s"] * 1e6), self._duration_us())
+            source.seek(position)
+            self._base_us = self.position_us = position
+            self._forget()
+
+    def _duration_us(self) -> int:
+        return int(self.source.t_last) - int(self.source.t_first)
