@@ -1,11 +1,22 @@
-"""Option types the ``mem`` commands share, and the one way they report a usage error."""
+"""Option types the ``mem`` commands share, option groups that build a command's config, and the one way the commands
+report a usage error.
+
+An option is declared once: a config dataclass holds its type and default, the command module its flag and help
+(``with_options``), and the command receives the dataclass built from the options.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
+import typing
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from typer.models import OptionInfo, ParameterInfo
 
 DatasetOpt = Annotated[
     str,
@@ -26,3 +37,103 @@ def fail(message: str, code: int = 2) -> typer.Exit:
     """Print ``error: message`` in red on stderr; raise the returned ``typer.Exit`` to end with ``code``."""
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     return typer.Exit(code=code)
+
+
+@dataclasses.dataclass(frozen=True)
+class Converted:
+    """A config field given on the command line in another form: ``option`` takes a ``type`` value, ``to_field``
+    turns it into the field's value (a ``ValueError`` is a usage error naming the option) and ``to_option`` turns
+    the field's default into the option's."""
+
+    option: ParameterInfo
+    type: Any
+    to_field: Callable[[Any], Any]
+    to_option: Callable[[Any], Any]
+
+
+def comma_separated(option: ParameterInfo, item: Callable[[str], Any] = str) -> Converted:
+    """A tuple field as comma-separated text (``--seeds 0,1,2``); blank items are left out."""
+    return Converted(
+        option,
+        str,
+        lambda text: tuple(item(part.strip()) for part in text.split(",") if part.strip()),
+        lambda values: ",".join(map(str, values)),
+    )
+
+
+class _Field(typing.NamedTuple):
+    """Where an option's value goes: the dataclass field ``name``, through ``to_field`` (``flag`` names the option
+    in a usage error)."""
+
+    name: str
+    to_field: Callable[[Any], Any] | None
+    flag: str
+
+    def value(self, option_value: Any) -> Any:
+        if option_value is None or self.to_field is None:
+            return option_value
+        try:
+            return self.to_field(option_value)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint=self.flag) from None
+
+
+def with_options(**declared: Mapping[str, ParameterInfo | Converted]) -> Callable[[Callable], Callable]:
+    """Make a typer command of a function whose dataclass-typed parameters are built from options.
+
+    Each parameter annotated with a dataclass becomes options in its place: one for each field named in
+    ``declared[parameter]`` (in that order, with the option or ``Converted`` given there), then one for each other
+    field annotated with a typer option. An option takes its field's type and default, and its name from its first
+    flag; the function receives the dataclass built from the options' values. Other parameters stay as they are.
+    """
+
+    def decorate(func: Callable) -> Callable:
+        hints = typing.get_type_hints(func)
+        parameters: list[inspect.Parameter] = []
+        groups: dict[str, tuple[type, dict[str, _Field]]] = {}
+        for param in inspect.signature(func, eval_str=True).parameters.values():
+            cls = hints.get(param.name)
+            if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+                parameters.append(param.replace(kind=inspect.Parameter.KEYWORD_ONLY))  # typer passes keywords
+                continue
+            options = _options(cls, declared.get(param.name, {}))
+            groups[param.name] = (cls, {option.name: field for option, field in options})
+            parameters += [option for option, _ in options]
+
+        @functools.wraps(func)
+        def command(**values: Any) -> Any:
+            for name, (cls, fields) in groups.items():
+                values[name] = cls(**{field.name: field.value(values.pop(option)) for option, field in fields.items()})
+            return func(**values)
+
+        command.__signature__ = inspect.Signature(parameters)  # what typer reads
+        command.__annotations__ = {p.name: p.annotation for p in parameters}
+        return command
+
+    return decorate
+
+
+def _options(cls: type, declared: Mapping[str, ParameterInfo | Converted]) -> list[tuple[inspect.Parameter, _Field]]:
+    """The options of dataclass ``cls``'s fields: the ``declared`` ones, then the others annotated with an option."""
+    types = typing.get_type_hints(cls)
+    specs = dict(declared)
+    for name, hint in typing.get_type_hints(cls, include_extras=True).items():
+        infos = [m for m in getattr(hint, "__metadata__", ()) if isinstance(m, ParameterInfo)]
+        if infos and name not in specs:
+            specs[name] = infos[0]
+    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+    options = []
+    for name, spec in specs.items():
+        converted = spec if isinstance(spec, Converted) else None
+        info = converted.option if converted else spec
+        flag = info.default.split("/")[0] if isinstance(info, OptionInfo) else name  # Option("--flag", ...)
+        default = defaults[name]
+        if default is dataclasses.MISSING:
+            default = inspect.Parameter.empty
+        elif converted:
+            default = converted.to_option(default)
+        annotation = Annotated[converted.type if converted else types[name], info]
+        option = flag.lstrip("-").replace("-", "_")
+        parameter = inspect.Parameter(option, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default)
+        options.append((parameter, _Field(name, converted.to_field if converted else None, flag)))
+    return options

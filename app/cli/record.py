@@ -1,4 +1,5 @@
-"""``mem record``, ``mem ingest`` and ``mem inspect``: events in. Defaults are ``RecordConfig`` / ``IngestConfig`` fields."""
+"""``mem record``, ``mem ingest`` and ``mem inspect``: events in. Each option of ``record`` and ``ingest`` is a field of
+``RecordConfig`` / ``IngestConfig`` (its type and default) with its flag and help declared here."""
 
 from __future__ import annotations
 
@@ -7,47 +8,44 @@ from typing import Annotated
 
 import typer
 
-from app.cli.options import JsonOpt, fail
+from app.cli.options import Converted, JsonOpt, fail, with_options
 from recorders.config import SPECS, IngestConfig, RecordConfig
 
-_R, _I = RecordConfig, IngestConfig
 MB = 1 << 20
+MIN_FREE = Converted(
+    typer.Option("--min-free-mb", help="Stop before the disk has less than this free."),
+    float,
+    lambda mb: int(mb * MB),
+    lambda size: size / MB,
+)
+RECORD_OPTIONS = {
+    "source": typer.Option("--source", help=f"{SPECS} (a file is replayed)."),
+    "out": typer.Option("--out", help="Corpus directory (created, or appended to)."),
+    "duration_s": typer.Option("--duration", help="Stop after this many seconds."),
+    "segment_minutes": typer.Option("--segment-minutes", help="Start a new segment (shard) every M minutes."),
+    "publish": typer.Option("--publish", help="Also publish the events over ZMQ: tcp://127.0.0.1:PORT or PORT."),
+    "name": typer.Option("--name", help="Session name (default: <kind>-<UTC time>)."),
+    "speed": typer.Option("--speed", help="File replay / simulator speed: 1 = real time, 0 = as fast as possible."),
+    "loop": typer.Option("--loop", help="Replay the file over and over."),
+    "min_free_bytes": MIN_FREE,
+}
+INGEST_OPTIONS = {
+    "paths": Converted(typer.Argument(help="Event files or folders (searched recursively)."), list[Path], tuple, list),
+    "out": typer.Option("--out", help="Corpus directory (created, or appended to)."),
+    "dataset": typer.Option(
+        "--dataset", help="Read PATHS as this dataset's layout and keep labels: ncars, nmnist, ..."
+    ),
+    "workers": typer.Option("--workers", help="Reader processes (1 = read in this process)."),
+    "min_free_bytes": MIN_FREE,
+}
 
 
-def record(
-    source: Annotated[str, typer.Option("--source", help=f"{SPECS} (a file is replayed).")],
-    out: Annotated[Path, typer.Option("--out", help="Corpus directory (created, or appended to).")],
-    duration: Annotated[float | None, typer.Option("--duration", help="Stop after this many seconds.")] = _R.duration_s,
-    segment_minutes: Annotated[
-        float | None, typer.Option("--segment-minutes", help="Start a new segment (shard) every M minutes.")
-    ] = _R.segment_minutes,
-    publish: Annotated[
-        str | None, typer.Option("--publish", help="Also publish the events over ZMQ: tcp://127.0.0.1:PORT or PORT.")
-    ] = _R.publish,
-    name: Annotated[str | None, typer.Option("--name", help="Session name (default: <kind>-<UTC time>).")] = _R.name,
-    speed: Annotated[
-        float, typer.Option("--speed", help="File replay / simulator speed: 1 = real time, 0 = as fast as possible.")
-    ] = _R.speed,
-    loop: Annotated[bool, typer.Option("--loop", help="Replay the file over and over.")] = _R.loop,
-    min_free_mb: Annotated[
-        float, typer.Option("--min-free-mb", help="Stop before the disk has less than this free.")
-    ] = _R.min_free_bytes / MB,
-) -> None:
+@with_options(config=RECORD_OPTIONS)
+def record(config: RecordConfig) -> None:
     """Record events from a camera, the simulator or a replayed file into a corpus, until Ctrl-C or --duration."""
     from recorders.base import RecorderError
     from recorders.record import run
 
-    config = RecordConfig(
-        source=source,
-        out=out,
-        name=name,
-        duration_s=duration,
-        segment_minutes=segment_minutes,
-        publish=publish,
-        speed=speed,
-        loop=loop,
-        min_free_bytes=int(min_free_mb * MB),
-    )
     try:
         result = run(config)
     except RecorderError as e:
@@ -60,26 +58,16 @@ def record(
         typer.echo(f"warning: {result.lag_warning}", err=True)
     if result.reconnects:
         typer.echo(f"camera reconnected {result.reconnects} time(s)")
-    if publish:
+    if config.publish:
         typer.echo(f"published {result.published} batches, dropped {result.publish_dropped} (a subscriber was full)")
     if result.error:
         raise fail(result.error, code=1)
 
 
+@with_options(config=INGEST_OPTIONS)
 def ingest(
-    paths: Annotated[list[Path], typer.Argument(help="Event files or folders (searched recursively).")],
-    out: Annotated[Path, typer.Option("--out", help="Corpus directory (created, or appended to).")],
-    dataset: Annotated[
-        str | None,
-        typer.Option("--dataset", help="Read PATHS as this dataset's layout and keep labels: ncars, nmnist, ..."),
-    ] = _I.dataset,
-    workers: Annotated[
-        int, typer.Option("--workers", help="Reader processes (1 = read in this process).")
-    ] = _I.workers,
+    config: IngestConfig,
     strict: Annotated[bool, typer.Option("--strict", help="Exit with status 1 when any file failed.")] = False,
-    min_free_mb: Annotated[
-        float, typer.Option("--min-free-mb", help="Stop before the disk has less than this free.")
-    ] = _I.min_free_bytes / MB,
 ) -> None:
     """Ingest event files into a corpus; bad files are listed (and written to an ingest report), not fatal.
 
@@ -92,17 +80,12 @@ def ingest(
     from recorders.base import RecorderError
     from recorders.ingest import run
 
-    if workers < 1:
-        raise fail(f"--workers must be >= 1, got {workers}")
-    config = IngestConfig(
-        paths=tuple(paths), out=out, dataset=dataset, workers=workers, min_free_bytes=int(min_free_mb * MB)
-    )
     try:
         report = run(config)
     except RecorderError as e:
         raise fail(str(e)) from None
     console = Console()
-    table = Table(title=f"ingest into {out}", show_header=False)
+    table = Table(title=f"ingest into {config.out}", show_header=False)
     table.add_row("ingested", f"{len(report.ingested)} files, {report.events:,} events")
     table.add_row("skipped (already ingested)", str(len(report.skipped)))
     table.add_row("failed", str(len(report.failed)))

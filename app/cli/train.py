@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from app.cli.options import ConfigOpt, DataOpt, DatasetOpt, OutOpt, PresetOpt, ResumeOpt, SetOpt, fail
+from app.cli.options import ConfigOpt, DataOpt, DatasetOpt, OutOpt, PresetOpt, ResumeOpt, SetOpt, fail, with_options
 from mem_core.train.experiment import STAGE_OVERRIDES, LabelEfficiencyConfig
 
 InitOpt = Annotated[Path | None, typer.Option("--init", help="Pretraining run to start from (default: scratch).")]
@@ -21,75 +22,73 @@ SkipBadOpt = Annotated[
 experiment_app = typer.Typer(help="Experiments that reproduce the paper's claims on real data.", no_args_is_help=True)
 
 
-def _config(stage: str, dataset: str, data: Path | None, preset, config, overrides, **values):
-    """The stage's config from the command's options (``values`` use dotted keys: ``data.labels``)."""
-    from mem_core.train.configs import stage_config
+@dataclass(frozen=True)
+class StageRun:
+    """The options a training stage starts with: its data and its run directory."""
 
-    values = {"data.dataset": dataset, **({"data.path": str(data)} if data else {}), **values}
-    return stage_config(stage, preset=preset, config_file=config, values=values, overrides=overrides or [])
-
-
-def _checks(verify: bool, skip_bad: bool) -> dict[str, bool]:
-    """``--verify`` / ``--skip-bad`` as config values, only when given (a preset may set them)."""
-    return {key: True for key, on in (("data.verify", verify), ("data.skip_bad", skip_bad)) if on}
+    dataset: DatasetOpt
+    out: OutOpt
+    data: DataOpt = None
 
 
-def tokenizer(
-    dataset: DatasetOpt,
-    out: OutOpt,
-    data: DataOpt = None,
-    preset: PresetOpt = None,
-    config: ConfigOpt = None,
-    set_: SetOpt = None,
-    resume: ResumeOpt = False,
-    verify: VerifyOpt = False,
-    skip_bad: SkipBadOpt = False,
-) -> None:
+@dataclass(frozen=True)
+class StageRecipe:
+    """The options a training stage ends with: its config, and how the run starts and checks its data."""
+
+    preset: PresetOpt = None
+    config: ConfigOpt = None
+    overrides: SetOpt = None
+    resume: ResumeOpt = False
+    verify: VerifyOpt = False
+    skip_bad: SkipBadOpt = False
+
+    def config_of(self, stage: str, run: StageRun, **values: Any) -> Any:
+        """The stage's config from the options (``values`` use dotted keys: ``data.labels``); ``--verify`` and
+        ``--skip-bad`` count only when given (a preset may set them)."""
+        from mem_core.train.configs import stage_config
+
+        checks = {key: True for key, on in (("data.verify", self.verify), ("data.skip_bad", self.skip_bad)) if on}
+        values = {"data.dataset": run.dataset, **({"data.path": str(run.data)} if run.data else {}), **values, **checks}
+        return stage_config(
+            stage, preset=self.preset, config_file=self.config, values=values, overrides=self.overrides or []
+        )
+
+
+@with_options()
+def tokenizer(run: StageRun, recipe: StageRecipe) -> None:
     """Stage 1: train the dVAE event tokenizer (no labels needed)."""
     from mem_core.train import tokenizer as stage
 
-    cfg = _config("tokenizer", dataset, data, preset, config, set_, **_checks(verify, skip_bad))
-    run = stage.run(cfg, out, resume=resume)
-    typer.echo(f"tokenizer run: {run.path}")
+    result = stage.run(recipe.config_of("tokenizer", run), run.out, resume=recipe.resume)
+    typer.echo(f"tokenizer run: {result.path}")
 
 
+@with_options()
 def pretrain(
-    dataset: DatasetOpt,
-    out: OutOpt,
-    data: DataOpt = None,
+    run: StageRun,
     tokenizer: Annotated[Path | None, typer.Option("--tokenizer", help="Tokenizer run (MEM targets).")] = None,
     method: Annotated[
         str | None, typer.Option("--method", help="mem (token targets) or emae (pixel targets); default: the config's")
     ] = None,
-    preset: PresetOpt = None,
-    config: ConfigOpt = None,
-    set_: SetOpt = None,
-    resume: ResumeOpt = False,
-    verify: VerifyOpt = False,
-    skip_bad: SkipBadOpt = False,
+    *,
+    recipe: StageRecipe,
 ) -> None:
     """Stage 2: masked event pretraining (MEM), or the eMAE baseline with --method emae."""
     from mem_core.train import pretrain as stage
 
     values = {"method": method} if method is not None else {}
-    cfg = _config("pretrain", dataset, data, preset, config, set_, **values, **_checks(verify, skip_bad))
-    run = stage.run(cfg, out, tokenizer=tokenizer, resume=resume)
-    typer.echo(f"pretrain run: {run.path}")
+    result = stage.run(recipe.config_of("pretrain", run, **values), run.out, tokenizer=tokenizer, resume=recipe.resume)
+    typer.echo(f"pretrain run: {result.path}")
 
 
+@with_options()
 def finetune(
-    dataset: DatasetOpt,
-    out: OutOpt,
-    data: DataOpt = None,
+    run: StageRun,
     init: InitOpt = None,
     labels: LabelsOpt = None,
     probe: Annotated[bool, typer.Option("--probe", help="Linear probing: train only the head.")] = False,
-    preset: PresetOpt = None,
-    config: ConfigOpt = None,
-    set_: SetOpt = None,
-    resume: ResumeOpt = False,
-    verify: VerifyOpt = False,
-    skip_bad: SkipBadOpt = False,
+    *,
+    recipe: StageRecipe,
 ) -> None:
     """Stage 3: finetune a classifier (or --probe linearly), from --init or from scratch."""
     from mem_core.train import finetune as stage
@@ -97,10 +96,9 @@ def finetune(
     values = {"probe": probe} if probe else {}
     if labels is not None:
         values["data.labels"] = labels
-    cfg = _config("finetune", dataset, data, preset, config, set_, **values, **_checks(verify, skip_bad))
-    run = stage.run(cfg, out, init=init, resume=resume)
-    typer.echo(f"finetune run: {run.path}")
-    typer.echo((run.path / "result.json").read_text() if (run.path / "result.json").exists() else "")
+    result = stage.run(recipe.config_of("finetune", run, **values), run.out, init=init, resume=recipe.resume)
+    typer.echo(f"finetune run: {result.path}")
+    typer.echo((result.path / "result.json").read_text() if (result.path / "result.json").exists() else "")
 
 
 def train_labels(
@@ -123,26 +121,14 @@ def train_labels(
     )
 
 
-def segment(
-    dataset: DatasetOpt,
-    out: OutOpt,
-    data: DataOpt = None,
-    init: InitOpt = None,
-    labels: LabelsOpt = None,
-    preset: PresetOpt = None,
-    config: ConfigOpt = None,
-    set_: SetOpt = None,
-    resume: ResumeOpt = False,
-    verify: VerifyOpt = False,
-    skip_bad: SkipBadOpt = False,
-) -> None:
+@with_options()
+def segment(run: StageRun, init: InitOpt = None, labels: LabelsOpt = None, *, recipe: StageRecipe) -> None:
     """Semantic segmentation (UperNet-style head on the last four blocks), from --init or from scratch."""
     from mem_core.train import segment as stage
 
     values = {"data.labels": labels} if labels is not None else {}
-    cfg = _config("segment", dataset, data, preset, config, set_, **values, **_checks(verify, skip_bad))
-    run = stage.run(cfg, out, init=init, resume=resume)
-    typer.echo(f"segment run: {run.path}")
+    result = stage.run(recipe.config_of("segment", run, **values), run.out, init=init, resume=recipe.resume)
+    typer.echo(f"segment run: {result.path}")
 
 
 def evaluate(
