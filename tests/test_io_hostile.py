@@ -255,3 +255,41 @@ def test_values_the_event_dtype_cannot_hold_are_refused_not_wrapped(tmp_path, ma
     path = make(tmp_path)
     with pytest.raises(EventFileError, match=message):
         read_events(path)
+
+
+# ------------------------------------------------------------------------------------------ header fields
+
+
+def aedat4_with_streams(sample: bytes, old: bytes, new: bytes) -> bytes:
+    """The AEDAT4 sample with ``old`` replaced by ``new`` in its IOHeader's XML (the last field of the flatbuffer;
+    its length and the header size follow)."""
+    size = int.from_bytes(sample[14:18], "little")
+    header = sample[18 : 18 + size]
+    at = header.index(b"<dv")
+    xml = header[at:-1].replace(old, new, 1)
+    assert new in xml
+    header = header[: at - 4] + len(xml).to_bytes(4, "little") + xml + b"\0"
+    return sample[:14] + len(header).to_bytes(4, "little") + header + sample[18 + size :]
+
+
+@pytest.mark.parametrize("name", ["²".encode(), b"9" * 5000])
+def test_aedat4_stream_name_that_is_no_stream_id_is_refused(data_dir, tmp_path, name):
+    sample = (data_dir / "fixtures" / "inivation_sample.aedat4").read_bytes()
+    path = tmp_path / "x.aedat4"
+    path.write_bytes(aedat4_with_streams(sample, b'<node name="2"', b'<node name="' + name + b'"'))
+    with pytest.raises(EventFileError, match=r"x\.aedat4: corrupt: stream name '.{1,20}' in the IOHeader is not a"):
+        describe(path)
+
+
+def test_dat_version_of_5000_digits_is_refused(tmp_path):
+    path = tmp_path / "x.dat"
+    path.write_bytes(b"% Version " + b"9" * 5000 + b"\n% Width 8\n% Height 8\n" + bytes([0, 8]) + bytes(16))
+    with pytest.raises(EventFileError, match=r"x\.dat: unsupported \.dat version '.{1,20}' \(only version 2"):
+        describe(path)
+
+
+def test_npz_field_holding_several_values_per_event_is_refused(tmp_path):
+    data = np.zeros(4, dtype=[("x", "<u2", (2,)), ("y", "<u2"), ("t", "<i8"), ("p", "?")])
+    np.savez(tmp_path / "x.npz", event_data=data)
+    with pytest.raises(EventFileError, match=r"x\.npz: 'event_data' must be a 1-D structured array with one value"):
+        read_events(tmp_path / "x.npz")

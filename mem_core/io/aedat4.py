@@ -20,6 +20,7 @@ dv-processing stays the reference: the tests compare with it on the real sample 
 
 from __future__ import annotations
 
+import re
 import struct
 import warnings
 import xml.etree.ElementTree as ET
@@ -40,6 +41,7 @@ COMPRESSIONS = {0: "none", 1: "lz4", 2: "lz4", 3: "zstd", 4: "zstd"}  # IOHeader
 # packets compress 2-5x, so this only stops a damaged size field from asking for gigabytes.
 MAX_EXPANSION = 256
 U16, I32, U32, I64 = (struct.Struct(f) for f in ("<H", "<i", "<I", "<q"))
+_STREAM_ID = re.compile(r"[0-9]{1,9}")  # packet headers hold stream ids as int32
 # One event as dv-processing stores it (the flatbuffer struct dv.Event, 8-byte aligned).
 DV_EVENT = np.dtype({"names": ["t", "x", "y", "p"], "formats": ["<i8", "<i2", "<i2", "u1"], "itemsize": 16})
 
@@ -144,8 +146,8 @@ def _streams(info: bytes) -> dict[int, ET.Element]:
     streams = {}
     for node in out if out is not None else []:
         name = node.get("name", "")
-        if not name.isdigit():
-            raise _Damage(f"corrupt: stream name {name!r} in the IOHeader is not a stream id")
+        if _STREAM_ID.fullmatch(name) is None:  # str.isdigit() takes "²", and int() refuses 5000 digits
+            raise _Damage(f"corrupt: stream name {name[:20]!r} in the IOHeader is not a stream id")
         streams[int(name)] = node
     return streams
 

@@ -52,10 +52,11 @@ def read_npz(path: Path) -> EventFile:
     except _DECODE_ERRORS as e:
         raise EventFileError(path, f"corrupt .npz archive ({type(e).__name__}: {e})") from e
     names = data.dtype.names or ()
-    if data.ndim != 1 or not set(FIELDS) <= set(names):
+    if data.ndim != 1 or not set(FIELDS) <= set(names) or any(data.dtype[f].shape for f in FIELDS):
         raise EventFileError(
             path,
-            f"'{KEY}' must be a 1-D structured array with fields {FIELDS}, got dtype {data.dtype} shape {data.shape}",
+            f"'{KEY}' must be a 1-D structured array with one value per field {FIELDS}, got dtype {data.dtype} "
+            f"shape {data.shape}",
         )
     if not all(np.issubdtype(data[f].dtype, np.integer) or data[f].dtype == bool for f in FIELDS):
         kinds = {f: str(data[f].dtype) for f in FIELDS}

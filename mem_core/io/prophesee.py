@@ -131,9 +131,9 @@ def read_dat(path: Path) -> EventFile:
     if not pos:
         raise EventFileError(path, f"not a Prophesee .dat file: no '%' header (starts with {buf[:12]!r})")
     version = header.get("version", "2")
-    major = version.split(".")[0]
-    if not major.isdigit() or int(major) < 2:
-        raise EventFileError(path, f"unsupported .dat version {version!r} (only version 2 is supported)")
+    major = re.fullmatch(r"([0-9]{1,9})(\..*)?", version)  # str.isdigit() takes "²", int() refuses 5000 digits
+    if major is None or int(major.group(1)) < 2:
+        raise EventFileError(path, f"unsupported .dat version {version[:20]!r} (only version 2 is supported)")
     if len(buf) < pos + 2:
         raise EventFileError(path, "truncated: the header is not followed by the event type and size bytes")
     ev_type, ev_size = buf[pos], buf[pos + 1]
