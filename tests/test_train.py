@@ -464,3 +464,29 @@ def test_a_shard_damaged_inside_its_data_stops_training_with_one_line_from_a_wor
         tokenizer.run(cfg, tmp_path / "tok")
     message = str(info.value)
     assert "shard-00000.h5" in message and "\n" not in message and "DataLoader worker" not in message
+
+
+@pytest.mark.parametrize("damage", ["x beyond the sensor", "reversed times"])
+def test_a_shard_with_values_its_recording_cannot_hold_stops_training_with_one_line(tmp_path, events_factory, damage):
+    """Values altered with valid checksums pass every shard check short of --verify: the window read names them."""
+    import h5py
+
+    from mem_core.corpus import CorpusWriter
+    from mem_core.errors import MemError
+    from mem_core.events import SensorSize
+
+    with CorpusWriter(tmp_path / "corpus") as writer:
+        writer.add_recording("r", events_factory(60_000, sensor=SensorSize(64, 64)), SensorSize(64, 64))
+    with h5py.File(tmp_path / "corpus" / "shard-00000.h5", "r+") as f:
+        if damage == "x beyond the sensor":
+            f["x"][::1000] = 5000
+        else:
+            f["t"][:] = f["t"][()][::-1]
+    cfg = config("tokenizer", f"data.path={tmp_path / 'corpus'}", "data.num_workers=1", dataset="corpus")
+    with pytest.raises(MemError) as info:
+        tokenizer.run(cfg, tmp_path / "tok")
+    message = str(info.value)
+    assert (
+        message.startswith(f"{tmp_path / 'corpus' / 'shard-00000.h5'}: recording 'r': event ") and "\n" not in message
+    )
+    assert ("x=5000" in message) if damage == "x beyond the sensor" else ("comes before" in message)
