@@ -11,6 +11,7 @@ from mem_core.representation.histogram import (
     collate_events,
     event_histogram,
     input_histogram,
+    scatter_histogram,
     temporal_histogram,
     timestamp_histogram,
 )
@@ -25,7 +26,7 @@ from mem_core.representation.pipeline import (
     remove_hot_pixels,
     resize_histogram,
 )
-from mem_core.representation.spec import CHANNELS, InputSpec
+from mem_core.representation.spec import CHANNELS, InputSpec, n_channels
 
 SENSOR = SensorSize(32, 48)
 # A small spec so that the pipeline tests stay fast; the default (224 x 224) spec is checked once below.
@@ -256,6 +257,52 @@ def test_batch_histogram_rejects_off_sensor_events(events_factory):
     for backend in ("numba", "torch"):
         with pytest.raises(ValueError, match="batch sample 1"):
             batch_histogram(batch, backend=backend)
+
+
+def test_time_channels_refuse_a_window_out_of_time_order_on_both_backends(events_factory):
+    late = events_factory(10, SENSOR)
+    late["t"][4] = late["t"][-1] + 1  # after the window's last event: outside its time span
+    batch = collate_events([events_factory(10, SENSOR), late], SENSOR)
+    for backend in ("numba", "torch"):
+        assert batch_histogram(batch, "hist", backend=backend).sum() == 20  # counts do not read the times
+        for channels in ("temporal", "timestamp"):
+            with pytest.raises(ValueError, match="batch sample 1: 1 of 10 events"):
+                batch_histogram(batch, channels, backend=backend)
+
+
+def counted_one_by_one(window: np.ndarray, channels: str, bins: int) -> np.ndarray:
+    """The histogram of one window event by event in Python, leaving out what the kernels skip: the reference."""
+    out = np.zeros((n_channels(channels, bins), *SENSOR), np.float32)
+    if not len(window):
+        return out
+    t0, t_last = int(window["t"][0]), int(window["t"][-1])
+    for t, x, y, p in zip(*(window[k].astype(np.int64) for k in "txyp"), strict=True):
+        if x >= SENSOR.width or y >= SENSOR.height or p > 1 or (channels != "hist" and not t0 <= t <= t_last):
+            continue
+        channel = 2 * ((t - t0) * bins // (t_last - t0 + 1)) + p if channels == "temporal" else p
+        out[channel, y, x] += 1
+        if channels == "timestamp":  # the newest event's time in the window's span
+            out[2, y, x] = max(out[2, y, x], (t - t0) / (t_last - t0) if t_last > t0 else 1.0)
+    return out
+
+
+@pytest.mark.parametrize("channels", CHANNELS)
+def test_the_device_kernel_counts_like_a_loop_over_the_events_leaving_out_what_does_not_fit(events_factory, channels):
+    rng = np.random.default_rng(5)
+    windows = []
+    for n in (400, 0, 1, 250):
+        w = events_factory(n, SENSOR, seed=n)
+        bad = rng.random(n) < 0.2  # a fifth of the events off the sensor, with a polarity > 1 or out of time order
+        w["x"][bad & (rng.random(n) < 0.3)] = rng.integers(SENSOR.width, 65_535)
+        w["y"][bad & (rng.random(n) < 0.3)] = SENSOR.height
+        w["p"][bad & (rng.random(n) < 0.3)] = rng.integers(2, 255)
+        if n > 2:
+            w["t"][1:-1][bad[1:-1] & (rng.random(n - 2) < 0.5)] = rng.choice([-5, 10**9]) + w["t"][0]
+        windows.append(w)
+    counted = scatter_histogram(collate_events(windows, SENSOR), channels, 3)
+    for b, w in enumerate(windows):
+        np.testing.assert_allclose(counted[b].numpy(), counted_one_by_one(w, channels, 3), rtol=1e-6, atol=0)
+    assert counted[0, :2].sum() < 400  # the bad events were there and were left out
 
 
 @pytest.mark.parametrize("crop", ["sensor", "extent"])

@@ -7,13 +7,13 @@ Histograms are float32 with exact counts (no uint8/int16 wrap-around):
 - ``timestamp_histogram``  (3, H, W): OFF and ON counts, then the normalized time of each pixel's newest event.
 
 A batch of windows travels as an ``EventBatch`` (padded columns, made by ``collate_events`` in the DataLoader
-worker); ``batch_histogram`` counts it with the numba kernels on CPU and one ``torch.bincount`` elsewhere.
+worker); ``batch_histogram`` counts it with the numba kernels on CPU and one scatter-add elsewhere.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -152,6 +152,9 @@ class EventBatch:
     y: torch.Tensor  # (B, N) int32
     p: torch.Tensor  # (B, N) uint8, 0 = OFF, 1 = ON
     lengths: torch.Tensor  # (B,) int64
+    # (B, 2) int64 on the CPU, counted by collate_events: events off the sensor or with polarity > 1, and events
+    # outside [t_first, t_last] of their window; read there, so refusing a bad batch never waits for a GPU
+    flaws: torch.Tensor
     sensor: SensorSize
 
     def __len__(self) -> int:
@@ -161,18 +164,29 @@ class EventBatch:
         """The windows ``rows`` of the batch (a micro-batch), with the same padding."""
         if not isinstance(rows, slice):
             raise TypeError(f"an EventBatch is sliced by a slice of rows, got {type(rows).__name__}")
-        return self._map(lambda v: v[rows])
+        return replace(self._map(lambda v: v[rows]), flaws=self.flaws[rows])
 
     def _map(self, fn) -> EventBatch:
-        return EventBatch(fn(self.t), fn(self.x), fn(self.y), fn(self.p), fn(self.lengths), self.sensor)
+        """``fn`` applied to the events and lengths (the flaw counts stay where they are)."""
+        return EventBatch(fn(self.t), fn(self.x), fn(self.y), fn(self.p), fn(self.lengths), self.flaws, self.sensor)
 
-    def to(self, device: str | torch.device, non_blocking: bool = False) -> EventBatch:
-        """The batch on ``device``."""
-        return self._map(lambda v: v.to(device, non_blocking=non_blocking))
+    def to(self, device: str | torch.device, non_blocking: bool = False, *, times: bool = True) -> EventBatch:
+        """The batch on ``device``; without ``times`` the timestamps stay where they are (counts never read them,
+        and they are half of the bytes a batch moves)."""
+
+        def move(v: torch.Tensor) -> torch.Tensor:
+            return v.to(device, non_blocking=non_blocking)
+
+        t = move(self.t) if times else self.t
+        return EventBatch(t, move(self.x), move(self.y), move(self.p), move(self.lengths), self.flaws, self.sensor)
 
     def pin_memory(self) -> EventBatch:
         """Page-locked copy (called by ``DataLoader(pin_memory=True)``)."""
         return self._map(lambda v: v.pin_memory())
+
+    def flawed(self, channels: Channels) -> torch.Tensor:
+        """(B,) the events of each window that ``input_histogram`` would refuse for ``channels``."""
+        return self.flaws[:, 0] + (self.flaws[:, 1] if channels != "hist" else 0)
 
 
 def collate_events(windows: Sequence[np.ndarray], sensor: SensorSize) -> EventBatch:
@@ -189,9 +203,10 @@ def collate_events(windows: Sequence[np.ndarray], sensor: SensorSize) -> EventBa
     shared = get_worker_info() is not None
     columns = tuple(_empty(shape, dtype, shared) for dtype in (np.int64, np.int32, np.int32, np.uint8))
     t, x, y, p = (c.numpy() for c in columns)
+    flaws = np.zeros((len(windows), 2), np.int64)
     for i, w in enumerate(windows):
-        _unpack_kernel(w, t[i], x[i], y[i], p[i])
-    return EventBatch(*columns, torch.from_numpy(lengths), sensor=SensorSize(*sensor))
+        flaws[i] = _unpack_kernel(w, t[i], x[i], y[i], p[i], sensor[0], sensor[1])
+    return EventBatch(*columns, torch.from_numpy(lengths), torch.from_numpy(flaws), sensor=SensorSize(*sensor))
 
 
 def _empty(shape: tuple[int, int], dtype: type, shared: bool) -> torch.Tensor:
@@ -207,16 +222,22 @@ def _empty(shape: tuple[int, int], dtype: type, shared: bool) -> torch.Tensor:
 
 
 @njit(cache=True, nogil=True)
-def _unpack_kernel(events, t, x, y, p):
-    """The fields of one window into the rows ``t, x, y, p``, zero-padded past its length."""
+def _unpack_kernel(events, t, x, y, p, height, width):
+    """The fields of one window into the rows ``t, x, y, p``, zero-padded past its length; returns (events off the
+    sensor or with polarity > 1, events outside [t_first, t_last])."""
     n = events.shape[0]
+    off_sensor = 0
+    out_of_span = 0
     for i in range(n):
         e = events[i]
         t[i], x[i], y[i], p[i] = e.t, e.x, e.y, e.p
+        off_sensor += e.x >= width or e.y >= height or e.p > 1
+        out_of_span += e.t < events[0].t or e.t > events[n - 1].t
     t[n:] = 0
     x[n:] = 0
     y[n:] = 0
     p[n:] = 0
+    return off_sensor, out_of_span
 
 
 def _batch_histogram_numba(batch: EventBatch, channels: str, num_channels: int) -> torch.Tensor:
@@ -231,38 +252,49 @@ def _batch_histogram_numba(batch: EventBatch, channels: str, num_channels: int) 
     return torch.from_numpy(out)
 
 
-def _batch_histogram_torch(batch: EventBatch, channels: str, bins: int, num_channels: int) -> torch.Tensor:
+def scatter_histogram(batch: EventBatch, channels: Channels = "hist", bins: int = 4) -> torch.Tensor:
+    """Histograms of ``batch`` on its device, float32 (B, C, H, W): one scatter-add of every event into the counts.
+
+    Events that the numba kernels skip (off the sensor, polarity > 1, outside their window's time span for time bins
+    and the timestamp) are left out here without a word: ``batch_histogram`` refuses a batch holding any. Nothing is
+    read back to the host (no check, no boolean indexing, no ``bincount``, which reads its largest index), so the
+    host queues the next work while the device counts. The counts add up in float32, exact up to 2^24 per pixel (a
+    window holds at most that many events). ``batch.t`` is read only for time bins and the timestamp.
+    """
+    num_channels = n_channels(channels, bins)
     height, width = batch.sensor
-    n_batch, n_events = batch.t.shape
-    device = batch.t.device
+    n_batch, n_events = batch.x.shape
+    cells = n_batch * num_channels * height * width
+    device = batch.x.device
+    # the events left out land past the histograms, one slot per event position (no single contended slot)
+    counts = torch.zeros(cells + n_events, device=device)
     if n_events == 0:
-        return torch.zeros(n_batch, num_channels, height, width, device=device)
-    t, x, y, p = batch.t, batch.x.long(), batch.y.long(), batch.p.long()
-    valid = torch.arange(n_events, device=device)[None] < batch.lengths[:, None]  # (B, N)
-    t0 = t[:, :1]  # (B, 1)
-    t_last = t.gather(1, (batch.lengths - 1).clamp_min(0)[:, None])  # (B, 1)
+        return counts[:cells].view(n_batch, num_channels, height, width)
+    index_dtype = torch.int32 if cells + n_events < 2**31 else torch.int64
+    x, y, p = (v.to(index_dtype) for v in (batch.x, batch.y, batch.p))
+    position = torch.arange(n_events, device=device, dtype=index_dtype)  # (N,)
+    keep = (position < batch.lengths[:, None]) & (x >= 0) & (x < width) & (y >= 0) & (y < height) & (p <= 1)
     channel = p
-    if channels == "temporal":
-        time_bin = (t - t0) * bins // (t_last - t0 + 1)  # same even split as _temporal_kernel
-        channel = 2 * time_bin + p
-    bad = valid & ((x >= width) | (y >= height) | (p > 1))
-    if channels != "hist":  # time bins and the newest-time plane need sorted windows, like the numba kernels
-        bad |= valid & ((t < t0) | (t > t_last))
-    if bool(bad.any()):
-        b = int(bad.any(1).nonzero()[0])
-        n = int(batch.lengths[b])
-        raise ValueError(f"batch sample {b}: {_skipped_error(int(bad[b].sum()), n, batch.sensor)}")
-    sample = torch.arange(n_batch, device=device)[:, None]  # (B, 1)
-    flat = (((sample * num_channels + channel) * height + y) * width + x)[valid]  # index into (B, C, H, W)
-    out = torch.bincount(flat, minlength=n_batch * num_channels * height * width).to(torch.float32)
-    out = out.view(n_batch, num_channels, height, width)
+    if channels != "hist":
+        t = batch.t
+        t0 = t[:, :1]  # (B, 1)
+        t_last = t.gather(1, (batch.lengths - 1).clamp_min(0)[:, None])  # (B, 1)
+        keep &= (t >= t0) & (t <= t_last)
+        if channels == "temporal":  # the even split of _temporal_kernel
+            channel = 2 * ((t - t0) * bins // (t_last - t0 + 1)).to(index_dtype) + p
+    sample = torch.arange(n_batch, device=device, dtype=index_dtype)[:, None]  # (B, 1)
+    cell = ((sample * num_channels + channel) * height + y) * width + x  # (B, N) into (B, C, H, W)
+    cell = torch.where(keep, cell, cells + position)
+    counts.index_add_(0, cell.flatten(), torch.ones((), device=device).expand(cell.numel()))
+    out = counts[:cells].view(n_batch, num_channels, height, width)
     if channels == "timestamp":
         span = (t_last - t0).to(torch.float64)
         newest = torch.where(span > 0, (t - t0) / span.clamp_min(1), 1.0).to(torch.float32)  # (B, N)
-        plane = torch.zeros(n_batch * height * width, device=device)
-        pixel = ((sample * height + y) * width + x)[valid]
-        plane.scatter_reduce_(0, pixel, newest[valid], reduce="amax")  # sorted times: amax = newest event
-        out[:, 2] = plane.view(n_batch, height, width)
+        pixels = n_batch * height * width
+        pixel = torch.where(keep, (sample * height + y) * width + x, pixels + position).long()
+        plane = torch.zeros(pixels + n_events, device=device)
+        plane.scatter_reduce_(0, pixel.flatten(), newest.flatten(), reduce="amax")  # sorted times: the newest
+        out[:, 2] = plane[:pixels].view(n_batch, height, width)
     return out
 
 
@@ -276,8 +308,8 @@ def batch_histogram(
 ) -> torch.Tensor:
     """Histograms of a padded batch, float32 (B, C, H, W) on ``device``, equal to ``input_histogram`` per row.
 
-    ``backend="auto"`` runs the numba kernels per sample on CPU (faster than a CPU scatter) and one torch
-    ``bincount`` over the flat (B * C * H * W) index elsewhere.
+    ``backend="auto"`` runs the numba kernels per sample on CPU (faster than a CPU scatter) and ``scatter_histogram``
+    elsewhere. A window holding events that ``input_histogram`` refuses is an error naming it either way.
     """
     num_channels = n_channels(channels, bins)
     device = torch.device(device)
@@ -289,5 +321,9 @@ def batch_histogram(
         return _batch_histogram_numba(batch.to("cpu"), channels, num_channels)
     if backend != "torch":
         raise ValueError(f"unknown histogram backend {backend!r}; expected 'auto', 'numba' or 'torch'")
-    # pinned batches (DataLoader pin_memory) copy to a GPU without stalling the host
-    return _batch_histogram_torch(batch.to(device, non_blocking=True), channels, bins, num_channels)
+    flawed = batch.flawed(channels)
+    if flawed.any():
+        b = int(flawed.nonzero()[0])
+        raise ValueError(f"batch sample {b}: {_skipped_error(int(flawed[b]), int(batch.lengths[b]), batch.sensor)}")
+    # pinned batches (DataLoader pin_memory) copy to a GPU without stalling the host; counts need no times
+    return scatter_histogram(batch.to(device, non_blocking=True, times=channels != "hist"), channels, bins)
