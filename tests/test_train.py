@@ -490,3 +490,55 @@ def test_a_shard_with_values_its_recording_cannot_hold_stops_training_with_one_l
         message.startswith(f"{tmp_path / 'corpus' / 'shard-00000.h5'}: recording 'r': event ") and "\n" not in message
     )
     assert ("x=5000" in message) if damage == "x beyond the sensor" else ("comes before" in message)
+
+
+@pytest.mark.parametrize("full_from_epoch", [0, 1])
+def test_a_disk_full_at_a_checkpoint_stops_with_one_line_and_resume_logs_each_epoch_once(
+    tmp_path, monkeypatch, full_from_epoch
+):
+    import errno
+    import os
+
+    import mem_core.train.fit as fit_module
+    from mem_core.train import rundir
+
+    epochs_done = []
+    write = rundir._Writes.write
+
+    def full_disk_write(self, data):
+        if len(epochs_done) >= full_from_epoch:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return write(self, data)
+
+    monkeypatch.setattr(rundir._Writes, "write", full_disk_write)
+    monkeypatch.setattr(fit_module, "plot_curves", lambda run: epochs_done.append(run))
+    out = tmp_path / "ft"
+    with pytest.raises(RunError, match=r"ft/(best|checkpoint)\.pt: cannot write \(No space left on device\); the"):
+        finetune.run(config("finetune", "epochs=2"), out)
+    assert sorted(p.name for p in out.iterdir() if p.name.endswith(".tmp")) == []  # no half-written file left
+    if full_from_epoch:
+        assert load_checkpoint(out / "checkpoint.pt")["epoch"] == 0  # the last good checkpoint stays
+    else:
+        assert not (out / "checkpoint.pt").exists()
+    monkeypatch.undo()
+    finetune.run(config("finetune", "epochs=2"), out, resume=True)
+    assert [r["epoch"] for r in RunDir(out).metrics()] == [0, 1]
+
+
+def test_a_metrics_record_the_disk_cannot_take_leaves_no_half_line(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    run = RunDir.create(tmp_path / "run", "finetune", {}, resume=False)
+    run.log({"epoch": 0, "train_loss": 1.0})
+    write = os.write
+
+    def full_after_five_bytes(fd, data):
+        write(fd, bytes(data[:5]))
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "write", full_after_five_bytes)
+    with pytest.raises(RunError, match=r"metrics\.jsonl: cannot write \(No space left on device\)"):
+        run.log({"epoch": 1, "train_loss": 0.5})
+    monkeypatch.undo()
+    assert run.metrics() == [{"epoch": 0, "train_loss": 1.0}]

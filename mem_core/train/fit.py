@@ -17,7 +17,7 @@ from mem_core.datasets import EventSource, WindowDataset, collate_windows
 from mem_core.errors import MemError
 from mem_core.train.engine import EpochBatchSampler, StepResult, seed_everything, train_one_epoch
 from mem_core.train.plots import plot_curves
-from mem_core.train.rundir import RunDir, load_checkpoint
+from mem_core.train.rundir import RunDir, RunError, load_checkpoint
 from mem_core.train.runtime import Runtime
 
 PLOT_EVERY_S = 30.0  # the longest curves.png lags behind metrics.jsonl between validation epochs
@@ -239,7 +239,10 @@ def fit(run: RunDir, cfg, runtime: Runtime, training: Training, *, resume: bool 
             run.save_checkpoint(_state(t, scheduler, epoch, best))
             # a plot costs ~0.15 s: short epochs redraw only with new validation numbers or every PLOT_EVERY_S
             if evaluated or last or time.monotonic() - last_plot >= PLOT_EVERY_S:
-                plot_curves(run)
+                try:
+                    plot_curves(run)
+                except OSError as e:  # a full disk: the checkpoint of this epoch is written, --resume goes on
+                    raise RunError(f"{run.path}: cannot write the curves ({e.strerror or e})") from None
                 last_plot = time.monotonic()
         result.history.append(record)
     result.best = best
@@ -247,8 +250,15 @@ def fit(run: RunDir, cfg, runtime: Runtime, training: Training, *, resume: bool 
 
 
 def _restore(run: RunDir, t: Training, scheduler, resume: bool) -> tuple[int, dict[str, Any] | None]:
-    """With ``resume`` and a checkpoint: load it into the training state; (first epoch to run, best so far)."""
-    if not (resume and run.checkpoint_path.exists()):
+    """With ``resume`` and a checkpoint: load it into the training state; (first epoch to run, best so far).
+
+    Records of epochs after the checkpoint are dropped (all of them without one): a run stopped between logging an
+    epoch and saving its checkpoint (a full disk) trains that epoch again, and logs it once.
+    """
+    if not resume:
+        return 0, None
+    if not run.checkpoint_path.exists():
+        run.truncate_metrics(-1)
         return 0, None
     state = load_checkpoint(run.checkpoint_path)
     t.model.load_state_dict(state["model"])

@@ -16,6 +16,7 @@ import json
 import math
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,32 +32,59 @@ RESULT_FILE = "result.json"
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a crash leaves either the old or the new file, never half of one."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write ``data`` to ``path`` so that a crash leaves either the old or the new file, never half of one; a write
+    that fails (a full disk) is a ``RunError`` and leaves the old file."""
+    _atomic_write(Path(path), lambda f: f.write(data))
 
 
 def atomic_torch_save(obj: Any, path: Path) -> None:
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    """``torch.save(obj, path)`` atomically, as ``atomic_write_bytes``."""
+
+    def save(f) -> None:
+        writes = _Writes(f)
+        try:
+            torch.save(obj, writes)
+        except RuntimeError:
+            if writes.error is None:
+                raise
+            raise writes.error from None
+
+    _atomic_write(Path(path), save)
+
+
+class _Writes:
+    """The file ``torch.save`` writes to, keeping the ``OSError`` of a failed write: torch's zip writer reports it as
+    ``RuntimeError: [enforce fail at inline_container.cc] unexpected pos``, without the reason."""
+
+    def __init__(self, file) -> None:
+        self.file, self.error = file, None
+
+    def write(self, data) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
+def _atomic_write(path: Path, write: Callable[[Any], object]) -> None:
+    """``write(file)`` into a temporary file beside ``path``, fsync, then rename it over ``path``."""
+    tmp = None
     try:
-        torch.save(obj, tmp)
-        with open(tmp, "rb") as f:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    except OSError as e:
+        raise RunError(f"{path}: cannot write ({e.strerror or e}); the file written before is kept") from None
+    finally:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
@@ -119,17 +147,37 @@ class RunDir:
         atomic_write_bytes(self.path / name, (json.dumps(json_safe(obj), indent=2) + "\n").encode())
 
     def log(self, record: dict[str, Any]) -> None:
-        """Append one metrics record (one JSON line; floats that are not finite are written as null)."""
-        with open(self.metrics_path, "a") as f:
-            f.write(json.dumps(json_safe(record)) + "\n")
+        """Append one metrics record (one JSON line; floats that are not finite are written as null). A write that
+        fails (a full disk) is a ``RunError`` and leaves the file as it was, without half a line."""
+        line = (json.dumps(json_safe(record)) + "\n").encode()
+        try:
+            fd = os.open(self.metrics_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise RunError(f"{self.metrics_path}: cannot write ({e.strerror or e})") from None
+        try:
+            size = os.fstat(fd).st_size
+            try:
+                with memoryview(line) as rest:
+                    while rest:
+                        rest = rest[os.write(fd, rest) :]
+            except OSError as e:
+                os.ftruncate(fd, size)
+                raise RunError(f"{self.metrics_path}: cannot write ({e.strerror or e}); its records are kept") from None
+        finally:
+            os.close(fd)
 
     def metrics(self) -> list[dict[str, Any]]:
+        """The records of ``metrics.jsonl``; a last line without its newline (a write cut short) is not one."""
         if not self.metrics_path.is_file():
             return []
-        return [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
+        lines = self.metrics_path.read_text().split("\n")[:-1]
+        try:
+            return [json.loads(line) for line in lines if line.strip()]
+        except ValueError as e:
+            raise RunError(f"{self.metrics_path}: corrupt ({e})") from None
 
     def truncate_metrics(self, after_epoch: int) -> None:
-        """Drop records of epochs after ``after_epoch`` (a resumed run rewrites them)."""
+        """Drop records of epochs after ``after_epoch`` (a resumed run rewrites them; -1 drops them all)."""
         kept = [m for m in self.metrics() if m.get("epoch", -1) <= after_epoch]
         atomic_write_bytes(self.metrics_path, "".join(json.dumps(m) + "\n" for m in kept).encode())
 
