@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Required
 
 import numpy as np
-from pydantic import AfterValidator, Field, StrictInt, StrictStr
+from pydantic import AfterValidator, BeforeValidator, Field, StrictInt, StrictStr
 from typing_extensions import TypedDict  # pydantic reads typing.TypedDict only from Python 3.12
 
 from mem_core.errors import MemError
@@ -488,6 +488,17 @@ def _endpoint(value: str) -> str:
 Endpoint = Annotated[Text, AfterValidator(_endpoint)]
 
 
+def _at_most(n: int) -> Callable[[Any], Any]:
+    """A check of a JSON object's size before its entries: pydantic would check (and report) every entry first."""
+
+    def within(value: Any) -> Any:
+        if isinstance(value, dict) and len(value) > n:
+            raise ValueError(f"at most {n} entries, got {len(value)}")
+        return value
+
+    return within
+
+
 class _Replay(TypedDict, total=False):
     playing: Flag
     speed: NonNegative
@@ -525,7 +536,7 @@ class _Labels(TypedDict, total=False):
 
     root: Text
     classes: LabelNames  # the names offered: a model's classes and those captured under other names
-    counts: Annotated[dict[ClassName, Count], Field(max_length=MAX_CLASSES)]  # captures per class
+    counts: Annotated[dict[ClassName, Count], BeforeValidator(_at_most(MAX_CLASSES))]  # captures per class
     captures: Count  # captures taken since the server started (a client flashes when it grows)
     last: Text | None  # class of the newest capture of this session
     error: Text | None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import reprlib
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field, StrictBool, StrictInt, StrictStr, TypeAdapter, ValidationError
@@ -119,7 +120,12 @@ def _first(exc: ValidationError) -> SchemaError:
     return SchemaError(".".join(loc), reason)
 
 
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxdict, _REPR.maxlist, _REPR.maxstring, _REPR.maxlong = 2, 4, 6, 60, 40
+
+
 def short(value: Any, limit: int = 80) -> str:
-    """``repr(value)`` cut to ``limit`` characters: an error stays one line whatever the input holds."""
-    text = repr(value)
+    """``value`` shown in at most ``limit`` characters, without writing out all of a hostile one: an error stays one
+    line whatever the input holds."""
+    text = _REPR.repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -308,6 +309,19 @@ def test_content_that_does_not_fit_the_topic_is_a_protocol_error_naming_it(topic
     with pytest.raises(ProtocolError, match=reason) as caught:
         DECODERS[topic](message)
     assert caught.value.kind == topic
+
+
+def test_an_object_of_many_wrong_entries_is_refused_by_its_size_not_entry_by_entry():
+    """60 000 bad capture counts: one error at once, not 60 000 errors built (42 MiB and seconds in the viewer)."""
+    message = decode(encode("stats", 0, labels={"counts": {f"c{i}": "x" for i in range(60_000)}}))
+    tracemalloc.start()
+    try:
+        with pytest.raises(ProtocolError, match=r"labels\.counts: at most 1000 entries, got 60000"):
+            decode_stats(message)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * 2**20
 
 
 def test_what_the_server_sends_is_accepted_as_it_is():
