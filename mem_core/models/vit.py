@@ -1,7 +1,8 @@
 """The MEM Vision Transformer: timm's BEiT plus a mask token, and its pretraining / classification wrappers.
 
-``MEMViT`` subclasses ``timm.models.beit.Beit`` to reuse relative position bias, layer scale, drop path and
-SDPA attention; it adds the learnable mask embedding of masked event modeling. The wrappers hold the backbone
+``MEMViT`` subclasses ``timm.models.beit.Beit`` to reuse relative position bias, layer scale, drop path and its
+attention (the kernel chosen per call: ``models.attention``); it adds the learnable mask embedding of masked event
+modeling. The wrappers hold the backbone
 under the attribute ``backbone`` so every state dict names its weights ``backbone.*`` and transfer between
 stages is a prefix match.
 """
@@ -15,12 +16,12 @@ from typing import Any, Literal, NamedTuple
 import torch
 import torch.nn.functional as F
 from timm import create_model
-from timm.layers import resample_abs_pos_embed, resize_rel_pos_bias_table, trunc_normal_, use_fused_attn
+from timm.layers import resample_abs_pos_embed, resize_rel_pos_bias_table, trunc_normal_
 from timm.models.beit import Beit
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from mem_core.adapters import set_fused_attention
+from mem_core.models.attention import choose_kernel_per_call
 
 BACKBONE_PREFIX = "backbone."
 RESNET_STRIDES = (2, 4, 8, 16, 32)  # ResNet-18's feature strides: after conv1, layer1, layer2, layer3, layer4
@@ -148,20 +149,6 @@ class ResNetStem(nn.Module):
         return self.proj(self.body(x)[-1])
 
 
-def _pick_attention_kernel(attn: nn.Module, args: tuple) -> None:
-    """Before each attention (a forward pre-hook on timm's ``Attention``): timm's plain softmax(q k^T + bias) v for a
-    training step on a CPU (autograd recording, or bf16 autocast), SDPA everywhere else (GPUs; fp32 inference on a
-    CPU: validation, ``mem evaluate``, the live server). In a CPU training step SDPA with an additive mask (BEiT's
-    relative position bias) takes a path twice as slow as the plain product, forward and backward, and its bf16
-    backward without one is 6 times slower: a cpu-small finetuning epoch on one core takes 16.5 s instead of 19.1 s.
-    In fp32 inference on 2 threads SDPA is as fast or faster (one window of ViT-B: 1.0-1.1 ms a block against
-    1.1-2.1 ms), so it keeps it (docs/BENCHMARKS.md)."""
-    x = args[0]
-    training_on_cpu = x.device.type == "cpu" and (torch.is_grad_enabled() or torch.is_autocast_enabled("cpu"))
-    # timm's own switch (TIMM_FUSED_ATTN=0) still turns SDPA off
-    set_fused_attention(attn, not training_on_cpu and use_fused_attn())
-
-
 STEM_CLASSES: dict[str, type[nn.Module]] = {"conv": ConvStem, "resnet": ResNetStem}
 STEMS = ("patch", *STEM_CLASSES)  # "patch": timm's own linear map per patch
 
@@ -218,7 +205,7 @@ class MEMViT(Beit):
             self.mask_token.requires_grad_(False)  # a classifier never masks (and DDP rejects unused parameters)
         self.features_frozen = False
         for block in self.blocks:
-            block.attn.register_forward_pre_hook(_pick_attention_kernel)
+            choose_kernel_per_call(block.attn)
 
     @property
     def grid_size(self) -> tuple[int, int]:
@@ -369,13 +356,21 @@ class MEMPretrainModel(BackboneModel):
         targets = target_ids.reshape(batch, -1)  # (B, N)
         if targets.shape != mask.shape:
             raise ValueError(f"target_ids {tuple(target_ids.shape)} do not match the mask {tuple(mask.shape)}")
-        masked = mask.flatten().nonzero()[:, 0].to(x.device, non_blocking=True)  # (M,) flat (sample, patch) positions
-        tokens = self.backbone.forward_tokens(x, mask.to(x.device, non_blocking=True))  # (B, N, D)
+        masked = to_device(mask.flatten().nonzero()[:, 0], x.device)  # (M,) flat (sample, patch) positions
+        tokens = self.backbone.forward_tokens(x, to_device(mask, x.device))  # (B, N, D)
         logits = self.lm_head(tokens.flatten(0, 1)[masked])  # (M, num_tokens): the head only runs on masked patches
         target = targets.flatten().to(x.device)[masked]  # (M,)
         loss = F.cross_entropy(logits.float(), target)
         acc = (logits.argmax(-1) == target).float().mean()
         return {"loss": loss, "acc": acc, "logits": logits}
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t``, a tensor on the host, on ``device`` without waiting for the work queued there: a GPU copies it from
+    page-locked memory as it comes (from pageable memory, a copy first waits until the GPU has caught up)."""
+    if device.type == "cuda" and t.device.type == "cpu":
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)
 
 
 class LoadReport(NamedTuple):

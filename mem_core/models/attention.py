@@ -1,0 +1,134 @@
+"""The attention kernel of each call of a ViT block: timm's plain product, SDPA, or FlexAttention.
+
+timm's BEiT attention adds its relative position bias to the scores as SDPA's float ``attn_mask``. With a float mask
+SDPA cannot take its flash kernel: on a GPU it takes the memory-efficient one, whose backward writes the bias
+gradient of every sample, (B, heads, N, N), before it is summed. FlexAttention adds the bias inside its fused kernel
+(a ``score_mod`` reading the bias) and sums the bias gradient there, so a GPU training step runs it. timm's forward is
+kept whole: within it, ``BeitAttention`` hands the SDPA call to ``flex_attention`` (a torch function mode), so the
+projections, the bias and the dropout stay timm's.
+
+Set ``MEM_FLEX_ATTENTION=0`` to keep SDPA in GPU training steps (to compare the two); timm's ``TIMM_FUSED_ATTN=0``
+still turns both off.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Literal
+
+import timm
+import torch
+import torch.nn.functional as F
+from timm.layers import use_fused_attn
+from timm.models.beit import Attention
+from torch.nn.attention.flex_attention import flex_attention
+from torch.overrides import TorchFunctionMode
+
+from mem_core.adapters import set_fused_attention
+from mem_core.errors import MemError
+
+Kernel = Literal["plain", "sdpa", "flex"]
+FLEX_ATTENTION = os.environ.get("MEM_FLEX_ATTENTION", "1") != "0"
+
+
+def attention_kernel(x: torch.Tensor) -> Kernel:
+    """The kernel of an attention call on tokens ``x``.
+
+    - ``plain``, timm's softmax(q k^T + bias) v: a training step on a CPU (autograd recording, or bf16 autocast).
+      There SDPA with an additive mask takes a path twice as slow as the plain product, forward and backward, and
+      its bf16 backward without one is 6 times slower: a cpu-small finetuning epoch on one core takes 16.5 s
+      instead of 19.1 s.
+    - ``flex``: a training step on a GPU (autograd recording), see the module docstring.
+    - ``sdpa`` everywhere else: inference on a GPU, fp32 inference on a CPU (validation, ``mem evaluate``, the live
+      server: on 2 threads one window of ViT-B takes 1.0-1.1 ms a block against 1.1-2.1 ms), docs/BENCHMARKS.md.
+    """
+    if not use_fused_attn():
+        return "plain"
+    if x.device.type == "cpu":
+        return "plain" if torch.is_grad_enabled() or torch.is_autocast_enabled("cpu") else "sdpa"
+    if x.device.type == "cuda" and torch.is_grad_enabled() and FLEX_ATTENTION:
+        return "flex"
+    return "sdpa"
+
+
+class BeitAttention(Attention):
+    """timm's BEiT attention, whose SDPA call runs as ``flex_attention`` while ``flex`` is set."""
+
+    flex = False
+
+    def forward(self, x: torch.Tensor, shared_rel_pos_bias: torch.Tensor | None = None) -> torch.Tensor:
+        if not self.flex:
+            return super().forward(x, shared_rel_pos_bias)
+        with _SdpaAsFlex():
+            return super().forward(x, shared_rel_pos_bias)
+
+
+def choose_kernel_per_call(attn: Attention) -> None:
+    """Make ``attn``, one of the attentions timm's ``Beit`` builds, a ``BeitAttention`` (the same module and weights)
+    that picks its kernel (``attention_kernel``) before each call."""
+    if type(attn) is not Attention:
+        raise MemError(
+            f"timm {timm.__version__}: a BEiT block's attention is a {type(attn).__qualname__}, not "
+            "timm.models.beit.Attention, whose forward MEM wraps to choose the attention kernel per call"
+        )
+    attn.__class__ = BeitAttention  # Beit builds its blocks' attention itself: there is no layer to pass in
+    attn.register_forward_pre_hook(_pick_kernel)
+
+
+def _pick_kernel(attn: BeitAttention, args: tuple) -> None:
+    """Before each attention call (a forward pre-hook): the kernel for its tokens ``args[0]``."""
+    kernel = attention_kernel(args[0])
+    set_fused_attention(attn, kernel != "plain")
+    if attn.flex != (kernel == "flex"):  # written only on a change: a compiled model sees a constant
+        attn.flex = kernel == "flex"
+
+
+class _SdpaAsFlex(TorchFunctionMode):
+    """Within timm's attention forward: SDPA with an additive float bias runs as ``flex_attention`` adding the bias in
+    its ``score_mod``; every other call (and SDPA in any other form) runs as it is."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            return _sdpa_as_flex(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
+def _sdpa_as_flex(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    **options,
+) -> torch.Tensor:
+    """``F.scaled_dot_product_attention`` of (B, heads, N, d) ``q, k, v`` with an additive ``attn_mask``, computed by
+    ``flex_attention``; SDPA itself where flex has no equivalent (no or a boolean mask, dropout, causal, options)."""
+    if attn_mask is None or attn_mask.dtype == torch.bool or dropout_p > 0 or is_causal or options:
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **options
+        )
+    bias = attn_mask.view((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))  # (B or 1, heads or 1, N, N)
+    per_sample, per_head = bias.shape[0] > 1, bias.shape[1] > 1
+
+    # the bias is read as it is (not expanded to the batch), so its gradient is summed inside the kernel
+    def add_bias(score, b, h, q_idx, kv_idx):
+        return score + bias[b if per_sample else 0, h if per_head else 0, q_idx, kv_idx]
+
+    return _flex_attention(q.device)(q, k, v, score_mod=add_bias, scale=scale)
+
+
+def _flex_attention(device: torch.device):
+    """``flex_attention`` as the call should run it: traced into the graph of a compiled model, compiled on its own
+    on a GPU otherwise (uncompiled it computes the whole score matrix), and as it is on a CPU (tests)."""
+    if torch.compiler.is_compiling() or device.type == "cpu":
+        return flex_attention
+    return _compiled_flex_attention()
+
+
+@functools.cache
+def _compiled_flex_attention():
+    return torch.compile(flex_attention, dynamic=False)
