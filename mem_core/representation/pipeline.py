@@ -188,7 +188,12 @@ def histograms_to_input(
         hist = crop_to_extent(hist, extent_boxes(hist, spec.count_channels), spec.resize_to or spec.size)
     else:
         hist = resize_histogram(hist, spec.resize_to or spec.size)
-    labels = None if labels is None else resize_labels(labels.to(hist.device), spec.resize_to or spec.size)
+    # label images come pinned from the loader: copied to a GPU without waiting for it
+    labels = (
+        None
+        if labels is None
+        else resize_labels(labels.to(hist.device, non_blocking=True), spec.resize_to or spec.size)
+    )
     if spec.resize_to is not None:
         offsets = crop_offsets(len(hist), spec.resize_to, spec.size, generator if train else None)
         hist = crop_histogram(hist, spec.size, offsets)

@@ -77,12 +77,25 @@ def device_generator(g: torch.Generator, device: torch.device) -> torch.Generato
 
 
 def wrap_model(model: torch.nn.Module, cfg, runtime: Runtime) -> torch.nn.Module:
-    """DDP (and optionally torch.compile) around ``model`` for training; ``model`` itself stays the saved one."""
+    """DDP (and optionally torch.compile) around ``model`` for training; ``model`` itself stays the saved one.
+
+    The DDP-wrapped model is the one compiled, the order torch supports: the compiled graph is split at DDP's
+    gradient buckets, so their all-reduce overlaps the backward (around a compiled model DDP reduces after it).
+    """
+    sync_batch_norm(model, runtime)
     runtime.place(model)
     train_model = model
-    if cfg.compile:
-        train_model = torch.compile(train_model)
     if runtime.distributed:
         device_ids = [runtime.device.index] if runtime.device.type == "cuda" else None
         train_model = torch.nn.parallel.DistributedDataParallel(train_model, device_ids=device_ids)
+    if cfg.compile:
+        train_model = torch.compile(train_model)
     return train_model
+
+
+def sync_batch_norm(model: torch.nn.Module, runtime: Runtime) -> None:
+    """Under DDP on GPUs, make the BatchNorm layers inside ``model`` (segmentation head, convolutional stems)
+    SyncBatchNorm: statistics over the global batch, as one process computes them. The weights and buffers are the
+    same, so checkpoints load into BatchNorm. gloo on CPUs has no SyncBatchNorm: each process normalises its share."""
+    if runtime.distributed and runtime.device.type == "cuda":
+        torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)  # replaces the layers inside model

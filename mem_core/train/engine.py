@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from torch.utils.data import Sampler
 
@@ -100,9 +101,16 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
                 yield [(int(i), self.epoch) for i in order[first : first + count]]
 
 
-def seed_everything(seed: int, epoch: int) -> None:
-    """Reseed torch's global generator at the start of an epoch (drop path, dropout, masking)."""
-    torch.manual_seed(seed * 100_003 + epoch)
+def seed_everything(seed: int, epoch: int, rank: int | None = None) -> None:
+    """Reseed torch's global generator at the start of an epoch: dropout and drop path.
+
+    Each DDP process (``rank``; by default the process group's) draws its own: with one seed every process would drop
+    the same units and paths of its samples. The data order and the augmentations have their own seeds, which do
+    not depend on the number of processes.
+    """
+    if rank is None:
+        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    torch.manual_seed((seed * 100_003 + epoch + rank * 2_654_435_761) % 2**32)  # the CPU generator keeps 32 bits
 
 
 def progress_bar(main: bool = True) -> Progress:

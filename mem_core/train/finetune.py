@@ -85,7 +85,7 @@ class FinetuneStage(TaskStage):
 
     def step(self, model: torch.nn.Module, batch, epoch: int, step: int) -> StepResult:
         events, labels, _ = batch
-        labels = labels.to(self.runtime.device)
+        labels = labels.to(self.runtime.device, non_blocking=True)  # pinned by the loader: no wait for the device
         x, _, g = self.train_inputs(events, epoch, step)
         targets, smoothing = labels, self.cfg.label_smoothing
         if self.mixup is not None:

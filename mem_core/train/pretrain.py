@@ -9,6 +9,7 @@ Picture: ``predictions.png`` (input, masked input, decoded prediction, decoded t
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -86,11 +87,20 @@ class PretrainStage(Stage):
     def forward(self, model, x: torch.Tensor, mask_rng: np.random.Generator) -> dict[str, torch.Tensor]:
         """The model's outputs (loss, acc) on inputs ``x`` (B, C, H, W) with masks drawn from ``mask_rng``."""
         mask = self.masks.batch(x.shape[0], mask_rng)  # on the CPU: the models find the masked positions there
+        if x.device.type == "cuda":
+            mask = mask.pin_memory()  # copied to the GPU as it comes, not after the work queued there
         if self.tokenizer is None:
             return model(x, mask)
-        with torch.no_grad():
-            ids = self.tokenizer.token_ids(x).reshape(x.shape[0], -1)  # (B, N)
-        return model(x, mask, ids)
+        return model(x, mask, self.targets(x))
+
+    def targets(self, x: torch.Tensor) -> torch.Tensor:
+        """The tokenizer's ids of ``x`` (B, N), computed in fp32 inside a bf16 training step too: in bf16 the argmax
+        over the codebook's logits picks another token for some patches, so the targets would depend on the
+        precision the step runs in."""
+        device = x.device.type
+        exact = torch.autocast(device, enabled=False) if torch.amp.is_autocast_available(device) else nullcontext()
+        with torch.no_grad(), exact:
+            return self.tokenizer.token_ids(x.float()).reshape(x.shape[0], -1)
 
     def step(self, model: torch.nn.Module, batch, epoch: int, step: int) -> StepResult:
         x, _, _ = self.train_inputs(batch[0], epoch, step)
