@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,8 @@ def ncaltech101_split(root: Path, split_file: Path | None = None) -> dict[str, l
     """The fixed split ``{"train"|"val"|"test": [[relative path, class name], ...]}``: read, or made once and written.
 
     Classes are the exact folder names (no substring matching); 20 % of every class is test (random, as it always
-    was), and val is the last 10 % of the rest of every class in file order (a block: see ``datasets.splits``).
+    was), and val is the last 10 % of the rest of every class in file order (a block: see ``datasets.splits``). The
+    split is deterministic: every process of a distributed run makes the same, and the first (``RANK`` 0) writes it.
     """
     root = Path(root)
     split_file = Path(split_file) if split_file else root / "mem-split.json"
@@ -41,10 +43,25 @@ def ncaltech101_split(root: Path, split_file: Path | None = None) -> dict[str, l
         name: [[str(files[i].relative_to(root)), classes[labels[i]]] for i in idx]
         for name, idx in (("train", trainval[train_rel]), ("val", trainval[val_rel]), ("test", test))
     }
+    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun every process makes the same split, one writes it
+        write_split(split_file, split)
+    return split
+
+
+def write_split(split_file: Path, split: dict[str, list[list]]) -> None:
+    """Write ``split`` to ``split_file`` through a temporary file renamed over it: a process reading it meanwhile
+    finds no file or the whole file, never part of one."""
     if not os.access(split_file.parent, os.W_OK):
         raise DatasetError(f"cannot write the split file {split_file}: pass data.split_file=<writable path>")
-    split_file.write_text(json.dumps(split, indent=1))
-    return split
+    fd, tmp = tempfile.mkstemp(dir=split_file.parent, prefix=f".{split_file.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(split, f, indent=1)
+        os.replace(tmp, split_file)
+    except OSError as e:
+        raise DatasetError(f"cannot write the split file {split_file}: {e.strerror or e}") from None
+    finally:
+        Path(tmp).unlink(missing_ok=True)
 
 
 def ncaltech101(root: Path, split: str, split_file: Path | None = None) -> EventSource:
