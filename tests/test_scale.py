@@ -1,0 +1,343 @@
+"""What a CPU can check of training at the paper's scale (GPUs, DDP, torch.compile): steps that never wait for the
+device, FlexAttention against timm's attention, the compiled DDP model, SyncBatchNorm, each process's own dropout,
+fp32 tokenizer targets, one writer of the N-Caltech101 split."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.attention.flex_attention as flex_module
+from conftest import synthetic_events
+from torch.overrides import TorchFunctionMode
+
+from mem_core.datasets.ncaltech101 import ncaltech101_split
+from mem_core.events import SensorSize
+from mem_core.export import export_tokenizer
+from mem_core.io import write_events
+from mem_core.models import BlockMaskGenerator, DiscreteVAE, MEMViT, SegmentationModel, ViTConfig, attention
+from mem_core.representation import collate_events, prepare_events
+from mem_core.train.common import sync_batch_norm, wrap_model
+from mem_core.train.configs import stage_config
+from mem_core.train.engine import seed_everything
+from mem_core.train.finetune import FinetuneStage
+from mem_core.train.pretrain import PretrainStage
+from mem_core.train.rundir import RunDir
+from mem_core.train.runtime import Runtime
+from mem_core.train.segment import SegmentStage
+from mem_core.train.tokenizer import TokenizerStage
+
+SENSOR = SensorSize(32, 48)
+TINY = [
+    "input.size=[32, 32]",
+    "input.n_max=2000",
+    "model.patch_size=8",
+    "model.embed_dim=32",
+    "model.depth=4",
+    "model.num_heads=2",
+]
+
+
+def tiny_config(stage: str, *extra: str):
+    overrides = [*TINY, *extra] if stage != "tokenizer" else [o for o in TINY if o.startswith("input.")]
+    if stage == "tokenizer":
+        overrides += ["model.num_layers=3", "model.num_tokens=512", "model.hidden_dim=16", "model.codebook_dim=8"]
+    return stage_config(stage, preset="cpu-tiny", values={"data.dataset": "sim"}, overrides=overrides)
+
+
+@pytest.fixture(scope="module")
+def tokenizer_export(tmp_path_factory):
+    """A random tokenizer of 512 tokens on the tiny input, as an export; its weights spread out so that patches get
+    different tokens, as a trained one's do."""
+    torch.manual_seed(0)
+    model = DiscreteVAE(TokenizerStage.configure(tiny_config("tokenizer")).model)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    return export_tokenizer(model, tmp_path_factory.mktemp("tok"))
+
+
+def windows_batch(cfg, n: int = 4, labels: bool = False):
+    """(events, labels, label images) as the loader gives them, for ``cfg``'s input."""
+    windows = [prepare_events(synthetic_events(300, SENSOR, seed=i), SENSOR, cfg.input, train=False) for i in range(n)]
+    masks = torch.zeros(n, *SENSOR, dtype=torch.long) if labels else None
+    return collate_events(windows, SENSOR), torch.zeros(n, dtype=torch.long), masks
+
+
+# ------------------------------------------------------------------- a training step never waits for the device
+
+
+class BlockingCopies(TorchFunctionMode):
+    """Fails a copy from the host to another device that waits for it (``non_blocking`` not set): on a GPU such a
+    copy first waits for everything queued there."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in (torch.tensor, torch.as_tensor) and _off_host(kwargs.get("device")):
+            raise AssertionError(f"{func.__name__}(..., device={kwargs['device']}) copies host data and waits")
+        if func is torch.Tensor.to and args[0].device.type == "cpu":
+            targets = [a for a in (*args[1:], kwargs.get("device")) if _off_host(a)]
+            waits = not kwargs.get("non_blocking", any(a is True for a in args[1:]))
+            if targets and waits:
+                raise AssertionError(f"a blocking copy of a {tuple(args[0].shape)} tensor to {targets[0]}")
+        return func(*args, **kwargs)
+
+
+def _off_host(device) -> bool:
+    return isinstance(device, str | torch.device) and torch.device(device).type != "cpu"
+
+
+@pytest.mark.parametrize("stage_cls", [FinetuneStage, PretrainStage, SegmentStage])
+def test_a_training_step_reads_nothing_back_from_the_device(tmp_path, tokenizer_export, stage_cls):
+    """A step on the meta device (tensors without values) fails wherever it reads a value back from its device
+    (``.item()``, ``bool()``, boolean indexing, ``nonzero``, ``bincount``, a copy to the host), each of which waits
+    for the GPU to finish the work queued so far; a blocking copy to the device fails too. RandAugment is off: its
+    per-op index tensors are built on the device from host lists (mem_core/augment.py)."""
+    cfg = stage_cls.configure(tiny_config(stage_cls.name, "input.randaug_ops=0"))
+    runtime = Runtime(device=torch.device("meta"))
+    inputs = {"tokenizer": tokenizer_export} if stage_cls is PretrainStage else {}
+    stage = stage_cls(cfg, runtime, RunDir(tmp_path), **inputs)
+    stage.classes = ["a", "b"]
+    model = runtime.place(stage.build_model()).train()
+    batch = windows_batch(cfg, labels=stage_cls is SegmentStage)
+    with BlockingCopies():
+        result = stage.step(model, batch, epoch=0, step=0)
+        result.loss.backward()
+    assert result.loss.device.type == "meta"
+
+
+def test_the_step_guard_catches_what_it_looks_for():
+    on_device = torch.zeros(3, device="meta")
+    for read in (lambda: on_device.sum().item(), lambda: bool(on_device.any()), lambda: on_device[on_device > 0]):
+        with pytest.raises((RuntimeError, NotImplementedError)):
+            read()
+    with BlockingCopies(), pytest.raises(AssertionError, match="blocking copy"):
+        torch.zeros(3).to("meta")
+    with BlockingCopies(), pytest.raises(AssertionError, match="waits"):
+        torch.tensor([1, 2], device="meta")
+    with BlockingCopies():
+        torch.zeros(3).to("meta", non_blocking=True)
+
+
+def test_pretraining_targets_are_the_tokenizers_fp32_ids_in_a_bf16_step(tmp_path, tokenizer_export):
+    cfg = PretrainStage.configure(tiny_config("pretrain"))
+    stage = PretrainStage(cfg, Runtime(device=torch.device("cpu")), RunDir(tmp_path), tokenizer=tokenizer_export)
+    x = torch.rand(16, 2, 32, 32, generator=torch.Generator().manual_seed(0))
+    fp32 = stage.tokenizer.token_ids(x).reshape(16, -1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        in_bf16 = stage.tokenizer.token_ids(x).reshape(16, -1)
+        seen = []
+        stage.forward(lambda x, mask, ids: seen.append(ids) or {}, x, np.random.default_rng(0))
+    assert not torch.equal(in_bf16, fp32)  # bf16 picks other tokens for some patches of this tokenizer
+    assert torch.equal(seen[0], fp32)
+
+
+# ------------------------------------------------------------------------------------------ FlexAttention
+
+
+@pytest.fixture
+def kernel(monkeypatch):
+    """``kernel(name)``: every attention call from now on takes that kernel; flex calls are counted in ``.flex``.
+
+    On a CPU ``flex_attention`` refuses a backward only because its compiled CPU kernel has none; its dense
+    reference implementation, which runs here, has one."""
+    monkeypatch.setattr(flex_module, "_validate_device", lambda *args: None)
+    real = attention.flex_attention
+
+    def counted(*args, **kwargs):
+        choose.flex += 1
+        return real(*args, **kwargs)
+
+    def choose(name: str) -> None:
+        monkeypatch.setattr(attention, "attention_kernel", lambda tokens: name)
+
+    choose.flex = 0
+    monkeypatch.setattr(attention, "flex_attention", counted)
+    warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+    return choose
+
+
+def biased_vit() -> MEMViT:
+    torch.manual_seed(0)
+    vit = MEMViT(ViTConfig(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, drop_path=0.0)).train()
+    for block in vit.blocks:  # a relative position bias that matters (timm starts it at zero)
+        torch.nn.init.normal_(block.attn.relative_position_bias_table, std=0.5)
+    return vit
+
+
+def features_and_gradients(vit: MEMViT) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    x = torch.rand(3, 2, 32, 32, generator=torch.Generator().manual_seed(1))
+    mask = BlockMaskGenerator((4, 4), 0.5, min_block=2).batch(3, np.random.default_rng(0))
+    out = vit.forward_features(x, mask)
+    (out * torch.randn(out.shape, generator=torch.Generator().manual_seed(2))).sum().backward()
+    return out.detach(), {name: p.grad for name, p in vit.named_parameters() if p.grad is not None}
+
+
+def test_flex_attention_gives_timms_outputs_and_gradients(kernel):
+    vit = biased_vit()
+    flex = copy.deepcopy(vit)
+    kernel("sdpa")
+    reference, reference_grads = features_and_gradients(vit)
+    kernel("flex")
+    out, grads = features_and_gradients(flex)
+    assert kernel.flex == 2  # one call per block
+    torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-5)
+    assert grads.keys() == reference_grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, reference_grads[name], rtol=1e-4, atol=1e-5, msg=name)
+    assert reference_grads["blocks.0.attn.relative_position_bias_table"].abs().sum() > 0
+
+
+def test_gpu_training_steps_take_flex_attention_and_inference_keeps_sdpa(monkeypatch):
+    from types import SimpleNamespace
+
+    on_gpu = SimpleNamespace(device=torch.device("cuda"))  # the choice reads the tokens' device only
+    assert attention.attention_kernel(on_gpu) == "flex"
+    with torch.no_grad():
+        assert attention.attention_kernel(on_gpu) == "sdpa"
+    monkeypatch.setattr(attention, "FLEX_ATTENTION", False)  # MEM_FLEX_ATTENTION=0
+    assert attention.attention_kernel(on_gpu) == "sdpa"
+    monkeypatch.setattr("timm.layers.config._USE_FUSED_ATTN", 0)  # TIMM_FUSED_ATTN=0
+    assert attention.attention_kernel(on_gpu) == "plain"
+
+
+@pytest.mark.slow  # torch.compile traces the whole ViT
+def test_a_compiled_vit_takes_flex_attention_without_graph_breaks(kernel):
+    vit = biased_vit()
+    kernel("sdpa")
+    reference, reference_grads = features_and_gradients(copy.deepcopy(vit))
+    kernel("flex")
+    compiled = torch.compile(vit, backend="aot_eager", fullgraph=True)  # fullgraph: a graph break is an error
+    out, grads = features_and_gradients(compiled)
+    torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-5)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, reference_grads[name.removeprefix("_orig_mod.")], rtol=1e-4, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------- DDP and compile
+
+
+@pytest.mark.slow  # torch.compile with inductor
+def test_training_compiles_the_ddp_model_so_its_all_reduce_overlaps_the_backward(tmp_path):
+    import torch.distributed as dist
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+        plain = copy.deepcopy(model)
+        cfg = dataclasses.replace(tiny_config("finetune"), compile=True)
+        trained = wrap_model(model, cfg, Runtime(device=torch.device("cpu"), world_size=2))
+        assert isinstance(trained, OptimizedModule)
+        assert isinstance(trained._orig_mod, torch.nn.parallel.DistributedDataParallel)
+        assert trained._orig_mod.module is model  # the saved model is the one trained
+        assert callable(trained.no_sync)  # the micro-batches of accum_steps find it
+        x = torch.randn(5, 6)
+        trained(x).square().sum().backward()
+        plain(x).square().sum().backward()
+        for p, q in zip(model.parameters(), plain.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_batch_norm_is_synchronised_under_ddp_on_gpus_and_saved_as_batch_norm():
+    def segmenter() -> SegmentationModel:
+        torch.manual_seed(0)
+        return SegmentationModel(
+            MEMViT(ViTConfig(img_size=32, patch_size=8, embed_dim=32, depth=4, num_heads=2, stem="conv")),
+            3,
+            channels=16,
+        )
+
+    def kinds(model) -> set[type]:
+        return {type(m) for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)}
+
+    for runtime in (Runtime(torch.device("cpu"), world_size=2), Runtime(torch.device("cuda"), world_size=1)):
+        model = segmenter()
+        sync_batch_norm(model, runtime)
+        assert kinds(model) == {torch.nn.BatchNorm2d}  # gloo on CPUs has none; one process needs none
+    model = segmenter()
+    weights = model.state_dict()
+    sync_batch_norm(model, Runtime(torch.device("cuda"), world_size=2))
+    assert kinds(model) == {torch.nn.SyncBatchNorm}  # head, neck and the convolutional stem
+    saved = model.state_dict()
+    assert saved.keys() == weights.keys()
+    segmenter().load_state_dict(saved)  # a checkpoint loads into plain BatchNorm
+
+
+def test_each_process_draws_its_own_dropout_and_drop_path():
+    def draws(rank: int | None) -> torch.Tensor:
+        seed_everything(3, 1, rank)
+        return torch.rand(8)
+
+    assert torch.equal(draws(0), draws(None))  # one process: rank 0
+    assert torch.equal(draws(1), draws(1))
+    assert not torch.equal(draws(0), draws(1))
+    assert not torch.equal(draws(1), draws(2))
+
+
+@pytest.mark.slow  # torchrun processes
+def test_torchrun_processes_draw_different_dropout(tmp_path):
+    script = tmp_path / "draw.py"
+    script.write_text(
+        "import os, sys, torch\n"
+        "from mem_core.train.engine import seed_everything\n"
+        "from mem_core.train.runtime import setup_runtime, teardown_runtime\n"
+        "runtime = setup_runtime('cpu')\n"
+        "seed_everything(0, 0)\n"
+        "mask = torch.nn.functional.dropout(torch.ones(64), 0.5)\n"
+        f"open(os.path.join({str(tmp_path)!r}, f'rank{{runtime.rank}}.json'), 'w').write(str((mask > 0).tolist()))\n"
+        "teardown_runtime()\n"
+    )
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
+    result = subprocess.run(
+        torchrun, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [(tmp_path / f"rank{r}.json").read_text() for r in (0, 1)]
+    assert ranks[0] != ranks[1]
+
+
+# ----------------------------------------------------------------------------------- the N-Caltech101 split
+
+
+def ncaltech_root(root):
+    for name in ("Faces_easy", "ant"):
+        (root / name).mkdir(parents=True)
+        for i in range(10):
+            write_events(root / name / f"image_{i:04d}.bin", synthetic_events(20, seed=i), SensorSize(180, 240))
+    return root
+
+
+def test_only_the_first_process_writes_the_split_file_and_all_make_the_same(tmp_path, monkeypatch):
+    root = ncaltech_root(tmp_path / "data")
+    monkeypatch.setenv("RANK", "1")
+    other = ncaltech101_split(root)
+    assert not (root / "mem-split.json").exists()
+    monkeypatch.setenv("RANK", "0")
+    first = ncaltech101_split(root)
+    assert first == other == json.loads((root / "mem-split.json").read_text())
+    assert sorted(p.name for p in root.iterdir() if p.is_file()) == ["mem-split.json"]  # no temporary file left
+
+
+def test_a_split_file_that_cannot_be_written_whole_is_not_written_at_all(tmp_path, monkeypatch):
+    from mem_core.datasets import DatasetError
+
+    root = ncaltech_root(tmp_path / "data")
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(json, "dump", lambda obj, f, **kw: (f.write('{"train": ['), full_disk()))
+    with pytest.raises(DatasetError, match=r"mem-split\.json: No space left on device"):
+        ncaltech101_split(root)
+    assert [p.name for p in root.iterdir() if p.is_file()] == []  # neither half a split nor a temporary file
