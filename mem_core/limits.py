@@ -4,7 +4,7 @@ other, so that what one side accepts the other side takes.
 The chain a model goes down: an export (``mem_core/export.py``) is accepted only if the live server can serve it and
 the wire (``mem_core/protocol.py``) can carry what the server then publishes, and the viewer draws whatever the wire
 carries. A training config (``mem_core/train/configs.py``) is held to the same model limits, so a model that trains
-also exports. Imports nothing: the viewer, the command line and every reader use it.
+also exports. Imports nothing of MEM's: the viewer, the command line and every reader use it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from typing import Any
 MAX_SENSOR_SIDE = 8192
 MAX_WINDOW_EVENTS = 1_000_000  # events of one live window (15 MB in the server's ring); the paper's models take 30 000
 MAX_WINDOW_MS = 10_000.0  # time span of one live window
-
 MAX_SIM_OBJECTS = 256  # moving shapes of the simulated camera (its rendering time grows with them)
 
 # --------------------------------------------------------------------------------------------------- the wire

@@ -145,7 +145,7 @@ class _Buffer(TypedDict):
 
 
 class _Envelope(TypedDict):
-    version: Literal[1]  # PROTOCOL_VERSION
+    version: StrictInt
     topic: StrictStr
     seq: _ints(0, MAX_SEQ)
     buffers: Annotated[list[_Buffer], Field(max_length=MAX_BUFFERS)]
@@ -199,6 +199,8 @@ def _header(frame: bytes | memoryview, topic: str) -> dict[str, Any]:
     if _deeper_than(header, MAX_JSON_DEPTH):
         raise ProtocolError(topic, f"header nests deeper than {MAX_JSON_DEPTH} levels")
     _checked(_Envelope, header, topic)
+    if header["version"] != PROTOCOL_VERSION:
+        raise ProtocolError(topic, f"unsupported protocol version {header['version']} (expected {PROTOCOL_VERSION})")
     if header["topic"] != topic:
         raise ProtocolError(topic, f"header topic {short(header['topic'])} differs from the topic frame")
     return header

@@ -3,8 +3,8 @@
 A schema is a type (a ``TypedDict``, a dataclass field's annotation, ``Annotated`` with bounds) checked by pydantic in
 strict mode, so a value is taken only as the type it already has (``"3"`` is no integer, ``true`` no number). The
 types shared by several boundaries, class names above all, are declared here once from ``mem_core.limits``. Each
-boundary turns a failure into its own one-line error through ``problem``; hand-written checks remain only on the
-live wire's per-message path, where measured speed needs them (``mem_core/protocol.py``).
+boundary turns a ``SchemaError`` into its own one-line error. Hand-written checks remain where a schema has nothing to
+say: the parse of a wire header (nesting, NaN) and numpy arrays (``mem_core/protocol.py``).
 """
 
 from __future__ import annotations
@@ -67,15 +67,6 @@ def check_json_value(schema: Any, value: Any) -> Any:
         return adapter(schema).validate_json(text, strict=True)
     except ValidationError as exc:
         raise _first(exc) from None
-
-
-def problem(schema: Any, value: Any) -> str | None:
-    """Why ``value`` does not fit ``schema`` (one line), or None."""
-    try:
-        check(schema, value)
-    except SchemaError as exc:
-        return str(exc)
-    return None
 
 
 def class_names_problem(names: Any) -> str | None:
