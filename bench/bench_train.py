@@ -1,14 +1,19 @@
 """Training throughput (``mem bench train``): steady-state images/s and step time of the tokenizer, pretraining and
-finetuning at a preset's model size, peak GPU memory, and how fast the data loader feeds them.
+finetuning at a preset's model size, peak GPU memory (allocated and reserved), and how fast the data loader feeds them.
 
-Each stage runs its real training step (the stage's own ``step``: histogram -> input on the device, forward,
-backward, gradient clipping, optimizer) on batches of synthetic 30 000-event windows already collated, so the step
-measures the device alone; the data loader is measured on its own, with as many worker processes as the machine has
-cores, reading the same windows from a corpus. If the loader's samples/s is below a stage's images/s, that stage
-would wait for data. The device is synchronised only at the end of each timed stretch, as in training.
+Each stage runs its real training step (the stage's own ``step``: host-to-device copy of the collated windows,
+histogram -> input on the device, forward, backward, gradient clipping, optimizer) on batches of synthetic
+30 000-event windows already collated on the host (pinned on a GPU, as the DataLoader hands them over), so the step
+measures the device and the copy; the data loader is measured on its own, with the workers the preset's training
+would start (``data.num_workers``) and with one per core, reading the same windows from a corpus. If the loader's
+samples/s is below a stage's images/s, that stage would wait for data. The device is synchronised only at the end of
+each timed stretch, as in training. Pretraining's block masks are timed on their own: the training process makes
+them in every step.
 
 With ``--profile DIR`` each stage also runs a few steps under ``torch.profiler`` and writes where the time goes
-(``DIR/<stage>-profile.txt``: the operators and kernels with the most device time, or CPU time on a CPU).
+(``DIR/<stage>-profile.txt``: the operators and kernels with the most device time, or CPU time on a CPU). With
+``sync_check`` (a GPU only) one more step of each stage runs under ``torch.cuda.set_sync_debug_mode("warn")``: every
+call that makes the host wait for the GPU is counted, and listed with where it comes from in the JSON.
 
 Run: ``uv run mem bench train [--device cuda] [--preset paper-ncars] [--compile] [--profile DIR] --json out.json``
 """
@@ -20,6 +25,9 @@ import json
 import os
 import tempfile
 import time
+import traceback
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +39,7 @@ from mem_core.corpus import CorpusWriter
 from mem_core.datasets.corpus import CorpusSource
 from mem_core.events import SensorSize, make_events
 from mem_core.export import export_tokenizer
-from mem_core.models import DiscreteVAE
+from mem_core.models import BlockMaskGenerator, DiscreteVAE
 from mem_core.representation import collate_events, prepare_events
 from mem_core.train.configs import stage_config
 from mem_core.train.engine import train_one_epoch
@@ -81,11 +89,13 @@ def bench_stage(
     profile: Path | None = None,
     sensor: SensorSize = SENSOR,
     events: int | None = None,
+    sync_check: bool = False,
     **inputs,
 ) -> dict:
     """Images/s, ms per step and peak device memory of ``stage_cls``'s training step at ``cfg``'s size, on windows
     of ``events`` events (default: the input's ``n_max``) on ``sensor``; with ``profile``, a profile of a few more
-    steps is written to ``profile/<stage>-profile.txt``."""
+    steps is written to ``profile/<stage>-profile.txt``; with ``sync_check`` on a GPU, the host waits of one more
+    step (``syncs``)."""
     cfg = stage_cls.configure(cfg)
     runtime = setup_runtime(cfg.device, cfg.amp, cfg.cpu_bf16)
     stage = stage_cls(cfg, runtime, run, **inputs)
@@ -100,11 +110,9 @@ def bench_stage(
         prepare_events(w, sensor, cfg.input, train=False)
         for w in synthetic_windows(events, cfg.batch_size, sensor=sensor)
     ]
-    batch = (
-        collate_events(windows, sensor).to(runtime.device, non_blocking=True),
-        torch.zeros(cfg.batch_size, dtype=torch.long),
-        None,
-    )
+    batch = (collate_events(windows, sensor), torch.zeros(cfg.batch_size, dtype=torch.long), None)
+    if runtime.device.type == "cuda":  # on the host, page-locked, as the DataLoader hands batches to a GPU step
+        batch = (batch[0].pin_memory(), batch[1].pin_memory(), None)
     common = dict(
         model=train_model,
         optimizer=optimizer,
@@ -127,19 +135,61 @@ def bench_stage(
             torch.cuda.synchronize()
         return time.perf_counter() - start
 
-    if runtime.device.type == "cuda":
+    cuda = runtime.device.type == "cuda"
+    if cuda:
         torch.cuda.reset_peak_memory_stats()
     stretch(warmup)  # compilation, cuDNN autotuning, allocator warm-up
     seconds = stretch(steps)
-    peak = torch.cuda.max_memory_allocated() / 2**30 if runtime.device.type == "cuda" else float("nan")
+    peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan")
+    reserved = torch.cuda.max_memory_reserved() / 2**30 if cuda else float("nan")
     if profile is not None:
         write_profile(profile / f"{stage_cls.name}-profile.txt", lambda: stretch(PROFILE_STEPS), runtime.device)
-    return {
+    result = {
         "images_per_s": steps * cfg.batch_size / seconds,
         "step_ms": seconds / steps * 1e3,
         "peak_gib": peak,
+        "reserved_gib": reserved,
         "events": events,
     }
+    if sync_check and cuda:
+        result["syncs"] = host_waits(lambda: stretch(1))
+    return result
+
+
+def host_waits(work: Callable[[], object]) -> list[str]:
+    """The calls in ``work`` that make the host wait for the GPU (``torch.cuda.set_sync_debug_mode("warn")``), each as
+    the innermost frames of MEM's code that led to it and torch's message. A stretch of one step: the per-epoch reads
+    of ``train_one_epoch`` (loss check, metrics) are among them, by design."""
+    waits: list[str] = []
+
+    def record(message, category, filename, lineno, file=None, line=None) -> None:
+        ours = [f for f in traceback.extract_stack()[:-1] if "mem_core" in f.filename or "bench" in f.filename]
+        where = " < ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(ours[-3:]))
+        waits.append(f"{where}: {str(message).splitlines()[0]}")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            work()
+            torch.cuda.synchronize()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return [w for w in waits if "synchroniz" in w.lower()]
+
+
+def bench_masks(cfg, repeats: int = 20) -> float:
+    """Milliseconds the training process spends on one batch of ``cfg``'s pretraining block masks (the median)."""
+    cfg = PretrainStage.configure(cfg)
+    masks = BlockMaskGenerator(cfg.model.grid_size, cfg.mask_ratio, min_block=cfg.mask_min_block)
+    masks.batch(1, np.random.default_rng(0))  # numba's compilation (or its cache) is not part of a step
+    times = []
+    for step in range(repeats):
+        start = time.perf_counter()
+        masks.batch(cfg.batch_size, np.random.default_rng([cfg.seed, 0, step, 0]))
+        times.append(time.perf_counter() - start)
+    return float(np.median(times)) * 1e3
 
 
 PROFILE_STEPS = 3
@@ -211,9 +261,11 @@ def main(
     profile: Path | None = None,
     sensor: SensorSize = SENSOR,
     events: int | None = None,
+    sync_check: bool = False,
 ) -> list[dict]:
     """Run every stage's step and the loader on windows of ``events`` events (default: the preset's ``n_max``) on
-    ``sensor``; print the table, write JSON rows if ``json_path``; return the rows."""
+    ``sensor``; print the table, write JSON rows if ``json_path``; return the rows. ``sync_check``: on a GPU, count
+    the host waits of one step per stage (module docstring)."""
     dev = setup_runtime(device).device
     overrides = [f"device={dev.type}", f"compile={str(compile_model).lower()}", "data.num_workers=0"]
     configs = {}
@@ -230,51 +282,54 @@ def main(
         tokenizer = export_tokenizer(
             DiscreteVAE(TokenizerStage.configure(configs["tokenizer"]).model), Path(tmp) / "tok"
         )
-        window = {"sensor": sensor, "events": events}
+        common = {"sensor": sensor, "events": events, "sync_check": sync_check}
         measured["tokenizer"] = bench_stage(
-            TokenizerStage, configs["tokenizer"], runs["tokenizer"], steps, warmup, profile, **window
+            TokenizerStage, configs["tokenizer"], runs["tokenizer"], steps, warmup, profile, **common
         )
         measured["pretrain"] = bench_stage(
-            PretrainStage, configs["pretrain"], runs["pretrain"], steps, warmup, profile, **window, tokenizer=tokenizer
+            PretrainStage, configs["pretrain"], runs["pretrain"], steps, warmup, profile, **common, tokenizer=tokenizer
         )
         measured["finetune"] = bench_stage(
-            FinetuneStage, configs["finetune"], runs["finetune"], steps, warmup, profile, **window
+            FinetuneStage, configs["finetune"], runs["finetune"], steps, warmup, profile, **common
         )
-    workers = os.cpu_count() or 1
-    loader_events = events or configs["finetune"].input.n_max
-    loader_rate = bench_loader(configs["finetune"], workers, sensor=sensor, events=loader_events)
     # what the windows were (a step's histogram costs grow with the events and the sensor): a stage's own n_max
     # unless --events, which can differ between stages
     size = f"{sensor.width}x{sensor.height}"
+    loader_events = events or configs["finetune"].input.n_max
+    trained_workers = stage_config("finetune", preset=preset).data.num_workers  # what training would start
+    loader_rates = {
+        workers: bench_loader(configs["finetune"], workers, sensor=sensor, events=loader_events)
+        for workers in dict.fromkeys((trained_workers, os.cpu_count() or 1))
+    }
     rows = []
+
+    def row(name: str, value: float, unit: str, batch: int | None, events: int | None, **extra) -> None:
+        rows.append(
+            {"name": name, "value": value, "unit": unit, "batch": batch, "sensor": size, "events": events, **extra}
+        )
+
     for stage, r in measured.items():
-        b, shape = configs[stage].batch_size, {"sensor": size, "events": r["events"]}
-        rows += [
-            {"name": f"{stage} images/s", "value": r["images_per_s"], "unit": "img/s", "batch": b, **shape},
-            {"name": f"{stage} step", "value": r["step_ms"], "unit": "ms", "batch": b, **shape},
-            *(
-                [{"name": f"{stage} peak GPU memory", "value": r["peak_gib"], "unit": "GiB", "batch": b, **shape}]
-                * (dev.type == "cuda")
-            ),
-            {
-                "name": f"{stage}: loader / step rate",
-                "value": loader_rate / r["images_per_s"],
-                "unit": "x",
-                "batch": b,
-                **shape,
-            },
-        ]
-    rows.append(
-        {
-            "name": f"data loader, {workers} workers",
-            "value": loader_rate,
-            "unit": "samples/s",
-            "batch": None,
-            "sensor": size,
-            "events": loader_events,
-        }
+        b, n = configs[stage].batch_size, r["events"]
+        row(f"{stage} images/s", r["images_per_s"], "img/s", b, n)
+        row(f"{stage} step", r["step_ms"], "ms", b, n)
+        if dev.type == "cuda":
+            row(f"{stage} peak GPU memory allocated", r["peak_gib"], "GiB", b, n)
+            row(f"{stage} peak GPU memory reserved", r["reserved_gib"], "GiB", b, n)
+        if "syncs" in r:
+            row(f"{stage}: host waits in one step", len(r["syncs"]), "", b, n, where=r["syncs"])
+        row(
+            f"{stage}: loader ({trained_workers} workers) / step rate",
+            loader_rates[trained_workers] / r["images_per_s"],
+            "x",
+            b,
+            n,
+        )
+    row(
+        "pretrain masks, training process", bench_masks(configs["pretrain"]), "ms", configs["pretrain"].batch_size, None
     )
-    counts = sorted({r["events"] for r in rows})
+    for workers, rate in loader_rates.items():
+        row(f"data loader, {workers} workers", rate, "samples/s", None, loader_events)
+    counts = sorted({r["events"] for r in rows if r["events"]})
     table = Table(
         title=f"mem bench train: {preset} on {dev} (compile={compile_model}, {steps} timed steps, "
         f"{'/'.join(map(str, counts))}-event windows on {sensor.width} x {sensor.height})"
@@ -284,6 +339,9 @@ def main(
     for r in rows:
         table.add_row(r["name"], f"{r['value']:.2f}", r["unit"], str(r["batch"] or ""))
     Console().print(table)
+    for r in rows:
+        for where in r.get("where", []):
+            Console().print(f"  {r['name'].split(':')[0]} waits at {where}", highlight=False, soft_wrap=True)
     if json_path is not None:
         Path(json_path).write_text(json.dumps(rows, indent=2) + "\n")
     return rows

@@ -1,24 +1,29 @@
 #!/usr/bin/env bash
 # The GPU checklist in one command, for a lent GPU machine (the device tool) or any CUDA machine:
-#   1. mem bench train at a paper preset's sizes and batches (eager), with a torch.profiler table per stage
-#   2. every paper preset's first steps on CUDA (tests/test_train.py's CUDA cases: RandAugment, crop, EMA, ...)
-#   3. mem bench live with the paper's ViT-B/16 on CUDA, without the Qt viewer (the machine has no Qt), then the
+#   1. mem bench train at a paper preset's sizes and batches (eager, FlexAttention), with a torch.profiler table per
+#      stage
+#   2. the host waits of one step per stage (torch.cuda.set_sync_debug_mode("warn"), bench_train's sync_check): each
+#      listed with the MEM code that caused it; a step should have none
+#   3. mem bench train again with SDPA's attention (MEM_FLEX_ATTENTION=0), to compare with step 1
+#   4. every paper preset's first steps on CUDA (tests/test_train.py's CUDA cases: RandAugment, crop, EMA, ...) and
+#      compiled FlexAttention against SDPA, outputs and gradients (tests/test_scale.py)
+#   5. mem bench live with the paper's ViT-B/16 on CUDA, without the Qt viewer (the machine has no Qt), then the
 #      server alone again under a 3 Mev/s source (what the in-process 30 Mev/s source costs the latency)
-#   4. mem bench train with torch.compile
+#   6. mem bench train with torch.compile
 # Each step has its own time limit, so a slow one cannot take the others' time. Logs, JSON and profiles are packed
 # after every step into $OUT/gpu-checklist.tgz (one file: the device tool returns at most 8).
 #
 # On the device tool's machines (python3 with torch, timm, h5py, numba, rich, typer; no hdf5plugin, lz4, zstandard
 # or pyzmq), the missing packages travel unpacked in .dev/site.tgz (see docs/BENCHMARKS.md, "GPU").
 # Environment: PRESET (paper-ncars), DEVICE (cuda), LIVE_MODEL (vit-b), PY (python3), LIMITS in seconds per step
-# ("180 100 120 60 150"; 0 skips a step).
+# in the order above ("180 120 180 120 120 60 150"; 0 skips a step).
 set -u
 OUT=${OUT:-out/gpu-checklist}
 PRESET=${PRESET:-paper-ncars}
 DEVICE=${DEVICE:-cuda}
 LIVE_MODEL=${LIVE_MODEL:-vit-b}
 PY=${PY:-python3}
-read -r L_TRAIN L_TESTS L_LIVE L_LIVE_LOW L_COMPILE <<<"${LIMITS:-180 100 120 60 150}"
+read -r L_TRAIN L_SYNCS L_SDPA L_TESTS L_LIVE L_LIVE_LOW L_COMPILE <<<"${LIMITS:-180 120 180 120 120 60 150}"
 WORK=$(mktemp -d)
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 QT_QPA_PLATFORM=offscreen
@@ -50,8 +55,12 @@ cat "$WORK/machine.txt"
 
 step train-eager "$L_TRAIN" $PY "${BENCH[@]}" train --device "$DEVICE" --preset "$PRESET" --json "$WORK/train-eager.json" \
   --profile "$WORK/profile"
-step tests-cuda "$L_TESTS" $PY -m pytest -q -p no:cacheprovider tests/test_train.py \
-  -k "(paper_preset_runs_its_code_paths and cuda) or generator_drives"
+step syncs "$L_SYNCS" $PY -c "from pathlib import Path; from bench.bench_train import main
+main(Path('$WORK/syncs.json'), preset='$PRESET', device='$DEVICE', steps=1, warmup=2, sync_check=True)"
+step train-sdpa "$L_SDPA" env MEM_FLEX_ATTENTION=0 $PY "${BENCH[@]}" train --device "$DEVICE" --preset "$PRESET" \
+  --json "$WORK/train-sdpa.json"
+step tests-cuda "$L_TESTS" $PY -m pytest -q -p no:cacheprovider tests/test_train.py tests/test_scale.py \
+  -k "(paper_preset_runs_its_code_paths and cuda) or generator_drives or on_a_gpu"
 step live "$L_LIVE" $PY "${BENCH[@]}" live --model "$LIVE_MODEL" --device "$DEVICE" --no-viewer --json "$WORK/live.json"
 step live-3mev "$L_LIVE_LOW" $PY "${BENCH[@]}" live --model "$LIVE_MODEL" --device "$DEVICE" --no-viewer --starts 0 \
   --rate 3 --json "$WORK/live-3mev.json"

@@ -172,11 +172,11 @@ def biased_vit() -> MEMViT:
     return vit
 
 
-def features_and_gradients(vit: MEMViT) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    x = torch.rand(3, 2, 32, 32, generator=torch.Generator().manual_seed(1))
-    mask = BlockMaskGenerator((4, 4), 0.5, min_block=2).batch(3, np.random.default_rng(0))
+def features_and_gradients(vit: MEMViT, device: str = "cpu") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    x = torch.rand(3, 2, 32, 32, generator=torch.Generator().manual_seed(1)).to(device)
+    mask = BlockMaskGenerator((4, 4), 0.5, min_block=2).batch(3, np.random.default_rng(0)).to(device)
     out = vit.forward_features(x, mask)
-    (out * torch.randn(out.shape, generator=torch.Generator().manual_seed(2))).sum().backward()
+    (out * torch.randn(out.shape, generator=torch.Generator().manual_seed(2)).to(device)).sum().backward()
     return out.detach(), {name: p.grad for name, p in vit.named_parameters() if p.grad is not None}
 
 
@@ -193,6 +193,20 @@ def test_flex_attention_gives_timms_outputs_and_gradients(kernel):
     for name, grad in grads.items():
         torch.testing.assert_close(grad, reference_grads[name], rtol=1e-4, atol=1e-5, msg=name)
     assert reference_grads["blocks.0.attn.relative_position_bias_table"].abs().sum() > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_on_a_gpu_compiled_flex_attention_gives_sdpas_outputs_and_gradients(monkeypatch):
+    vit = biased_vit().cuda()
+    flex = copy.deepcopy(vit)
+    monkeypatch.setattr(attention, "FLEX_ATTENTION", False)  # MEM_FLEX_ATTENTION=0: SDPA
+    reference, reference_grads = features_and_gradients(vit, "cuda")
+    monkeypatch.setattr(attention, "FLEX_ATTENTION", True)
+    out, grads = features_and_gradients(flex, "cuda")
+    assert all(block.attn.flex for block in flex.blocks) and not any(block.attn.flex for block in vit.blocks)
+    torch.testing.assert_close(out, reference, rtol=1e-3, atol=1e-3)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, reference_grads[name], rtol=1e-3, atol=1e-3, msg=name)
 
 
 def test_gpu_training_steps_take_flex_attention_and_inference_keeps_sdpa(monkeypatch):
