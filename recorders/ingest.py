@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from mem_core.corpus import MANIFEST, Corpus, CorpusFullError, CorpusWriter
+from mem_core.corpus import MANIFEST, Corpus, CorpusFullError, CorpusWriter, prepare_corpus_dir
 from mem_core.events import SensorSize
 from mem_core.io import EventFileError, read_events
 from recorders.base import RecorderError
@@ -274,6 +274,7 @@ def run(config: IngestConfig) -> IngestReport:
     started = datetime.now(UTC)
     t0 = time.perf_counter()
     report = IngestReport(str(config.out), started.isoformat(timespec="seconds"), config.dataset)
+    prepare_corpus_dir(config.out)
     items, report.failed = collect(config)
     report.unusable_inputs = [e["path"] for e in report.failed]
     done_keys, names = _ingested_keys(config.out)

@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from mem_core.corpus import Corpus, CorpusFullError, CorpusWriter
+from mem_core.corpus import Corpus, CorpusFullError, CorpusWriter, prepare_corpus_dir
 from recorders.base import LiveSource, RecorderError
 from recorders.config import RecordConfig
 from recorders.publish import EventPublisher
@@ -141,6 +141,7 @@ def run(config: RecordConfig, *, source: LiveSource | None = None, stop: threadi
     """Record ``config.source`` (or the given ``source``) into ``config.out`` until a stop condition; never raises
     for a full disk or a failed source (see ``RecordResult.stop_reason`` / ``error``)."""
     stop = stop if stop is not None else threading.Event()
+    prepare_corpus_dir(config.out)  # an existing file or a path too long is one line, before a source opens
     if source is None:
         source = open_source(config.source, speed=config.speed, loop=config.loop)
     with contextlib.ExitStack() as stack:

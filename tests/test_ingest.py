@@ -12,7 +12,7 @@ import h5py
 import numpy as np
 import pytest
 
-from mem_core.corpus import Corpus
+from mem_core.corpus import Corpus, CorpusError
 from mem_core.events import SensorSize
 from mem_core.io import read_events, write_events
 from recorders.base import RecorderError
@@ -168,6 +168,15 @@ def test_special_files_given_or_found_are_never_opened(mixed_folder, tmp_path):
     )
     report = ingest([folder], tmp_path / "c2")
     assert sorted(e["path"] for e in report.ingested) == sorted(map(str, good))
+
+
+def test_an_out_that_cannot_be_a_corpus_is_one_line_before_any_file_is_read(mixed_folder, tmp_path):
+    folder, _, _ = mixed_folder
+    (tmp_path / "taken").write_text("a file")
+    with pytest.raises(CorpusError, match=r"taken: exists and is not a directory, so it cannot hold a corpus"):
+        ingest([folder], tmp_path / "taken")
+    with pytest.raises(CorpusError, match=r"cannot hold a corpus \(File name too long\)"):
+        ingest([folder], tmp_path.joinpath(*["d" * 200] * 21))
 
 
 def test_worker_processes_give_the_same_corpus(mixed_folder, tmp_path):

@@ -19,7 +19,7 @@ import pytest
 import zmq
 from recorders_fakes import FakeRig, clock_batches
 
-from mem_core.corpus import Corpus
+from mem_core.corpus import Corpus, CorpusError
 from mem_core.events import EVENT_DTYPE, SensorSize, validate_events
 from mem_core.protocol import decode, decode_events
 from mem_core.simulator import EventSimulator, SimulatorConfig
@@ -243,6 +243,20 @@ def test_no_camera_through_the_cli_is_one_clear_line(tmp_path):
     assert proc.returncode == 2
     assert "no event camera found" in stderr
     assert "Traceback" not in stderr and "IndexError" not in stderr
+
+
+def test_an_out_that_is_a_file_is_one_clear_line_from_the_cli(tmp_path):
+    (tmp_path / "taken").write_text("a file, not a corpus")
+    proc = child("record", "--source", "sim", "--out", str(tmp_path / "taken"), "--duration", "1")
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 2
+    assert stderr.strip() == f"error: {tmp_path / 'taken'}: exists and is not a directory, so it cannot hold a corpus"
+
+
+def test_an_out_path_too_long_for_the_system_is_one_line(tmp_path):
+    out = tmp_path.joinpath(*["d" * 200] * 21)  # past PATH_MAX (4096)
+    with pytest.raises(CorpusError, match=r"d/?: cannot hold a corpus \(File name too long\)"):
+        run(RecordConfig(source="sim", out=out, duration_s=1))
 
 
 # ---------------------------------------------------------------------------------------------- full disk

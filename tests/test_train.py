@@ -542,3 +542,40 @@ def test_a_metrics_record_the_disk_cannot_take_leaves_no_half_line(tmp_path, mon
         run.log({"epoch": 1, "train_loss": 0.5})
     monkeypatch.undo()
     assert run.metrics() == [{"epoch": 0, "train_loss": 1.0}]
+
+
+def test_a_run_directory_that_cannot_be_one_is_refused_in_one_line(tmp_path):
+    (tmp_path / "taken").write_text("a file")
+    with pytest.raises(RunError, match=r"taken: exists and is not a directory, so it cannot hold a run"):
+        RunDir.create(tmp_path / "taken", "finetune", {}, resume=False)
+    with pytest.raises(RunError, match=r"cannot hold a run \(File name too long\)"):
+        RunDir.create(tmp_path.joinpath(*["d" * 200] * 21), "finetune", {}, resume=False)
+
+
+def test_training_started_with_sigint_ignored_still_stops_on_sigint(tmp_path):
+    """A script's background job (``mem pretrain ... &``) inherits SIGINT ignored: Ctrl-C must still stop it."""
+    import signal
+    import subprocess
+    import time
+
+    code = (
+        "import sys\nfrom mem_core.train import finetune\nfrom mem_core.train.configs import stage_config\n"
+        f"cfg = stage_config('finetune', preset='cpu-tiny', values={{'data.dataset': 'sim'}}, overrides={TINY_INPUT!r}"
+        f" + {TINY_VIT!r} + ['epochs=1000', 'batch_size=8', 'data.max_samples=16'])\n"
+        "finetune.run(cfg, sys.argv[1])\n"
+    )
+    ignored = lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)  # noqa: E731  (as a shell starts `job &`)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp_path / "ft")], stderr=subprocess.PIPE, text=True, preexec_fn=ignored
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not (tmp_path / "ft" / "checkpoint.pt").exists():  # an epoch is done: training runs
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else ""
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert "KeyboardInterrupt" in stderr
+    assert load_checkpoint(tmp_path / "ft" / "checkpoint.pt")["epoch"] >= 0

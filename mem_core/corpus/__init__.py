@@ -5,7 +5,7 @@
 
 from mem_core.corpus.format import MANIFEST, MIN_PER_CLASS, CorpusError, CorpusFullError, RecordingInfo, labels_problem
 from mem_core.corpus.reader import Corpus
-from mem_core.corpus.writer import CorpusWriter
+from mem_core.corpus.writer import CorpusWriter, prepare_corpus_dir
 
 __all__ = [
     "MANIFEST",
@@ -16,4 +16,5 @@ __all__ = [
     "CorpusWriter",
     "RecordingInfo",
     "labels_problem",
+    "prepare_corpus_dir",
 ]

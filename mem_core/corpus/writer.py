@@ -67,6 +67,17 @@ def _check_events(events: np.ndarray, sensor: SensorSize, t_last: int | None) ->
     raise ValueError(f"events go back in time: first t={int(events['t'][0])} is before the last appended t={t_last}")
 
 
+def prepare_corpus_dir(root: Path) -> None:
+    """Create the corpus directory ``root`` (with its parents) if needed; ``CorpusError`` in one line when it cannot
+    be one (an existing file, a path too long, no permission)."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise CorpusError(f"{root}: exists and is not a directory, so it cannot hold a corpus") from None
+    except OSError as e:
+        raise CorpusError(f"{root}: cannot hold a corpus ({e.strerror or e})") from None
+
+
 def _fsync_path(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -101,7 +112,7 @@ class CorpusWriter:
         self.flush_interval_s = flush_interval_s
         self.shard_max_events = shard_max_events
         self.min_free_bytes = min_free_bytes
-        self.root.mkdir(parents=True, exist_ok=True)
+        prepare_corpus_dir(self.root)
         self._lock_fd = os.open(self.root / ".writer.lock", os.O_RDWR | os.O_CREAT, 0o644)
         self._reserve = self.root / ".reserve"
         try:

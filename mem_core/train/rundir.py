@@ -113,16 +113,25 @@ class RunDir:
 
     @classmethod
     def create(cls, path: Path | str, stage: str, config: dict[str, Any], *, resume: bool) -> RunDir:
-        """Start a run; with ``resume`` the directory must hold the same stage's run, else it must not hold one."""
+        """Start a run; with ``resume`` the directory must hold the same stage's run, else it must not hold one.
+
+        ``RunError`` in one line when ``path`` cannot be a run directory (an existing file, a path too long).
+        """
         run = cls(path)
-        if run.config_path.exists():
+        try:
+            run.path.mkdir(parents=True, exist_ok=True)
+            held = run.config_path.exists()
+        except FileExistsError:
+            raise RunError(f"{run.path}: exists and is not a directory, so it cannot hold a run") from None
+        except OSError as e:
+            raise RunError(f"{run.path}: cannot hold a run ({e.strerror or e})") from None
+        if held:
             existing = run.read_config()
             if not resume and run.checkpoint_path.exists():
                 raise RunError(f"{run.path} already holds a {existing.get('stage')} run; use --resume or a new --out")
             if existing.get("stage") != stage:
                 raise RunError(f"{run.path} holds a {existing.get('stage')!r} run, not {stage!r}")
-        run.path.mkdir(parents=True, exist_ok=True)
-        if not resume or not run.config_path.exists():
+        if not resume or not held:
             run.write_json(CONFIG_FILE, {"stage": stage, "config": config})
             run.metrics_path.unlink(missing_ok=True)
         return run

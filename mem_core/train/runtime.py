@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import threading
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -106,6 +109,22 @@ def setup_runtime(device: str = "auto", amp: bool = True, cpu_bf16: bool = False
                 "cpu_bf16 = true, but this CPU has no native bf16 (AVX512-BF16 or AMX): training in fp32", stacklevel=2
             )
     return Runtime(device=dev, rank=rank, world_size=world_size, amp_dtype=amp_dtype, train_amp_dtype=train_amp_dtype)
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """SIGINT stops training (``KeyboardInterrupt``: the last checkpoint stays) even when the process inherited it
+    ignored, as a shell script starts a job in the background with ``&``, and Python then keeps it ignored."""
+    restore = (
+        threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    )
+    if restore:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        if restore:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def teardown_runtime() -> None:

@@ -27,7 +27,7 @@ from mem_core.train.common import batch_generator, fit_input, open_split, start_
 from mem_core.train.engine import StepResult
 from mem_core.train.fit import Training, build_stage_loaders, fit
 from mem_core.train.rundir import RunDir, RunError, load_checkpoint
-from mem_core.train.runtime import Runtime, teardown_runtime
+from mem_core.train.runtime import Runtime, interruptible, teardown_runtime
 
 
 class Stage(ABC):
@@ -140,8 +140,14 @@ class KeepFirst:
 def run_stage(stage_cls: type[Stage], cfg, out: Path | str, *, resume: bool = False, **inputs: Any) -> RunDir:
     """Train one stage into the run directory ``out`` (continued from its checkpoint with ``resume``).
 
-    ``inputs`` go to the stage's constructor (a tokenizer run, a pretraining run to start from).
+    ``inputs`` go to the stage's constructor (a tokenizer run, a pretraining run to start from). SIGINT stops it,
+    even in a process started with SIGINT ignored (a background job of a script).
     """
+    with interruptible():
+        return _run_stage(stage_cls, cfg, out, resume, inputs)
+
+
+def _run_stage(stage_cls: type[Stage], cfg, out: Path | str, resume: bool, inputs: dict[str, Any]) -> RunDir:
     cfg = stage_cls.configure(cfg, **inputs)
     runtime, run = start_run(stage_cls.name, cfg, out, resume=resume)
     stage = stage_cls(cfg, runtime, run, **inputs)
