@@ -280,6 +280,18 @@ def test_recording_stops_before_the_disk_fills(tmp_path, events_factory, small_d
     np.testing.assert_array_equal(events, np.concatenate(source.batches)[: events.size])
 
 
+def test_a_small_disk_keeps_the_events_that_fit(tmp_path, events_factory, small_disk):
+    out = tmp_path / "corpus"
+    small_disk(out, 18_000_000)  # the writer's ballast must not take most of it
+    sensor = SensorSize(480, 640)
+    source = ArraySource([events_factory(500_000, sensor, seed=k, t0=k * 10**8) for k in range(6)], sensor)
+    result = run(RecordConfig(source="test", out=out, flush_interval_s=0.05, min_free_bytes=0), source=source)
+    assert result.stop_reason == "disk full"
+    assert result.stored >= 500_000
+    events = session_events(out, result.name)
+    np.testing.assert_array_equal(events, np.concatenate(source.batches)[: events.size])
+
+
 @pytest.fixture
 def small_filesystem(tmp_path):
     """A 48 MB tmpfs (needs root); skipped only where mounting is not permitted and CI is not set."""

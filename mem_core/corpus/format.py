@@ -32,7 +32,8 @@ Crash safety (measured on HDF5 2.0 / h5py 3.16, not assumed):
   every shard write, raising ``CorpusFullError``. A write that fails anyway (ENOSPC, EDQUOT, EFBIG) raises
   ``CorpusFullError`` too. HDF5 must never be left with a write that keeps failing: a dataset whose close failed
   stays half-closed and HDF5 segfaults at exit (seen with a file-size limit). So the writer keeps a ballast file
-  (``.reserve``, 16 MiB) and deletes it on such a failure, giving the shard room to close cleanly.
+  (``.reserve``: 16 MiB, 1/32 of the free space on a disk with less than 512 MiB free, at least 1 MiB) and deletes it
+  on such a failure, giving the shard room to close cleanly.
 - One writer at a time: an ``flock`` on ``.writer.lock`` (released by the kernel if the writer dies).
 
 Readers open HDF5 files lazily, per process (a handle opened before a fork is never used after it), so a

@@ -32,7 +32,10 @@ from mem_core.corpus.format import (
 from mem_core.events import EVENT_DTYPE, SensorSize, time_problem, validate_events
 
 _BUFFER_EVENTS = 1 << 20  # events held in memory before a shard write (64 chunks)
-_RESERVE_BYTES = 16 << 20  # ballast deleted on a failed write so HDF5 can still close the shard
+# Ballast deleted on a failed write so HDF5 can still close the shard: 16 MiB, or 1/32 of the free space on a small
+# disk (at least 1 MiB), where 16 MiB took most of the room and a recording kept no events.
+_RESERVE_BYTES = 16 << 20
+_MIN_RESERVE_BYTES = 1 << 20
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _COMPRESSION = hdf5plugin.Blosc(cname="lz4", clevel=5, shuffle=hdf5plugin.Blosc.BITSHUFFLE)
 _SHARD_RE = re.compile(r"shard-(\d+)\.h5$")
@@ -133,9 +136,10 @@ class CorpusWriter:
         self._closed = False
         try:
             self._open_manifest(provenance)
-            self._check_space(_RESERVE_BYTES)
+            reserve = min(_RESERVE_BYTES, max(shutil.disk_usage(self.root).free // 32, _MIN_RESERVE_BYTES))
+            self._check_space(reserve)
             with open(self._reserve, "wb") as f:
-                os.posix_fallocate(f.fileno(), 0, _RESERVE_BYTES)
+                os.posix_fallocate(f.fileno(), 0, reserve)
             self._write_manifest()
         except BaseException:
             self._reserve.unlink(missing_ok=True)
