@@ -13,7 +13,8 @@ them in every step.
 With ``--profile DIR`` each stage also runs a few steps under ``torch.profiler`` and writes where the time goes
 (``DIR/<stage>-profile.txt``: the operators and kernels with the most device time, or CPU time on a CPU). With
 ``sync_check`` (a GPU only) one more step of each stage runs under ``torch.cuda.set_sync_debug_mode("warn")``: every
-call that makes the host wait for the GPU is counted, and listed with where it comes from in the JSON.
+call that makes the host wait for the GPU is counted, and listed with where it comes from in the JSON (a step should
+make none; the epoch's own reads, every 0.5 s, are not part of it).
 
 Run: ``uv run mem bench train [--device cuda] [--preset paper-ncars] [--compile] [--profile DIR] --json out.json``
 """
@@ -152,20 +153,31 @@ def bench_stage(
         "events": events,
     }
     if sync_check and cuda:
-        result["syncs"] = host_waits(lambda: stretch(1))
+        result["syncs"] = host_waits(lambda: one_step(stage, train_model, model, optimizer, batch, cfg, runtime))
     return result
+
+
+def one_step(stage: Stage, train_model, model, optimizer, batch, cfg, runtime: Runtime) -> None:
+    """One training step as ``train_one_epoch`` takes it, without the epoch's own reads (progress, loss check)."""
+    optimizer.zero_grad(set_to_none=True)
+    with runtime.train_autocast():
+        result = stage.step(train_model, batch, 0, 0)
+    result.loss.backward()
+    if cfg.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    optimizer.step()
 
 
 def host_waits(work: Callable[[], object]) -> list[str]:
     """The calls in ``work`` that make the host wait for the GPU (``torch.cuda.set_sync_debug_mode("warn")``), each as
-    the innermost frames of MEM's code that led to it and torch's message. A stretch of one step: the per-epoch reads
-    of ``train_one_epoch`` (loss check, metrics) are among them, by design."""
+    the innermost frames of MEM's code that led to it and torch's message."""
     waits: list[str] = []
 
     def record(message, category, filename, lineno, file=None, line=None) -> None:
-        ours = [f for f in traceback.extract_stack()[:-1] if "mem_core" in f.filename or "bench" in f.filename]
+        stack = traceback.extract_stack()[:-1]
+        ours = [f for f in stack if ("mem_core" in f.filename or "bench" in f.filename) and f.name != "host_waits"]
         where = " < ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(ours[-3:]))
-        waits.append(f"{where}: {str(message).splitlines()[0]}")
+        waits.append(f"{where or 'outside MEM'}: {str(message).splitlines()[0]}")
 
     with warnings.catch_warnings():
         warnings.simplefilter("always")
@@ -303,7 +315,7 @@ def main(
     }
     rows = []
 
-    def row(name: str, value: float, unit: str, batch: int | None, events: int | None, **extra) -> None:
+    def row(name: str, value: float, unit: str, batch: int | None, events: int, **extra) -> None:
         rows.append(
             {"name": name, "value": value, "unit": unit, "batch": batch, "sensor": size, "events": events, **extra}
         )
@@ -324,12 +336,13 @@ def main(
             b,
             n,
         )
-    row(
-        "pretrain masks, training process", bench_masks(configs["pretrain"]), "ms", configs["pretrain"].batch_size, None
-    )
+    pretrain = configs["pretrain"]
+    masks_ms = bench_masks(pretrain)
+    row("pretrain masks, training process", masks_ms, "ms", pretrain.batch_size, measured["pretrain"]["events"])
     for workers, rate in loader_rates.items():
-        row(f"data loader, {workers} workers", rate, "samples/s", None, loader_events)
-    counts = sorted({r["events"] for r in rows if r["events"]})
+        name = f"data loader, {workers} workers" if workers == trained_workers else f"loader ceiling, {workers} workers"
+        row(name, rate, "samples/s", None, loader_events)
+    counts = sorted({r["events"] for r in rows})
     table = Table(
         title=f"mem bench train: {preset} on {dev} (compile={compile_model}, {steps} timed steps, "
         f"{'/'.join(map(str, counts))}-event windows on {sensor.width} x {sensor.height})"

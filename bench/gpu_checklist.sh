@@ -5,8 +5,9 @@
 #   2. the host waits of one step per stage (torch.cuda.set_sync_debug_mode("warn"), bench_train's sync_check): each
 #      listed with the MEM code that caused it; a step should have none
 #   3. mem bench train again with SDPA's attention (MEM_FLEX_ATTENTION=0), to compare with step 1
-#   4. every paper preset's first steps on CUDA (tests/test_train.py's CUDA cases: RandAugment, crop, EMA, ...) and
-#      compiled FlexAttention against SDPA, outputs and gradients (tests/test_scale.py)
+#   4. every paper preset's first steps on CUDA (tests/test_train.py's CUDA cases: RandAugment, crop, EMA, ...),
+#      compiled FlexAttention against SDPA, outputs and gradients (tests/test_scale.py), and the GPU's histograms
+#      against the CPU's (tests/test_representation.py)
 #   5. mem bench live with the paper's ViT-B/16 on CUDA, without the Qt viewer (the machine has no Qt), then the
 #      server alone again under a 3 Mev/s source (what the in-process 30 Mev/s source costs the latency)
 #   6. mem bench train with torch.compile
@@ -60,7 +61,7 @@ main(Path('$WORK/syncs.json'), preset='$PRESET', device='$DEVICE', steps=1, warm
 step train-sdpa "$L_SDPA" env MEM_FLEX_ATTENTION=0 $PY "${BENCH[@]}" train --device "$DEVICE" --preset "$PRESET" \
   --json "$WORK/train-sdpa.json"
 step tests-cuda "$L_TESTS" $PY -m pytest -q -p no:cacheprovider tests/test_train.py tests/test_scale.py \
-  -k "(paper_preset_runs_its_code_paths and cuda) or generator_drives or on_a_gpu"
+  tests/test_representation.py -k "(paper_preset_runs_its_code_paths and cuda) or generator_drives or on_a_gpu"
 step live "$L_LIVE" $PY "${BENCH[@]}" live --model "$LIVE_MODEL" --device "$DEVICE" --no-viewer --json "$WORK/live.json"
 step live-3mev "$L_LIVE_LOW" $PY "${BENCH[@]}" live --model "$LIVE_MODEL" --device "$DEVICE" --no-viewer --starts 0 \
   --rate 3 --json "$WORK/live-3mev.json"

@@ -259,6 +259,14 @@ def test_batch_histogram_rejects_off_sensor_events(events_factory):
             batch_histogram(batch, backend=backend)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("channels", CHANNELS)
+def test_on_a_gpu_the_histograms_are_the_cpus(events_factory, channels):
+    batch = collate_events([events_factory(n, SENSOR, seed=n) for n in (3000, 0, 1, 700)], SENSOR)
+    on_gpu = batch_histogram(batch.pin_memory(), channels, 3, device="cuda")
+    np.testing.assert_array_equal(on_gpu.cpu().numpy(), batch_histogram(batch, channels, 3).numpy())
+
+
 def test_time_channels_refuse_a_window_out_of_time_order_on_both_backends(events_factory):
     late = events_factory(10, SENSOR)
     late["t"][4] = late["t"][-1] + 1  # after the window's last event: outside its time span
