@@ -200,6 +200,25 @@ def test_shard_with_chunks_far_larger_than_a_window_is_refused(tmp_path):
         corpus.window(0, 0, 10)
 
 
+def test_aedat4_expanding_far_beyond_any_recording_is_refused(tmp_path):
+    import dv_processing as dv
+
+    config = dv.io.MonoCameraWriter.EventOnlyConfig("test", (64, 48), dv.CompressionType.LZ4)
+    writer = dv.io.MonoCameraWriter(str(tmp_path / "bomb.aedat4"), config)
+    store = dv.EventStore()
+    for _ in range(100_000):  # one event over and over: LZ4 packs 1.6 MB of them into a few kilobytes
+        store.push_back(0, 0, 0, False)
+    writer.writeEvents(store)
+    del writer  # closing writes the data table
+    size = (tmp_path / "bomb.aedat4").stat().st_size
+    assert size * aedat4.MAX_FILE_EXPANSION < 100_000 * 16
+    with pytest.raises(
+        EventFileError,
+        match=rf"bomb\.aedat4: corrupt: the event packets decompress to more than 64 x the file's {size} bytes",
+    ):
+        read_events(tmp_path / "bomb.aedat4")
+
+
 # ------------------------------------------------------------------------------------------ values beyond their types
 
 

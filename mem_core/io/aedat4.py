@@ -37,9 +37,13 @@ from mem_core.io.base import EventFile, EventFileError, check_on_sensor, read_by
 
 MAGIC = b"#!AER-DAT4.0\r\n"
 COMPRESSIONS = {0: "none", 1: "lz4", 2: "lz4", 3: "zstd", 4: "zstd"}  # IOHeader codes (2, 4: high levels)
-# A packet may decompress to at most this many bytes per stored byte: LZ4's own limit is about 255, and event
-# packets compress 2-5x, so this only stops a damaged size field from asking for gigabytes.
+# A packet may decompress to at most this many bytes per stored byte (LZ4's own limit is about 255) and to at most
+# MAX_PACKET_BYTES (4 M events; dv-processing writes at most 10 000 per packet): a damaged size field cannot ask for
+# gigabytes. All packets together may decompress to MAX_FILE_EXPANSION x the file's size: camera recordings compress
+# 2-5x, regular synthetic streams up to ~60x with ZSTD, and a 1.6 MB file of LZ4 packets held 24 M events (0.9 GB).
 MAX_EXPANSION = 256
+MAX_PACKET_BYTES = 64 << 20
+MAX_FILE_EXPANSION = 64
 U16, I32, U32, I64 = (struct.Struct(f) for f in ("<H", "<i", "<I", "<q"))
 _STREAM_ID = re.compile(r"[0-9]{1,9}")  # packet headers hold stream ids as int32
 # One event as dv-processing stores it (the flatbuffer struct dv.Event, 8-byte aligned).
@@ -78,15 +82,10 @@ def read_aedat4(path: Path) -> EventFile:
                 f"read the {len(packets)} whole packets",
                 stacklevel=2,
             )
-        parts = [_events(data, p, header.compression) for p in packets if p.stream == stream]
+        parts = _event_parts(data, [p for p in packets if p.stream == stream], header.compression)
     except _Damage as e:
         raise EventFileError(path, str(e)) from None
-    events = np.empty(sum(part.size for part in parts), dtype=EVENT_DTYPE)
-    at = 0
-    for part in parts:
-        _copy_events(part, events[at : at + part.size])
-        at += part.size
-    events = sort_plausible(path, events)
+    events = sort_plausible(path, np.concatenate(parts) if parts else np.empty(0, EVENT_DTYPE))
     check_on_sensor(path, events, sensor, "the AEDAT4 stream info")
     return EventFile(events, sensor)
 
@@ -229,8 +228,8 @@ def _check_table(data: bytes, header: _Header, packets: list[_Packet]) -> None:
 
 
 def _decompress(raw: memoryview, compression: str, what: str) -> bytes:
-    """The flatbuffer stored in ``raw``, its decompressed size bounded by ``MAX_EXPANSION``."""
-    limit = MAX_EXPANSION * len(raw)
+    """The flatbuffer stored in ``raw``, its decompressed size bounded by ``MAX_EXPANSION`` and ``MAX_PACKET_BYTES``."""
+    limit = min(MAX_EXPANSION * len(raw), MAX_PACKET_BYTES)
     try:
         if compression == "lz4":
             decoder = lz4.frame.LZ4FrameDecompressor()
@@ -249,6 +248,23 @@ def _decompress(raw: memoryview, compression: str, what: str) -> bytes:
     except (RuntimeError, zstandard.ZstdError) as e:  # lz4 reports a damaged frame as a RuntimeError
         raise _Damage(f"corrupt: {what} does not decompress ({e})") from None
     return raw.tobytes()
+
+
+def _event_parts(data: bytes, packets: list[_Packet], compression: str) -> list[np.ndarray]:
+    """The events of ``packets`` as ``EVENT_DTYPE`` arrays, each packet's flatbuffer let go once copied; ``_Damage``
+    when they decompress to more than ``MAX_FILE_EXPANSION`` x the file's size."""
+    parts, left = [], MAX_FILE_EXPANSION * len(data)
+    for packet in packets:
+        flat = _events(data, packet, compression)
+        left -= flat.nbytes
+        if left < 0:
+            raise _Damage(
+                f"corrupt: the event packets decompress to more than {MAX_FILE_EXPANSION} x the file's "
+                f"{len(data)} bytes (camera recordings compress 2-5x)"
+            )
+        parts.append(np.empty(flat.size, EVENT_DTYPE))
+        _copy_events(flat, parts[-1])
+    return parts
 
 
 def _events(data: bytes, packet: _Packet, compression: str) -> np.ndarray:
