@@ -19,12 +19,15 @@ from mem_core.events import EVENT_DTYPE, SensorSize, validate_events
 from mem_core.io import EventFileError, read_events, write_events
 from mem_core.representation import event_histogram
 from mem_core.simulator import EventSimulator, SimulatorConfig
+from recorders import zmq_source
 from recorders.base import Pacer, RecorderError
 from recorders.camera import CameraSource, DvCameraBackend, NoCameraError
 from recorders.dv_network import DvNetworkSource
+from recorders.publish import EventPublisher
 from recorders.replay import ReplaySource
 from recorders.simulated import SimulatorSource
 from recorders.sources import open_source
+from recorders.zmq_source import ZmqEventSource
 
 SIM = SimulatorConfig(sensor=SensorSize(64, 80), n_objects=1, size_range=(0.2, 0.25), noise_rate_hz=0.2, seed=3)
 
@@ -275,6 +278,35 @@ def test_looped_replay_stops_with_one_line_before_time_leaves_int64(tmp_path):
     with pytest.raises(RecorderError, match=r"wide\.npz: replayed time would reach \d+ us, beyond"):
         for _ in range(10):
             next(stream)
+
+
+# ---------------------------------------------------------------------------------------------- ZMQ events
+
+
+def test_a_burst_of_large_batches_over_tcp_holds_a_bounded_number_of_bytes(monkeypatch):
+    monkeypatch.setattr(zmq_source, "MAX_QUEUED_BYTES", 8 << 20, raising=False)
+    address, sensor, n = f"tcp://127.0.0.1:{free_port()}", SensorSize(480, 640), 200_000
+    with EventPublisher(address, sndhwm=1000) as publisher:
+        source = ZmqEventSource(address)
+        stream = iter(source)
+        deadline = time.monotonic() + 20
+        while not next(stream).size:  # until subscribed: ZMQ drops what is published before
+            publisher.publish(np.zeros(1, EVENT_DTYPE), sensor)
+            assert time.monotonic() < deadline, "the subscription never arrived"
+        burst = [np.zeros(n, EVENT_DTYPE) for _ in range(40)]  # 104 MB, published while the consumer is busy
+        for k, batch in enumerate(burst):
+            batch["t"] = 10 + k * n + np.arange(n)
+            publisher.publish(batch, sensor)
+        time.sleep(3)
+        received = []
+        while (batch := next(stream)).size or not received:
+            received.append(batch)
+        source.close()
+    received = [b for b in received if b.size == n]  # probes sent before the subscription took are left out
+    assert sum(b.nbytes for b in received) <= 8 << 20 and source.dropped >= 30
+    first = int(received[0]["t"][0] - 10) // n
+    for k, batch in enumerate(received):  # the batches kept arrive whole and in order
+        np.testing.assert_array_equal(batch, burst[first + k])
 
 
 # ---------------------------------------------------------------------------------------------- DV network stream
