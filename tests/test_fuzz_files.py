@@ -5,9 +5,13 @@ Mutants (seeded, a fixed number per file) of every event format (real recordings
 .npz and DSEC .h5 layouts written here), of a corpus (its shards and its manifest) and of model files (an export,
 a finetune run's checkpoint and config): truncations at several points, bit flips in the header and anywhere,
 garbage behind a valid header, absurd declared sizes (sensor geometry, array shapes, HDF5 dimensions, event
-counts, model dimensions). Each family is read in a child process (this file run as a script) under an
-address-space limit of what the child holds after its imports plus ``BUDGET_BYTES``, and a timeout: a hang, a
-crash, a MemError or any exception other than the project's own fails the test naming the mutant.
+counts, model dimensions). Hostile families are crafted rather than mutated: files that point outside themselves
+(HDF5 external storage, soft and external links, virtual datasets, of FIFOs and devices among others), chunk bombs,
+values their fields cannot hold, FIFOs, devices and sockets named like event files, corpora with such shards or
+with consistent but impossible values; every one of them must be refused. Each family is read in a child process
+(this file run as a script) under an address-space limit of what the child holds after its imports plus
+``BUDGET_BYTES``, and a timeout: a hang, a crash, a MemError or any exception other than the project's own fails
+the test naming the mutant.
 """
 
 from __future__ import annotations
@@ -338,6 +342,168 @@ def corpus_mutants(data_dir: Path, work: Path) -> list[tuple[str, Path]]:
     return out
 
 
+def hostile_event_files(work: Path) -> list[tuple[str, Path]]:
+    """(description, path) of files crafted to reach outside themselves or beyond their size: HDF5 columns stored
+    in other files or devices, linked to a FIFO or mapped from one, chunks far larger than the data, values their
+    event fields cannot hold; FIFOs, devices and sockets named like event files. Each must be refused by name."""
+    import socket
+
+    import h5py
+
+    fifo, secret, n = work / "fifo", work / "secret.txt", 16
+    os.mkfifo(fifo)
+    secret.write_bytes(bytes(range(256)))
+    columns = {"x": "<u2", "y": "<u2", "t": "<u4", "p": "u1"}
+
+    def external(target, count):
+        def make(group, name, dtype):
+            group.create_dataset(name, (count,), dtype, external=[(str(target), 0, count * np.dtype(dtype).itemsize)])
+
+        return make
+
+    def virtual(group, name, dtype):
+        layout = h5py.VirtualLayout(shape=(n,), dtype=dtype)
+        layout[:] = h5py.VirtualSource(str(fifo), name, shape=(n,))
+        group.create_virtual_dataset(name, layout)
+
+    def link(target):
+        return lambda group, name, dtype: group.__setitem__(name, target)
+
+    def values(dtype, value):
+        return lambda group, name, _: group.create_dataset(name, data=np.full(n, value, dtype))
+
+    def plain(group, name, dtype):
+        group.create_dataset(name, data=np.arange(n).astype(dtype))
+
+    def events_in_fifo(f):
+        del f["events"]
+        f["events"] = h5py.ExternalLink(str(fifo), "/events")
+
+    def chunked(group, name, dtype):
+        group.create_dataset(name, data=np.arange(n).astype(dtype), chunks=(1 << 25,), maxshape=(None,), compression=1)
+
+    anywhere = {
+        "stored in a regular file": external(secret, n),
+        "linked to a FIFO": link(h5py.ExternalLink(str(fifo), "/x")),
+        "a soft link": link(h5py.SoftLink("/elsewhere")),
+        "a virtual dataset of a FIFO": virtual,
+        "in chunks of 2^25 elements": chunked,
+        "int64 -2^63": values("<i8", -(2**63)),
+        "uint64 2^64 - 1": values("<u8", 2**64 - 1),
+    }
+    coordinates = {"int32 70000": values("<i4", 70_000), "int16 -1": values("<i2", -1)}
+    cases = [({name: make}, f"events/{name} {label}") for name in "xyt" for label, make in anywhere.items()]
+    cases += [({name: make}, f"events/{name} {label}") for name in "xy" for label, make in coordinates.items()]
+    cases += [({"p": make}, f"events/p {label}") for label, make in list(anywhere.items())[:5]]  # p holds any int
+    cases.append((dict.fromkeys(columns, external("/dev/zero", 1 << 31)), "every column stored in /dev/zero"))
+    out = []
+    for special, label in cases:
+        path = work / f"hostile-{len(out):03d}.h5"
+        with h5py.File(path, "w") as f:
+            group = f.create_group("events")
+            f.create_dataset("elsewhere", data=np.arange(n))
+            for name, dtype in columns.items():
+                special.get(name, plain)(group, name, dtype)
+        out.append((label, path))
+    for label, change in (
+        ("t_offset 2^63 - 1", lambda f: f.__setitem__("t_offset", np.int64(2**63 - 1))),
+        ("t_offset 2^64 - 1", lambda f: f.__setitem__("t_offset", np.uint64(2**64 - 1))),
+        ("t_offset stored in a regular file", lambda f: external(secret, 1)(f, "t_offset", "<i8")),
+        ("the events group linked to a FIFO", events_in_fifo),
+    ):
+        path = work / f"hostile-{len(out):03d}.h5"
+        with h5py.File(path, "w") as f:
+            for name, dtype in columns.items():
+                plain(f.require_group("events"), name, dtype)
+            change(f)
+        out.append((label, path))
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(work / "socket"))
+    listener.close()  # the socket file stays
+    for suffix in (".dat", ".bin", ".raw", ".npz", ".h5", ".aedat4"):
+        for label, target in (
+            ("a FIFO", fifo),
+            ("/dev/zero", "/dev/zero"),
+            ("/dev/urandom", "/dev/urandom"),
+            ("a socket", work / "socket"),
+        ):
+            path = work / f"special-{len(out):03d}{suffix}"
+            path.symlink_to(target)
+            out.append((f"{suffix} linking to {label}", path))
+    return out
+
+
+def hostile_corpora(data_dir: Path, work: Path) -> list[tuple[str, Path]]:
+    """(description, corpus directory) of corpora crafted as ``hostile_event_files`` are, plus values a recording
+    cannot hold written with valid checksums. Each must be refused by name."""
+    import h5py
+
+    from mem_core.corpus import CorpusWriter
+    from mem_core.io import read_events
+
+    fifo = work / "corpus-fifo"
+    os.mkfifo(fifo)
+    base = work / "hostile-base"
+    with CorpusWriter(base, min_free_bytes=0) as writer:
+        events, sensor = read_events(sorted((data_dir / "ncars-dev" / "train" / "cars").glob("*.dat"))[0])
+        writer.add_recording("r", events, sensor, label="cars")
+    n = events.size
+
+    def replace(name: str, make: Callable[[h5py.File, str], None]) -> Callable[[Path], None]:
+        def change(root: Path) -> None:
+            with h5py.File(root / "shard-00000.h5", "r+") as f:
+                old = f[name][()]
+                del f[name]
+                make(f, name, old)
+
+        return change
+
+    def virtual(f, name, old):
+        layout = h5py.VirtualLayout(shape=old.shape, dtype=old.dtype)
+        layout[:] = h5py.VirtualSource(str(fifo), name, shape=old.shape)
+        f.create_virtual_dataset(name, layout)
+
+    def edit(name: str, value: Callable[[np.ndarray], np.ndarray]) -> Callable[[Path], None]:
+        def change(root: Path) -> None:
+            with h5py.File(root / "shard-00000.h5", "r+") as f:
+                f[name][:] = value(f[name][()])
+
+        return change
+
+    def swap(name: str, target) -> Callable[[Path], None]:
+        def change(root: Path) -> None:
+            (root / name).unlink()
+            (root / name).symlink_to(target)
+
+        return change
+
+    changes = {
+        "t linked to a FIFO": replace(
+            "t", lambda f, name, old: f.__setitem__(name, h5py.ExternalLink(str(fifo), "/t"))
+        ),
+        "x stored in /dev/zero": replace(
+            "x", lambda f, name, old: f.create_dataset(name, old.shape, old.dtype, external=[("/dev/zero", 0, 2 * n)])
+        ),
+        "p a virtual dataset of a FIFO": replace("p", virtual),
+        "t_index a soft link": replace("t_index", lambda f, name, old: f.__setitem__(name, h5py.SoftLink("/t"))),
+        "y in chunks of 2^25 events": replace(
+            "y", lambda f, name, old: f.create_dataset(name, data=old, chunks=(1 << 25,), maxshape=(None,))
+        ),
+        "x beyond the sensor": edit("x", lambda x: x + 5000),
+        "polarity 7": edit("p", lambda p: np.full_like(p, 7)),
+        "time reversed": edit("t", lambda t: t[::-1]),
+        "the shard linking to /dev/zero": swap("shard-00000.h5", "/dev/zero"),
+        "the manifest a FIFO": swap("manifest.json", fifo),
+    }
+    out = []
+    for label, change in changes.items():
+        root = work / f"hostile-corpus-{len(out):03d}"
+        shutil.copytree(base, root)
+        change(root)
+        out.append((label, root))
+    return out
+
+
 def model_mutants(work: Path) -> list[tuple[str, Path]]:
     """(description, export or run directory): damaged exports, checkpoints and run configs."""
     import torch
@@ -494,6 +660,18 @@ def test_corpus_mutants_are_refused_by_name_or_read_whole(data_dir, tmp_path):
 
 
 @pytest.mark.slow
+def test_hostile_event_files_are_refused_by_name(tmp_path):
+    cases = hostile_event_files(tmp_path)
+    counts = run_child("events", [label for label, _ in cases], [path for _, path in cases], tmp_path)
+    assert counts["refused"] == len(cases), counts
+
+
+def test_hostile_corpora_are_refused_by_name(data_dir, tmp_path):
+    cases = hostile_corpora(data_dir, tmp_path)
+    counts = run_child("corpus", [label for label, _ in cases], [root for _, root in cases], tmp_path)
+    assert counts["refused"] == len(cases), counts
+
+
 def test_model_file_mutants_are_refused_by_name_or_load(tmp_path):
     cases = model_mutants(tmp_path)
     counts = run_child("model", [label for label, _ in cases], [root for _, root in cases], tmp_path)
