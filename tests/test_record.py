@@ -284,7 +284,8 @@ def test_a_small_disk_keeps_the_events_that_fit(tmp_path, events_factory, small_
     out = tmp_path / "corpus"
     small_disk(out, 18_000_000)  # the writer's ballast must not take most of it
     sensor = SensorSize(480, 640)
-    source = ArraySource([events_factory(500_000, sensor, seed=k, t0=k * 10**8) for k in range(6)], sensor)
+    # 6 M events: more than 18 MB hold however well they compress
+    source = ArraySource([events_factory(500_000, sensor, seed=k, t0=k * 10**8) for k in range(12)], sensor)
     result = run(RecordConfig(source="test", out=out, flush_interval_s=0.05, min_free_bytes=0), source=source)
     assert result.stop_reason == "disk full"
     assert result.stored >= 500_000

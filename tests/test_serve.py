@@ -221,7 +221,7 @@ def window_spans(messages) -> list[tuple[int, float]]:
     return [(w["events"], (w["t_last_us"] - w["t_first_us"]) / 1e3) for w in windows]
 
 
-def test_the_export_s_training_window_is_the_default_and_old_exports_keep_theirs(export, tmp_path):
+def test_the_export_s_training_window_is_the_default(export, tmp_path):
     timed = export_random(
         tmp_path / "timed",
         architecture=ViTConfig(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, drop_path=0.0),
@@ -240,13 +240,8 @@ def test_the_export_s_training_window_is_the_default_and_old_exports_keep_theirs
     sizes = [n for n, _ in window_spans(messages)]
     assert sizes[-1] == 2000 and max(sizes) == 2000  # the newest 2000 events, whatever their span (once filled)
 
-    meta = json.loads((export / "model.json").read_text())
-    assert meta["training_window"] == {"events": 2000, "ms": None}
-    del meta["training_window"]  # an export written before the window was recorded
-    old = tmp_path / "old"
-    shutil.copytree(export, old)
-    (old / "model.json").write_text(json.dumps(meta))
-    assert Predictor(old).training_window == (2000, None)
+    assert json.loads((export / "model.json").read_text())["training_window"] == {"events": 2000, "ms": None}
+    assert Predictor(export).training_window == (2000, None)
 
 
 def test_window_command_changes_the_windows_of_the_published_frames(export):
