@@ -179,7 +179,7 @@ def eval_batches(model: torch.nn.Module, loader: Iterable, spec, runtime: Runtim
             x, masks = batch_preprocess(events, spec, train=False, device=runtime.device, labels=masks)
         with runtime.autocast():
             out = model(x)
-        yield out, labels.to(runtime.device), masks
+        yield out, labels.to(runtime.device, non_blocking=True), masks
 
 
 def train_one_epoch(

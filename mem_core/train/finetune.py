@@ -115,11 +115,12 @@ def run(cfg: FinetuneStageConfig, out: Path | str, *, init: Path | str | None = 
 def evaluate_classifier(model, loader, spec, runtime: Runtime, num_classes: int) -> dict:
     """Top-1, mean loss and the confusion matrix (rows: true class) over the whole split, all processes."""
     confusion = torch.zeros(num_classes, num_classes, dtype=torch.float64, device=runtime.device)
+    one = torch.ones((), dtype=torch.float64, device=runtime.device)
     loss_sum = torch.zeros(1, dtype=torch.float64, device=runtime.device)  # sums stay on the device until the end
     for logits, labels, _ in eval_batches(model, loader, spec, runtime):
         loss_sum += F.cross_entropy(logits.float(), labels, reduction="sum")
         pairs = labels * num_classes + logits.argmax(-1)
-        confusion += torch.bincount(pairs, minlength=num_classes**2).view(num_classes, num_classes)
+        confusion.view(-1).index_add_(0, pairs, one.expand(len(pairs)))  # bincount would read its largest index back
     confusion = all_reduce_sum(confusion, runtime).cpu()
     loss_sum = all_reduce_sum(loss_sum, runtime).cpu()
     n = confusion.sum().item()

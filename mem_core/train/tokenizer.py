@@ -77,6 +77,7 @@ def evaluate_tokenizer(model: DiscreteVAE, loader, spec, runtime: Runtime) -> di
     counts = torch.zeros(num_tokens, dtype=torch.float64, device=device)
     active_counts = torch.zeros(num_tokens, dtype=torch.float64, device=device)
     sq_err = torch.zeros(2, dtype=torch.float64, device=device)  # (sum of squared errors, number of values)
+    one = torch.ones((), dtype=torch.float64, device=device)
     for events, _, _ in loader:
         x = batch_preprocess(events, spec, train=False, device=runtime.device)
         with runtime.autocast():
@@ -84,9 +85,10 @@ def evaluate_tokenizer(model: DiscreteVAE, loader, spec, runtime: Runtime) -> di
             recon = model.decode_ids(ids)
         sq_err[0] += ((recon.float() - x) ** 2).sum()
         sq_err[1] += x.numel()
-        counts += torch.bincount(ids.flatten(), minlength=num_tokens)
+        # added up on the device: bincount and boolean indexing would each wait for it to read a size back
+        counts.index_add_(0, ids.flatten(), one.expand(ids.numel()))
         active = F.avg_pool2d(x[:, : spec.count_channels].float().sum(1, keepdim=True), patch)[:, 0] > 0  # (B, h, w)
-        active_counts += torch.bincount(ids[active], minlength=num_tokens)
+        active_counts.index_add_(0, ids.flatten(), active.flatten().to(counts.dtype))
     counts = all_reduce_sum(counts, runtime).cpu()
     active_counts = all_reduce_sum(active_counts, runtime).cpu()
     sq_err = all_reduce_sum(sq_err, runtime).cpu()
