@@ -12,6 +12,7 @@ any other string         an event file in a format ``mem_core.io.read_events`` r
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from mem_core.simulator import fast_config, task_config
@@ -51,6 +52,6 @@ def open_source(spec: str, *, speed: float = 1.0, loop: bool = False, batch_us: 
         except ValueError:
             raise RecorderError(f"source {spec!r}: synthetic:MEV_S takes a positive rate in Mev/s") from None
     path = Path(spec)
-    if not path.is_file():
+    if not os.path.exists(path) or path.is_dir():  # a FIFO or a device goes on: the reader refuses it by name
         raise RecorderError(f"source {spec!r} is not {SPECS}")
     return ReplaySource(path, speed=speed, loop=loop, batch_us=batch_us)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import socket
 import subprocess
 import sys
@@ -120,6 +121,15 @@ def test_open_source_rejects_what_it_does_not_know(tmp_path):
     with pytest.raises(RecorderError, match="simulator preset"):
         open_source("sim:nope")
     assert isinstance(open_source("sim", speed=0), SimulatorSource)
+
+
+def test_a_source_file_that_is_a_fifo_or_a_device_is_refused_by_name(tmp_path):
+    os.mkfifo(tmp_path / "pipe.dat")
+    (tmp_path / "zero.dat").symlink_to("/dev/zero")
+    with pytest.raises(EventFileError, match=r"pipe\.dat: not a regular file \(a FIFO\)"):
+        open_source(str(tmp_path / "pipe.dat"))
+    with pytest.raises(EventFileError, match=r"zero\.dat: not a regular file \(a character device\)"):
+        open_source(str(tmp_path / "zero.dat"))
 
 
 # ---------------------------------------------------------------------------------------------- camera
