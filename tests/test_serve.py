@@ -555,6 +555,21 @@ def test_control_answers_every_hostile_request_and_then_the_next_good_one(export
         assert server.stats()["malformed"] == len(HOSTILE_REQUESTS)
 
 
+def test_a_control_frame_over_the_size_limit_never_reaches_the_server(export):
+    source = SyntheticSource(100_000, SENSOR, batch_us=5000)
+    with serving(export, source) as server:
+        socket = zmq.Context.instance().socket(zmq.REQ)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.connect(server.control_endpoint)
+        try:
+            socket.send(b"{" + b" " * (3 << 20) + b"}")  # 3 MiB: would be answered as malformed if it arrived
+            assert not socket.poll(2000)  # ZMQ drops the peer; nothing is read, nothing answered
+        finally:
+            socket.close(0)
+        assert request(server.control_endpoint, "state")["ok"] is True
+        assert server.stats()["malformed"] == 0
+
+
 def test_a_failing_command_is_answered_and_the_control_thread_goes_on(export, data_dir, monkeypatch):
     from recorders.replay import ReplaySource
 

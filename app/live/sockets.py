@@ -8,6 +8,7 @@ import numpy as np
 import zmq
 
 from mem_core.configuration import ConfigError
+from mem_core.limits import MAX_HEADER_BYTES
 from mem_core.protocol import encode
 from recorders.publish import CLOSE_LINGER_MS
 
@@ -35,6 +36,8 @@ def bind(context: zmq.Context, kind: int, endpoint: str) -> zmq.Socket:
     socket.setsockopt(zmq.LINGER, CLOSE_LINGER_MS if kind == zmq.PUB else 0)
     if kind == zmq.PUB:
         socket.setsockopt(zmq.SNDHWM, 16)  # a slow subscriber loses old messages, the server never waits
+    if kind == zmq.REP:  # a control request is a header alone: a larger frame is dropped by ZMQ, never buffered
+        socket.setsockopt(zmq.MAXMSGSIZE, 2 * MAX_HEADER_BYTES)
     try:
         socket.bind(endpoint)
     except zmq.ZMQError as exc:
