@@ -15,7 +15,7 @@ def set_fused_attention(attn: torch.nn.Module, fused: bool) -> None:
     """Make timm's ``Attention`` use SDPA (``fused``) or its plain softmax(q k^T + bias) v product from its next
     forward on. timm chooses once, at construction (``use_fused_attn()``), and reads the ``fused_attn`` attribute in
     every forward (timm 0.9 to 1.0.x); MEM needs the choice per call because the faster kernel differs between a CPU
-    training step and inference (``models.vit._pick_attention_kernel``)."""
+    training step and inference (``models.attention._pick_kernel``)."""
     if not hasattr(attn, "fused_attn"):
         raise MemError(
             f"timm {timm.__version__}: {type(attn).__qualname__} has no 'fused_attn' switch, which MEM sets per call "

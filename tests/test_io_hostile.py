@@ -312,3 +312,13 @@ def test_npz_field_holding_several_values_per_event_is_refused(tmp_path):
     np.savez(tmp_path / "x.npz", event_data=data)
     with pytest.raises(EventFileError, match=r"x\.npz: 'event_data' must be a 1-D structured array with one value"):
         read_events(tmp_path / "x.npz")
+
+
+def test_inspect_of_a_path_longer_than_the_system_allows_is_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from app.cli import app
+
+    result = CliRunner().invoke(app, ["inspect", str(tmp_path / ("a" * 5000))])
+    assert isinstance(result.exception, EventFileError)  # what `mem` prints as one line, not an OSError traceback
+    assert "File name too long" in str(result.exception)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -118,7 +119,7 @@ def inspect(
     from rich.table import Table
 
     damaged: dict[str, str] = {}
-    if path.is_dir():
+    if os.path.isdir(path):  # never raises: an over-long path is then refused by the reader in one line
         from mem_core.corpus import Corpus
 
         with Corpus(path) as corpus:

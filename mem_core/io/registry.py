@@ -56,7 +56,7 @@ def formats() -> list[str]:
 
 def _head(path: Path) -> bytes:
     """The first bytes of a regular file, ``b""`` for a directory (a store a plug-in may claim)."""
-    if path.is_dir():
+    if os.path.isdir(path):  # never raises (an over-long name is refused when the file is opened)
         return b""
     try:
         with open_regular(path) as f:
