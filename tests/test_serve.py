@@ -175,10 +175,17 @@ def test_predictor_gives_a_class_mask_for_segmentation(seg_export, events_factor
     assert out.probs is None and out.tokens is None
 
 
+def stats_after_predictions(messages) -> bool:
+    """Five predictions and a stats message sent after the first of them (stats go out every
+    ``stats_interval_s``: the first may predate the model)."""
+    preds = [i for i, m in enumerate(messages) if m.topic == "pred"]
+    return len(preds) >= 5 and any(m.topic == "stats" for m in messages[preds[0] :])
+
+
 def test_server_publishes_hist_tokens_pred_and_stats(export):
     source = SyntheticSource(200_000, SENSOR, batch_us=5000)
     with serving(export, source) as server, subscriber(server.pub_endpoint) as sub:
-        messages = collect(sub, lambda ms: len(of(ms, "pred")) >= 5 and len(of(ms, "stats")) >= 2)
+        messages = collect(sub, stats_after_predictions)
     hist, tokens, pred, stats = (of(messages, t) for t in ("hist", "tokens", "pred", "stats"))
     h = hist[-1].arrays["hist"]
     assert h.shape == (2, 32, 32) and h.dtype == np.float16 and float(h.min()) >= 0 and 0 < float(h.max()) <= 1.0
@@ -329,6 +336,19 @@ def test_a_model_that_cannot_be_loaded_ends_the_server_with_its_error(tmp_path):
     )
     with pytest.raises(RunError, match="empty: not a MEM run directory"):  # a MemError: `mem serve` prints one line
         server.run(duration_s=WAIT_S)
+
+
+def test_a_model_whose_first_window_takes_too_long_ends_the_server_saying_so(export, monkeypatch):
+    from app.live import model_slot
+    from mem_core.inference import Predictor
+
+    monkeypatch.setattr(model_slot, "warm_up_timeout_s", lambda flops: 0.5)
+    monkeypatch.setattr(Predictor, "warm_up", lambda self: time.sleep(5))  # a window that takes 10 x its time
+    server = LiveServer(ServeConfig(model=export, pub="tcp://127.0.0.1:*"), source=SyntheticSource(1000, SENSOR))
+    start = time.monotonic()
+    with pytest.raises(RunError, match=r"the model's first window did not finish within 0 s \(.* FLOP per window\)"):
+        server.run(duration_s=WAIT_S)
+    assert time.monotonic() - start < 4.5  # given up at the time box, not after the window
 
 
 def test_sensor_view_keeps_the_sensor_geometry_and_every_event_and_bins_large_sensors():

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from app.config import ServeConfig
 from mem_core.configuration import ConfigError
 from mem_core.errors import RunError
-from mem_core.limits import MAX_TEXT
+from mem_core.limits import MAX_TEXT, warm_up_timeout_s
 from mem_core.lineage import source_run
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ class ModelSlot:
         config = self._config
         stamp = model_stamp(self.path)
         predictor = self._given or Predictor(config.model, config.tokenizer, config.device)
-        predictor.warm_up()
+        warm_up(predictor, self.path)
         self._serve(predictor, self.path, stamp)
 
     def swap(self, path: Path | str, keep_window: bool = False) -> None:
@@ -100,7 +100,7 @@ class ModelSlot:
         path = Path(path)
         stamp = model_stamp(path)
         predictor = Predictor(path, None, self._config.device)
-        predictor.warm_up()
+        warm_up(predictor, path)
         self._serve(predictor, path, stamp, keep_window)
         if self._announce is not None:
             self._announce(f"mem serve: now serving {path} (model version {self.version})")
@@ -170,3 +170,27 @@ def model_name(path: Path | None) -> str | None:
     except RunError:  # a model.json that does not say cleanly: the loader reports it, the name falls back
         source = None
     return source.name if source is not None else path.name
+
+
+def warm_up(predictor: Predictor, path: Path | None) -> None:
+    """Run ``predictor``'s first window, giving it ``limits.warm_up_timeout_s`` of its work per window; past that a
+    ``RunError`` names the model, and the model is not served (its thread is left to finish in the background)."""
+    flops = predictor.meta["window_flops"]
+    timeout = warm_up_timeout_s(flops)
+    done, failed = threading.Event(), []
+
+    def run() -> None:
+        try:
+            predictor.warm_up()
+        except Exception as exc:  # handed to the caller, as if it ran there
+            failed.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="mem-serve-warm-up", daemon=True).start()
+    if not done.wait(timeout):
+        raise RunError(
+            f"{path}: the model's first window did not finish within {timeout:.0f} s ({flops:.3g} FLOP per window)"
+        )
+    if failed:
+        raise failed[0]
