@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 from conftest import synthetic_events
@@ -120,6 +121,19 @@ def test_dsec_semantic_gives_50ms_before_each_label(tmp_path):
     expected = ev[(ev["t"] >= stamps[1] - 50_000) & (ev["t"] < stamps[1]) & (ev["y"] < 440)]
     assert np.array_equal(got["t"], expected["t"]) and np.array_equal(got["x"], expected["x"])
     assert src.mask(1).shape == (440, 640)
+
+
+def test_dsec_semantic_refuses_an_events_file_that_keeps_a_column_elsewhere(tmp_path):
+    make_dsec(tmp_path)
+    events = tmp_path / "train" / "zurich_city_00_a" / "events" / "left" / "events.h5"
+    secret = tmp_path / "secret.txt"
+    secret.write_bytes(bytes(20_000))
+    with h5py.File(events, "r+") as f:  # events/p read from another file, as a hostile download could declare it
+        del f["events/p"]
+        f["events"].create_dataset("p", shape=(20_000,), dtype="u1", external=[(str(secret), 0, 20_000)])
+    src = open_source("dsec-semantic", tmp_path, "train")
+    with pytest.raises(DatasetError, match=r"events\.h5: refused: dataset events/p keeps its data in external files"):
+        src.load(0)
 
 
 def test_corpus_source_with_labels_and_slots(tmp_path):
