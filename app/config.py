@@ -50,6 +50,11 @@ class ServeConfig:
         check_ranges(
             self, {"top_k": Interval(1), "train_epochs": Interval(1), "stats_interval_s": Interval(0, lo_open=True)}
         )
+        if self.classes:
+            from mem_core.schema import class_names_problem  # pydantic: imported only where classes are given
+
+            if (problem := class_names_problem(list(self.classes))) is not None:
+                raise ConfigError(problem)
 
 
 @dataclass(frozen=True)

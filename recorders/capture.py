@@ -16,6 +16,8 @@ import numpy as np
 
 from mem_core.corpus import Corpus, CorpusWriter
 from mem_core.events import SensorSize
+from mem_core.limits import MAX_CLASSES
+from mem_core.schema import class_names_problem
 from recorders.base import Closing, RecorderError
 
 
@@ -26,6 +28,8 @@ class LabelledCaptures(Closing):
         self.root = Path(root)
         existing = Corpus(self.root) if (self.root / "manifest.json").exists() else None
         self._counts = collections.Counter(existing.label_counts() if existing is not None else {})
+        if self._counts and (problem := class_names_problem(list(self._counts))) is not None:
+            raise RecorderError(f"{self.root}: the labelled corpus's {problem}")
         self._taken: list[tuple[str, str]] = []  # (name, label) captured in this session, for undo
         self._next = len(existing) if existing is not None else 0
         self._writer = CorpusWriter(self.root, provenance={"tool": "mem label"}, flush_interval_s=0)
@@ -36,6 +40,10 @@ class LabelledCaptures(Closing):
         """Store one window as a recording labelled ``label``; returns its name. Durable when this returns."""
         if not isinstance(label, str) or not label.strip():
             raise RecorderError(f"a capture needs a class name, got {label!r}")
+        if (problem := class_names_problem([label])) is not None:
+            raise RecorderError(f"label {label[:60]!r}: {problem.removeprefix('classes.0: ')}")
+        if self._counts[label] == 0 and sum(n > 0 for n in self._counts.values()) >= MAX_CLASSES:
+            raise RecorderError(f"label {label!r}: the corpus already holds the {MAX_CLASSES} classes a model may have")
         if events.size == 0:
             raise RecorderError("the window holds no events: nothing to capture")
         name = f"capture-{self._next:06d}"

@@ -45,6 +45,37 @@ def test_undo_takes_the_last_capture_out_and_a_new_session_continues(tmp_path, e
     assert Corpus(root).check(full=True) == {}
 
 
+@pytest.mark.parametrize(
+    ("label", "why"),
+    [("x" * 56, "at most 55 characters"), ("car\x1b[2J", "printable"), ("   ", "a capture needs a class name")],
+)
+def test_a_label_no_model_could_carry_is_refused_and_nothing_is_written(tmp_path, events_factory, label, why):
+    root = tmp_path / "labels"
+    with LabelledCaptures(root) as captures:
+        captures.capture(events_factory(100, sensor=SENSOR), SENSOR, "car")
+        with pytest.raises(RecorderError, match=why):
+            captures.capture(events_factory(100, sensor=SENSOR, seed=1), SENSOR, label)
+    assert [r.label for r in Corpus(root).recordings] == ["car"]
+
+
+def test_a_class_past_the_most_a_model_may_have_is_refused(tmp_path, events_factory, monkeypatch):
+    monkeypatch.setattr("recorders.capture.MAX_CLASSES", 2)
+    with LabelledCaptures(tmp_path / "labels") as captures:
+        for label in ("car", "background", "car"):  # more of a class already held is fine
+            captures.capture(events_factory(100, sensor=SENSOR), SENSOR, label)
+        with pytest.raises(RecorderError, match="already holds the 2 classes a model may have"):
+            captures.capture(events_factory(100, sensor=SENSOR), SENSOR, "truck")
+        assert captures.counts() == {"background": 1, "car": 2}
+
+
+def test_a_labelled_corpus_with_labels_no_model_could_carry_is_refused_on_opening(tmp_path, events_factory):
+    root = tmp_path / "labels"
+    with CorpusWriter(root) as writer:  # written by another tool: the writer takes any label
+        writer.add_recording("r0", events_factory(100, sensor=SENSOR), SENSOR, label="x" * 80)
+    with pytest.raises(RecorderError, match=r"labels: the labelled corpus's classes.0: .*at most 55 characters"):
+        LabelledCaptures(root)
+
+
 @pytest.mark.slow
 def test_a_capture_survives_the_process_being_killed(tmp_path):
     code = (

@@ -7,9 +7,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
+from app.cli import app
+from app.config import ServeConfig
 from mem_core import events, limits, protocol
-from mem_core.configuration import to_dict
+from mem_core.configuration import ConfigError, to_dict
+from mem_core.corpus import CorpusWriter
+from mem_core.datasets import DatasetError, open_source
 from mem_core.export import check_meta
 from mem_core.models import ViTConfig
 from mem_core.representation import InputSpec
@@ -100,7 +105,7 @@ def test_the_largest_class_set_an_export_accepts_reaches_the_viewer_in_every_mes
     assert protocol.VIEW_DECODERS["pred"](protocol.decode(segmentation)).mask is not None
 
 
-@pytest.mark.parametrize(
+REFUSED_CLASS_SETS = pytest.mark.parametrize(
     ("classes", "problem"),
     [
         (names(limits.MAX_CLASSES + 1), "at most 1000"),
@@ -110,10 +115,42 @@ def test_the_largest_class_set_an_export_accepts_reaches_the_viewer_in_every_mes
         (["car", "   "], "printable"),
     ],
 )
+
+
+@REFUSED_CLASS_SETS
 def test_a_class_set_the_wire_cannot_carry_is_refused_by_the_export_in_one_line(classes, problem):
     with pytest.raises(RunError, match=problem) as info:
         check_meta(meta(classes), Path("model.json"))
     assert str(info.value).startswith("model.json: classes") and "\n" not in str(info.value)
+
+
+@REFUSED_CLASS_SETS
+def test_a_class_set_the_wire_cannot_carry_is_refused_by_mem_serve_before_it_starts(classes, problem):
+    with pytest.raises(ConfigError, match=problem):
+        ServeConfig(classes=tuple(classes))
+
+
+def test_mem_serve_names_the_class_that_cannot_be_labelled_in_one_line(tmp_path):
+    long = "x" * (limits.MAX_CLASS_NAME + 1)
+    result = CliRunner().invoke(
+        app, ["serve", "--source", "sim", "--classes", f"car,{long}", "--pub", "tcp://127.0.0.1:*"]
+    )
+    assert isinstance(result.exception, ConfigError)  # what `mem` prints as one line, before opening the source
+    assert str(result.exception).startswith("classes.1: string should have at most 55 characters")
+
+
+@pytest.mark.parametrize(
+    ("label", "problem"), [("x" * (limits.MAX_CLASS_NAME + 1), "at most 55"), ("a\x07", "printable")]
+)
+def test_a_corpus_whose_labels_no_model_could_carry_is_refused_before_training(
+    tmp_path, events_factory, label, problem
+):
+    sensor = events.SensorSize(16, 16)
+    with CorpusWriter(tmp_path) as writer:
+        for k, name in enumerate(["car", label, "car", label]):
+            writer.add_recording(f"r{k}", events_factory(200, sensor, seed=k), sensor, label=name)
+    with pytest.raises(DatasetError, match=f"the recordings' labels cannot be a model.s classes.[01]: .*{problem}"):
+        open_source("corpus", tmp_path, "train")
 
 
 def test_the_largest_input_an_export_accepts_is_drawn_by_the_viewer():

@@ -31,6 +31,7 @@ from mem_core.corpus import MANIFEST, Corpus, CorpusError, RecordingInfo
 from mem_core.datasets.base import DatasetError, EventSource, require_dir
 from mem_core.datasets.splits import TRAIN, VAL, held_out_blocks
 from mem_core.events import SensorSize, window_start
+from mem_core.schema import class_names_problem
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,8 @@ class CorpusSource(EventSource):
         sensors = {r.sensor for r in recordings}
         self.sensor = SensorSize(max(s.height for s in sensors), max(s.width for s in sensors))
         names = sorted({str(r.label) for r in recordings if r.label is not None})
+        if names and (problem := class_names_problem(names)) is not None:
+            raise DatasetError(f"{root}: the recordings' labels cannot be a model's {problem}")
         self.classes = names
         table = _slots(recordings, slot)  # (recording, first event, events in slot), in corpus order
         usable = np.asarray([recordings[i].shard not in self.skipped for i in table[:, 0]], dtype=bool)

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from timm.utils import ModelEmaV3
 
 from mem_core.models import MEMViT
+from mem_core.schema import class_names_problem
 from mem_core.train.configs import FinetuneStageConfig
 from mem_core.train.engine import StepResult, eval_batches
 from mem_core.train.rundir import RunDir, RunError
@@ -38,6 +39,8 @@ class FinetuneStage(TaskStage):
         cfg = self.cfg
         if (train_src.labels < 0).any():
             raise RunError(f"{cfg.data.dataset} {cfg.data.train_split}: finetuning needs labels on every sample")
+        if (problem := class_names_problem(train_src.classes)) is not None:
+            raise RunError(f"{cfg.data.dataset} {cfg.data.train_split}: the dataset's {problem}")
         self.classes = train_src.classes
         self.run.write_json("classes.json", {"classes": self.classes, "train_samples": len(indices)})
         if self.mixup is not None and (cfg.batch_size // self.runtime.world_size) % (2 * cfg.accum_steps):
