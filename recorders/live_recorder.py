@@ -10,6 +10,7 @@ import numpy as np
 
 from mem_core.corpus import CorpusError, CorpusWriter
 from mem_core.events import SensorSize
+from mem_core.limits import MAX_TEXT, fit_path
 
 
 class LiveRecorder:
@@ -78,8 +79,8 @@ class LiveRecorder:
             active = self._pending is not None or self._writer is not None
             return {
                 "active": active,
-                "root": str(self.root),
+                "root": fit_path(self.root),
                 "name": self._name,
                 "events": self._events,
-                "error": self._error,
+                "error": None if self._error is None else self._error[:MAX_TEXT],
             }

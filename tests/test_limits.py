@@ -181,3 +181,18 @@ def test_the_largest_sensor_a_file_may_have_travels_as_events(events_factory):
     batch = events_factory(100, sensor, seed=1)
     decoded, got = protocol.decode_events(protocol.decode(protocol.encode_events(0, batch, sensor)))
     assert got == sensor and np.array_equal(decoded, batch)
+
+
+def test_a_recording_folder_of_a_path_longer_than_a_text_field_reaches_the_viewer_by_its_end(tmp_path, events_factory):
+    from recorders.live_recorder import LiveRecorder
+
+    root = tmp_path.joinpath(*(f"{k}" + "d" * 250 for k in range(5)), "recordings")  # ~1,300 characters
+    recorder = LiveRecorder(root)
+    recorder.start("walk")
+    recorder.append(events_factory(100, events.SensorSize(16, 16)), events.SensorSize(16, 16), {"kind": "sim"})
+    state = recorder.state()
+    recorder.stop()
+    stats = protocol.decode_stats(protocol.decode(protocol.encode("stats", 0, recording=state)))
+    shown = stats["recording"]["root"]
+    assert len(str(root)) > limits.MAX_TEXT and len(shown) == limits.MAX_TEXT
+    assert shown.startswith("\u2026") and str(root).endswith(shown[1:])

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from app.config import ServeConfig
 from mem_core.configuration import ConfigError
 from mem_core.errors import RunError
-from mem_core.limits import MAX_TEXT, warm_up_timeout_s
+from mem_core.limits import MAX_TEXT, fit_path, warm_up_timeout_s
 from mem_core.lineage import source_run
 
 if TYPE_CHECKING:
@@ -131,7 +131,7 @@ class ModelSlot:
         """The ``model`` entry of the server's state: name, version and path, and the error of a failed swap."""
         model = None
         if self.version:
-            model = {"name": self.name or "model", "version": self.version, "path": str(self.path)}
+            model = {"name": self.name or "model", "version": self.version, "path": fit_path(self.path)}
         if self.error is not None:
             model = {**(model or {"name": "none", "version": 0, "path": ""}), "error": self.error}
         return model
