@@ -11,10 +11,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from mem_core.limits import MAX_SENSOR_SIDE
+
 EVENT_DTYPE = np.dtype([("t", "<i8"), ("x", "<u2"), ("y", "<u2"), ("p", "u1")])
-# The largest sensor side MEM accepts from a file, a corpus or a message: several times the largest event sensor
-# made (1280 x 960), and small enough that one (2, H, W) float32 histogram stays within 512 MiB.
-MAX_SENSOR_SIDE = 8192
 # The largest |t| (us) MEM accepts: 73 000 years either side of 0, beyond any clock, and small enough that the
 # difference of two times, and a replay that continues after its last event (time shifted by the span), stay in int64.
 MAX_ABS_TIME_US = 1 << 61

@@ -96,9 +96,11 @@ def test_vit_config_presets_and_validation():
     assert vit_tiny(img_size=112, patch_size=8).grid_size == (14, 14)
     with pytest.raises(ValueError, match="patch_size"):
         ViTConfig(img_size=100, patch_size=16)
-    for img_size, patch_size in ((0, 16), (16, 0), (8, 16)):
-        with pytest.raises(ValueError, match="positive multiple of patch_size"):
-            ViTConfig(img_size=img_size, patch_size=patch_size)
+    with pytest.raises(ValueError, match="positive multiple of patch_size"):
+        ViTConfig(img_size=8, patch_size=16)
+    for field in ("img_size", "patch_size", "in_chans", "embed_dim", "depth", "num_heads"):  # no ZeroDivisionError
+        with pytest.raises(ValueError, match=f"{field} must be >= 1, got 0"):
+            ViTConfig(**{field: 0})
     with pytest.raises(ValueError, match="num_heads"):
         ViTConfig(embed_dim=100, num_heads=12)
 

@@ -51,6 +51,7 @@ from typing import Any
 from mem_core.errors import MemError
 from mem_core.events import SensorSize, sensor_problem
 from mem_core.io.base import open_regular, os_problem
+from mem_core.limits import is_int as _is_int
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -182,10 +183,6 @@ def labels_problem(counts: dict[str, int]) -> str | None:
     if few:
         return f"training needs at least {MIN_PER_CLASS} captures of every class (one is held out): {few}"
     return None
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _require(ok: bool, where: str, problem: str) -> None:

@@ -46,6 +46,9 @@ class ViTConfig:
     stem: Literal["patch", "conv", "resnet"] = "patch"
 
     def __post_init__(self) -> None:
+        for name in ("img_size", "patch_size", "in_chans", "embed_dim", "depth", "num_heads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.stem not in STEMS:
             raise ValueError(f"unknown stem {self.stem!r}; expected one of {STEMS}")
         if self.stem == "conv" and (self.patch_size < 2 or self.patch_size & (self.patch_size - 1)):
