@@ -114,9 +114,9 @@ def finetune_runs(cfg: DemoConfig) -> dict[tuple[str, int], Path]:
 
 def train_all(cfg: DemoConfig) -> dict[str, Path]:
     """Record, tokenizer, pretraining, then every finetuning run; returns the unlabeled stages' run directories."""
+    from mem_core.runs.rundir import RunDir
     from mem_core.train import finetune, pretrain, tokenizer
     from mem_core.train.experiment import finetune_in_parallel
-    from mem_core.train.rundir import RunDir
 
     fraction = label_fraction(cfg.labels_per_class)
     out = cfg.out
@@ -354,7 +354,7 @@ def run(cfg: DemoConfig) -> Path:
     results = evaluate_all(cfg)
     table_md = print_table(results)
     (cfg.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    from mem_core.export import export_run
+    from mem_core.runs.export import export_run
 
     served = finetune_runs(cfg)["mem", cfg.label_seeds[0]]
     export_dir = export_run(served, cfg.out / "export")

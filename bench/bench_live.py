@@ -33,10 +33,10 @@ import zmq
 
 from app.config import ServeConfig
 from app.live.server import LiveServer
-from mem_core.export import export_random
 from mem_core.models import TokenizerConfig, ViTConfig
 from mem_core.protocol import decode, encode
 from mem_core.representation import InputSpec
+from mem_core.runs.export import export_random
 from recorders.synthetic import SyntheticSource
 
 MODELS = {  # random-init architectures to measure: the CPU preset and the paper's ViT-B/16 (+ tokenizers)

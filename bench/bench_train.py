@@ -39,15 +39,15 @@ from rich.table import Table
 from mem_core.corpus import CorpusWriter
 from mem_core.datasets.corpus import CorpusSource
 from mem_core.events import SensorSize, make_events
-from mem_core.export import export_tokenizer
 from mem_core.models import BlockMaskGenerator, DiscreteVAE
 from mem_core.representation import collate_events, prepare_events
+from mem_core.runs.export import export_tokenizer
+from mem_core.runs.rundir import RunDir
 from mem_core.train.configs import stage_config
 from mem_core.train.engine import train_one_epoch
 from mem_core.train.finetune import FinetuneStage
 from mem_core.train.fit import build_loader
 from mem_core.train.pretrain import PretrainStage
-from mem_core.train.rundir import RunDir
 from mem_core.train.runtime import Runtime, setup_runtime
 from mem_core.train.stage import Stage
 from mem_core.train.tokenizer import TokenizerStage

@@ -22,10 +22,10 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from mem_core.runs.rundir import RunDir
 from mem_core.train.configs import stage_config
 from mem_core.train.experiment import equal_steps
 from mem_core.train.finetune import FinetuneStage
-from mem_core.train.rundir import RunDir
 from mem_core.train.stage import run_stage
 
 

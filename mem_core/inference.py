@@ -15,11 +15,11 @@ import torch.nn.functional as F
 
 from mem_core.configuration import from_dict
 from mem_core.events import SensorSize, make_events
-from mem_core.export import load_model, load_tokenizer
-from mem_core.lineage import tokenizer_of
 from mem_core.representation import InputSpec, histograms_to_input, input_histogram
 from mem_core.representation.pipeline import extent_boxes, remove_hot_pixels
-from mem_core.train.rundir import RunError
+from mem_core.runs.export import load_model, load_tokenizer
+from mem_core.runs.lineage import tokenizer_of
+from mem_core.runs.rundir import RunError
 
 
 @dataclass
@@ -38,7 +38,7 @@ class Predictor:
     """Events of one window -> histogram, token ids and a prediction, under ``torch.inference_mode``.
 
     Args:
-        model: export directory or finetune/segment run directory (``mem_core.export.load_model``).
+        model: export directory or finetune/segment run directory (``mem_core.runs.export.load_model``).
         tokenizer: tokenizer run or export directory; default: the one that belongs to the model, if any.
         device: torch device for the model and tokenizer.
     """

@@ -10,8 +10,8 @@ import sys
 import pytest
 import torch
 
+from mem_core.runs.rundir import RunDir, load_checkpoint
 from mem_core.train.engine import EpochBatchSampler
-from mem_core.train.rundir import RunDir, load_checkpoint
 
 pytestmark = pytest.mark.slow  # torchrun processes
 

@@ -16,9 +16,13 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from mem_core import export
 from mem_core.configuration import to_dict
-from mem_core.export import (
+from mem_core.inference import Predictor
+from mem_core.limits import MAX_WINDOW_FLOPS
+from mem_core.models import MEMViT, TokenizerConfig, ViTConfig
+from mem_core.representation import InputSpec
+from mem_core.runs import export
+from mem_core.runs.export import (
     EXPORT_VERSION,
     TASKS,
     build_task_model,
@@ -29,12 +33,8 @@ from mem_core.export import (
     load_tokenizer,
     window_flops,
 )
-from mem_core.inference import Predictor
-from mem_core.limits import MAX_WINDOW_FLOPS
-from mem_core.models import MEMViT, TokenizerConfig, ViTConfig
-from mem_core.representation import InputSpec
+from mem_core.runs.rundir import RunDir, RunError
 from mem_core.train.configs import stage_config
-from mem_core.train.rundir import RunDir, RunError
 
 ARCH = ViTConfig(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, drop_path=0.0)
 
@@ -136,7 +136,7 @@ def rename_tensor(folder: Path) -> None:
         (
             edit_json("model.json", lambda m: m["architecture"].update(patch_size=0)),
             "model.json",
-            "multiple of patch_size 0",
+            "patch_size must be >= 1, got 0",
         ),
         (edit_json("model.json", lambda m: m["architecture"].update(embed_dim="wide")), "model.json", "embed_dim"),
         (

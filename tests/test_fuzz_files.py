@@ -509,10 +509,10 @@ def model_mutants(work: Path) -> list[tuple[str, Path]]:
     import torch
 
     from mem_core.configuration import to_dict
-    from mem_core.export import export_random
     from mem_core.models import MEMViT, TokenizerConfig, ViTConfig
     from mem_core.representation import InputSpec
-    from mem_core.train.rundir import RunDir
+    from mem_core.runs.export import export_random
+    from mem_core.runs.rundir import RunDir
 
     rng = random.Random(SEED)
     arch = ViTConfig(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, drop_path=0.0)

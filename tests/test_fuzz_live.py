@@ -29,7 +29,6 @@ from app.live.server import LiveServer
 from app.viewer.client import VIEW_TOPICS
 from app.viewer.window import ViewerWindow
 from mem_core.events import validate_events
-from mem_core.export import export_random
 from mem_core.io import read_events
 from mem_core.models import TokenizerConfig, ViTConfig
 from mem_core.protocol import (
@@ -50,6 +49,7 @@ from mem_core.protocol import (
     encode_events,
 )
 from mem_core.representation import InputSpec
+from mem_core.runs.export import export_random
 from recorders.replay import ReplaySource
 from recorders.zmq_source import ZmqEventSource
 

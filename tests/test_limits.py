@@ -15,10 +15,10 @@ from mem_core import events, limits, protocol
 from mem_core.configuration import ConfigError, to_dict
 from mem_core.corpus import CorpusWriter
 from mem_core.datasets import DatasetError, open_source
-from mem_core.export import check_meta
 from mem_core.models import ViTConfig
 from mem_core.representation import InputSpec
-from mem_core.train.rundir import RunError
+from mem_core.runs.export import check_meta
+from mem_core.runs.rundir import RunError
 
 SENSOR = {"height": limits.MAX_SENSOR_SIDE, "width": limits.MAX_SENSOR_SIDE}
 MAX_EXPORT_MS = limits.MAX_EXPORT_WINDOW_MS

@@ -20,10 +20,10 @@ from PySide6 import QtGui
 
 from app.viewer.client import LiveClient
 from app.viewer.window import ViewerWindow
-from mem_core.export import export_random
 from mem_core.models import TokenizerConfig, ViTConfig
 from mem_core.protocol import decode
 from mem_core.representation import InputSpec
+from mem_core.runs.export import export_random
 
 pytestmark = pytest.mark.slow  # a server and the viewer on real sockets with a model
 

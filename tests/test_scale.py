@@ -21,16 +21,16 @@ from torch.overrides import TorchFunctionMode
 
 from mem_core.datasets.ncaltech101 import ncaltech101_split
 from mem_core.events import SensorSize
-from mem_core.export import export_tokenizer
 from mem_core.io import write_events
 from mem_core.models import BlockMaskGenerator, DiscreteVAE, MEMViT, SegmentationModel, ViTConfig, attention
 from mem_core.representation import collate_events, prepare_events
+from mem_core.runs.export import export_tokenizer
+from mem_core.runs.rundir import RunDir
 from mem_core.train.common import sync_batch_norm, wrap_model
 from mem_core.train.configs import stage_config
 from mem_core.train.engine import seed_everything
 from mem_core.train.finetune import FinetuneStage
 from mem_core.train.pretrain import PretrainStage
-from mem_core.train.rundir import RunDir
 from mem_core.train.runtime import Runtime
 from mem_core.train.segment import SegmentStage
 from mem_core.train.tokenizer import TokenizerStage

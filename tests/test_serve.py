@@ -19,13 +19,13 @@ from app.live.server import LiveServer, control_endpoint_for
 from mem_core.configuration import ConfigError
 from mem_core.corpus import Corpus
 from mem_core.events import SensorSize, make_events
-from mem_core.export import export_random
 from mem_core.inference import Predictor
 from mem_core.models import TokenizerConfig, ViTConfig
 from mem_core.protocol import decode, decode_sensor, encode, encode_control, encode_events
 from mem_core.representation import InputSpec
+from mem_core.runs.export import export_random
+from mem_core.runs.rundir import RunError
 from mem_core.simulator import task_config
-from mem_core.train.rundir import RunError
 from recorders.simulated import SimulatorSource
 from recorders.sources import open_source
 from recorders.synthetic import SyntheticSource

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from mem_core.export import export_run, load_model, load_tokenizer
-from mem_core.lineage import pretraining_run_of, source_run, tokenizer_of
+from mem_core.runs.export import export_run, load_model, load_tokenizer
+from mem_core.runs.lineage import pretraining_run_of, source_run, tokenizer_of
+from mem_core.runs.rundir import RunDir, RunError, load_checkpoint
 from mem_core.train import finetune, pretrain, segment, tokenizer
 from mem_core.train.configs import stage_config
 from mem_core.train.engine import NonFiniteLossError
 from mem_core.train.evaluate import evaluate_run
-from mem_core.train.rundir import RunDir, RunError, load_checkpoint
 
 pytestmark = pytest.mark.slow  # every test trains a stage
 
@@ -500,7 +500,7 @@ def test_a_disk_full_at_a_checkpoint_stops_with_one_line_and_resume_logs_each_ep
     import os
 
     import mem_core.train.fit as fit_module
-    from mem_core.train import rundir
+    from mem_core.runs import rundir
 
     epochs_done = []
     write = rundir._Writes.write

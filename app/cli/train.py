@@ -159,7 +159,7 @@ def export(
     out: Annotated[Path, typer.Option("--out", help="Export directory (safetensors + JSON).")],
 ) -> None:
     """Export a trained model for the live server: safetensors weights + JSON (architecture, classes, input)."""
-    from mem_core.export import export_run
+    from mem_core.runs.export import export_run
 
     typer.echo(f"exported to {export_run(model, out)}")
 

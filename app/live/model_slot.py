@@ -15,7 +15,7 @@ from app.config import ServeConfig
 from mem_core.configuration import ConfigError
 from mem_core.errors import RunError
 from mem_core.limits import MAX_TEXT, fit_path, warm_up_timeout_s
-from mem_core.lineage import source_run
+from mem_core.runs.lineage import source_run
 
 if TYPE_CHECKING:
     from mem_core.inference import Predictor

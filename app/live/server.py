@@ -48,7 +48,7 @@ from app.live.sockets import Publisher, bind, control_endpoint_for
 from app.live.stats import LoopStats
 from app.live.window import Accumulation, Window, describe_window, newest_span
 from mem_core.events import SensorSize
-from mem_core.lineage import pretraining_run_of
+from mem_core.runs.lineage import pretraining_run_of
 from recorders.base import LiveSource
 from recorders.live_recorder import LiveRecorder
 from recorders.sources import open_source

@@ -76,7 +76,7 @@ def train_captures(
 ) -> dict[str, Any]:
     """Finetune ``pretrain`` on the captures in ``labels`` into the run ``out`` and export its best epoch to
     ``export``; returns the run's result (``top1`` on the held-out captures, ``n``, ``classes``, ...)."""
-    from mem_core.export import export_run
+    from mem_core.runs.export import export_run
     from mem_core.train import finetune
 
     problem = labels_problem(capture_counts(labels))

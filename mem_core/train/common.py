@@ -10,7 +10,7 @@ import torch
 
 from mem_core.configuration import to_dict
 from mem_core.datasets import EventSource, label_subset, open_source
-from mem_core.train.rundir import RunDir
+from mem_core.runs.rundir import RunDir
 from mem_core.train.runtime import Runtime, setup_runtime
 
 

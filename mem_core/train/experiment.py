@@ -73,8 +73,8 @@ def equal_steps(cfg, fraction: float) -> list[str]:
 
 def run(cfg: LabelEfficiencyConfig) -> dict[str, Any]:
     """Run (or continue) the whole experiment and return the results table."""
+    from mem_core.runs.rundir import RunDir, json_safe
     from mem_core.train import finetune, pretrain, tokenizer
-    from mem_core.train.rundir import RunDir, json_safe
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)

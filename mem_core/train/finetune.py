@@ -17,10 +17,10 @@ import torch.nn.functional as F
 from timm.utils import ModelEmaV3
 
 from mem_core.models import MEMViT
+from mem_core.runs.rundir import RunDir, RunError
 from mem_core.schema import class_names_problem
 from mem_core.train.configs import FinetuneStageConfig
 from mem_core.train.engine import StepResult, eval_batches
-from mem_core.train.rundir import RunDir, RunError
 from mem_core.train.runtime import Runtime, all_reduce_sum
 from mem_core.train.stage import TaskStage, run_stage
 

@@ -15,9 +15,9 @@ from torch.utils.data import DataLoader
 from mem_core.adapters import shutdown_loader_workers
 from mem_core.datasets import EventSource, WindowDataset, collate_windows
 from mem_core.errors import MemError
+from mem_core.runs.rundir import RunDir, RunError, load_checkpoint
 from mem_core.train.engine import EpochBatchSampler, StepResult, seed_everything, train_one_epoch
 from mem_core.train.plots import plot_curves
-from mem_core.train.rundir import RunDir, RunError, load_checkpoint
 from mem_core.train.runtime import Runtime
 
 PLOT_EVERY_S = 30.0  # the longest curves.png lags behind metrics.jsonl between validation epochs

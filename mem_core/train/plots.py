@@ -9,7 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from mem_core.train.rundir import RunDir
+from mem_core.runs.rundir import RunDir
 
 
 def plot_curves(run: RunDir, name: str = "curves.png") -> Path | None:

@@ -15,8 +15,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mem_core.export import load_tokenizer
-from mem_core.lineage import TOKENIZER_LINK
 from mem_core.models import (
     BlockMaskGenerator,
     EMAEPretrainModel,
@@ -26,9 +24,11 @@ from mem_core.models import (
     unpatchify,
 )
 from mem_core.representation import batch_preprocess
+from mem_core.runs.export import load_tokenizer
+from mem_core.runs.lineage import TOKENIZER_LINK
+from mem_core.runs.rundir import RunDir, RunError
 from mem_core.train.configs import PretrainStageConfig
 from mem_core.train.engine import MetricMeter, StepResult
-from mem_core.train.rundir import RunDir, RunError
 from mem_core.train.runtime import Runtime
 from mem_core.train.stage import Stage, run_stage
 from mem_core.visualize import histogram_rgb, save_png, tile, upscale

@@ -15,9 +15,9 @@ import torch.nn.functional as F
 
 from mem_core.models import MEMViT, SegmentationModel, confusion_matrix
 from mem_core.models import segmentation_metrics as metrics_from_confusion
+from mem_core.runs.rundir import RunDir, RunError
 from mem_core.train.configs import SegmentStageConfig
 from mem_core.train.engine import StepResult, eval_batches
-from mem_core.train.rundir import RunDir, RunError
 from mem_core.train.runtime import Runtime, all_reduce_sum
 from mem_core.train.stage import TaskStage, run_stage
 

@@ -20,13 +20,13 @@ from torch.utils.data import DataLoader
 
 from mem_core.configuration import from_dict
 from mem_core.datasets import EventSource
-from mem_core.lineage import INIT_LINK
 from mem_core.models import MEMViT, ViTConfig, load_pretrained_backbone
 from mem_core.representation import EventBatch, batch_preprocess
+from mem_core.runs.lineage import INIT_LINK
+from mem_core.runs.rundir import RunDir, RunError, load_checkpoint
 from mem_core.train.common import batch_generator, fit_input, open_split, start_run, train_indices, wrap_model
 from mem_core.train.engine import StepResult
 from mem_core.train.fit import Training, build_stage_loaders, fit
-from mem_core.train.rundir import RunDir, RunError, load_checkpoint
 from mem_core.train.runtime import Runtime, interruptible, teardown_runtime
 
 

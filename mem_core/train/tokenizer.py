@@ -14,10 +14,10 @@ import torch.nn.functional as F
 
 from mem_core.models.tokenizer import DiscreteVAE, counts_perplexity
 from mem_core.representation import batch_preprocess
+from mem_core.runs.rundir import RunDir
 from mem_core.train.common import device_generator
 from mem_core.train.configs import TokenizerStageConfig
 from mem_core.train.engine import StepResult
-from mem_core.train.rundir import RunDir
 from mem_core.train.runtime import Runtime, all_reduce_sum
 from mem_core.train.stage import Stage, run_stage
 from mem_core.visualize import histogram_rgb, save_png, tile, upscale
