@@ -622,6 +622,7 @@ CONTROL_COMMANDS = (
     "pause",
     "speed",
     "seek",
+    "step",
     "window",
     "record_start",
     "record_stop",

@@ -9,7 +9,10 @@ from mem_core.configuration import Interval, check_ranges
 
 POSITIVE, AT_LEAST_0 = Interval(0, lo_open=True), Interval(0)
 
-SPECS = "camera[:SERIAL], sim, sim:fast, synthetic[:MEV_S], tcp://HOST:PORT, dv+tcp://HOST:PORT or an event file"  # recorders.sources
+SPECS = (  # recorders.sources
+    "camera[:SERIAL], sim, sim:fast, synthetic[:MEV_S], tcp://HOST:PORT, dv+tcp://HOST:PORT, "
+    "a corpus directory (CORPUS[:RECORDING]) or an event file"
+)
 
 
 @dataclass(frozen=True)

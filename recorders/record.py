@@ -25,6 +25,7 @@ from rich.text import Text
 from mem_core.corpus import Corpus, CorpusFullError, CorpusWriter, prepare_corpus_dir
 from recorders.base import LiveSource, RecorderError
 from recorders.config import RecordConfig
+from recorders.corpus_replay import CorpusReplaySource
 from recorders.publish import EventPublisher
 from recorders.sources import open_source
 
@@ -137,6 +138,19 @@ def _session_name(out: Path, source: LiveSource, started: datetime) -> str:
     return name
 
 
+def _check_corpus_source(source: CorpusReplaySource, out: Path) -> None:
+    """Refuse a corpus replay that cannot be recorded: into the corpus itself, or over several sensor sizes (a
+    recording has one sensor)."""
+    if source.root.resolve() == out.resolve():
+        raise RecorderError(f"{out}: cannot record a corpus into itself (--out names the replayed corpus)")
+    if len(source.sensors) > 1:
+        sizes = ", ".join(f"{s.width}x{s.height}" for s in sorted(source.sensors))
+        raise RecorderError(
+            f"{source.root}: its recordings lie on {len(source.sensors)} sensor sizes ({sizes}) and a recording has "
+            "one: record one recording (CORPUS:RECORDING)"
+        )
+
+
 def run(config: RecordConfig, *, source: LiveSource | None = None, stop: threading.Event | None = None) -> RecordResult:
     """Record ``config.source`` (or the given ``source``) into ``config.out`` until a stop condition; never raises
     for a full disk or a failed source (see ``RecordResult.stop_reason`` / ``error``)."""
@@ -146,6 +160,8 @@ def run(config: RecordConfig, *, source: LiveSource | None = None, stop: threadi
         source = open_source(config.source, speed=config.speed, loop=config.loop)
     with contextlib.ExitStack() as stack:
         stack.enter_context(source)
+        if isinstance(source, CorpusReplaySource):
+            _check_corpus_source(source, config.out)
         publisher = stack.enter_context(EventPublisher(config.publish)) if config.publish else None
         started = datetime.now(UTC)
         name = config.name or _session_name(config.out, source, started)

@@ -6,8 +6,11 @@
 ``synthetic[:MEV_S]``    uniform random events at MEV_S million events/s (default 30), for load tests
 ``tcp://HOST:PORT``      event batches published by ``mem record --publish`` (also ``ipc://PATH``)
 ``dv+tcp://HOST:PORT``   the event stream of iniVation DV's TCP output or a dv-processing ``NetworkWriter``
+``CORPUS[:RECORDING]``   a corpus directory replayed: one recording (name, session or index) or all in order
 any other string         an event file in a format ``mem_core.io.read_events`` reads, replayed
 =======================  ==============================================================================
+
+Replays (a file, a corpus) can be paused, sought, stepped and sped up (``recorders.replay.Replay``).
 """
 
 from __future__ import annotations
@@ -15,10 +18,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from mem_core.corpus.format import MANIFEST
 from mem_core.simulator import fast_config, task_config
 from recorders.base import LiveSource, RecorderError
 from recorders.camera import CameraSource
 from recorders.config import SPECS
+from recorders.corpus_replay import CorpusReplaySource, corpus_spec
 from recorders.dv_network import SCHEME as DV_TCP
 from recorders.dv_network import DvNetworkSource
 from recorders.replay import ReplaySource
@@ -30,8 +35,8 @@ from recorders.zmq_source import ZmqEventSource
 def open_source(spec: str, *, speed: float = 1.0, loop: bool = False, batch_us: int = 10_000) -> LiveSource:
     """The source a CLI string names (see the module docstring).
 
-    ``speed`` paces file replays and the simulator (x real time; 0 = as fast as possible), ``loop`` replays a file
-    over and over, ``batch_us`` is the time span of one batch from a file or the simulator.
+    ``speed`` paces replays and the simulator (x real time; 0 = as fast as possible), ``loop`` replays a file or
+    corpus over and over, ``batch_us`` is the time span of one batch from a replay or the simulator.
     """
     if spec.startswith(("tcp://", "ipc://")):
         return ZmqEventSource(spec)
@@ -51,7 +56,12 @@ def open_source(spec: str, *, speed: float = 1.0, loop: bool = False, batch_us: 
             return SyntheticSource(rate)
         except ValueError:
             raise RecorderError(f"source {spec!r}: synthetic:MEV_S takes a positive rate in Mev/s") from None
+    corpus = corpus_spec(spec)
+    if corpus is not None:
+        return CorpusReplaySource(*corpus, speed=speed, loop=loop, batch_us=batch_us)
     path = Path(spec)
-    if not os.path.exists(path) or path.is_dir():  # a FIFO or a device goes on: the reader refuses it by name
+    if not os.path.exists(path):  # a FIFO or a device goes on: the reader refuses it by name
         raise RecorderError(f"source {spec!r} is not {SPECS}")
+    if path.is_dir():
+        raise RecorderError(f"source {spec!r} is a folder but no corpus (it holds no {MANIFEST})")
     return ReplaySource(path, speed=speed, loop=loop, batch_us=batch_us)

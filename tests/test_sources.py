@@ -1,4 +1,5 @@
-"""Live sources: the simulated camera, file replay, and the camera's discovery, serial choice and reconnection."""
+"""Live sources: the simulated camera, file and corpus replay, and the camera's discovery, serial choice and
+reconnection."""
 
 from __future__ import annotations
 
@@ -15,14 +16,16 @@ import numpy as np
 import pytest
 from recorders_fakes import FakeRig, clock_batches
 
-from mem_core.corpus import Corpus
+from mem_core.corpus import Corpus, CorpusWriter
 from mem_core.events import EVENT_DTYPE, SensorSize, validate_events
 from mem_core.io import EventFileError, read_events, write_events
 from mem_core.representation import event_histogram
 from mem_core.simulator import EventSimulator, SimulatorConfig
-from recorders import zmq_source
+from recorders import corpus_replay, record, zmq_source
 from recorders.base import Pacer, RecorderError
 from recorders.camera import CameraSource, DvCameraBackend, NoCameraError
+from recorders.config import RecordConfig
+from recorders.corpus_replay import CorpusReplaySource
 from recorders.dv_network import DvNetworkSource
 from recorders.publish import EventPublisher
 from recorders.replay import ReplaySource
@@ -288,6 +291,195 @@ def test_looped_replay_stops_with_one_line_before_time_leaves_int64(tmp_path):
     with pytest.raises(RecorderError, match=r"wide\.npz: replayed time would reach \d+ us, beyond"):
         for _ in range(10):
             next(stream)
+
+
+# ---------------------------------------------------------------------------------------------- corpus replay
+
+WIDE = SensorSize(40, 64)
+
+
+@pytest.fixture
+def corpus(tmp_path, events_factory):
+    """A corpus of recordings ``a`` (3000 events from t=1000 us), ``b`` (2000 events from t=0: earlier than ``a``'s),
+    ``empty`` (no events) and ``c:d`` (1000 events), written by the product's writer; and their events by name."""
+    root = tmp_path / "lab"
+    recordings = {
+        "a": events_factory(3000, seed=1, t0=1000),
+        "b": events_factory(2000, seed=2),
+        "empty": events_factory(0),
+        "c:d": events_factory(1000, seed=3, t0=40_000),
+    }
+    with CorpusWriter(root) as writer:
+        for name, events in recordings.items():
+            writer.add_recording(name, events, SensorSize(32, 48))
+    return root, recordings
+
+
+def replay_all(source) -> tuple[np.ndarray, list[str]]:
+    """Every event of a non-looping replay, and the recording its metadata named with each batch."""
+    batches, serials = [], []
+    for batch in source:
+        if batch.size:
+            batches.append(batch)
+            serials.append(source.metadata["serial"])
+    return concat(batches), serials
+
+
+@pytest.mark.parametrize("block", [None, 700])  # 700: batches start and end at block boundaries as well
+def test_corpus_replay_delivers_every_recording_in_order_with_time_moving_on(corpus, block, monkeypatch):
+    root, recordings = corpus
+    if block is not None:
+        monkeypatch.setattr(corpus_replay, "BLOCK_EVENTS", block)
+    source = open_source(str(root), speed=0, batch_us=20_000)
+    assert isinstance(source, CorpusReplaySource) and source.metadata["kind"] == "corpus"
+    events, serials = replay_all(source)
+    validate_events(events)  # time sorted across recordings, though b starts before a ends
+    played = [recordings[name] for name in ("a", "b", "c:d")]
+    np.testing.assert_array_equal(events[["x", "y", "p"]], concat(played)[["x", "y", "p"]])
+    starts = np.cumsum([0] + [r.size for r in played])
+    for k, r in enumerate(played):
+        np.testing.assert_array_equal(np.diff(events["t"][starts[k] : starts[k + 1]]), np.diff(r["t"]))
+    assert int(events["t"][3000]) == int(events["t"][2999]) + 1  # b begins 1 us after a ends
+    assert list(dict.fromkeys(serials)) == ["lab/a", "lab/b", "lab/c:d"]  # the header names the recording played
+
+
+def test_corpus_replay_of_one_recording_by_name_or_index_at_its_own_sensor(tmp_path, events_factory):
+    root = tmp_path / "mixed"
+    small, wide = events_factory(500, seed=4), events_factory(800, WIDE, seed=5, t0=7)
+    with CorpusWriter(root) as writer:
+        writer.add_recording("small", small, SensorSize(32, 48))
+        writer.add_recording("wide", wide, WIDE)
+    for spec in (f"{root}:wide", f"{root}:1"):
+        source = open_source(spec, speed=0)
+        assert source.sensor == WIDE and source.metadata["serial"] == "mixed/wide"
+        assert (source.metadata["height"], source.metadata["width"]) == (40, 64)
+        np.testing.assert_array_equal(replay_all(source)[0], wide)  # its own times too
+    source = open_source(str(root), speed=0)  # all of them: each on its own sensor
+    sensors = [source.sensor for batch in source if batch.size]
+    assert sensors[0] == SensorSize(32, 48) and sensors[-1] == WIDE
+
+
+def test_corpus_replay_of_a_session_plays_its_segments_in_order(tmp_path, events_factory):
+    root, events = tmp_path / "sessions", events_factory(3000, seed=6)
+    with CorpusWriter(root) as writer:
+        writer.begin_recording("walk", SensorSize(32, 48))
+        for part in np.array_split(events, 3):
+            writer.append(part)
+            writer.rotate()  # segments walk, walk/1, walk/2, and walk/3 without events
+        writer.end_recording()
+    assert len(Corpus(root)) == 4
+    np.testing.assert_array_equal(replay_all(open_source(f"{root}:walk", speed=0))[0], events)
+    assert replay_all(open_source(f"{root}:walk/2", speed=0))[0].size == 1000
+
+
+def test_an_unknown_or_empty_recording_is_one_line_naming_the_corpus_and_its_recordings(corpus, tmp_path):
+    root, _ = corpus
+    with pytest.raises(
+        RecorderError,
+        match=r"lab: no recording 'nope' \(a name or an index 0\.\.3\); it has "
+        r"recordings a, b, empty, c:d$",
+    ):
+        open_source(f"{root}:nope")
+    with pytest.raises(RecorderError, match="no recording '4'"):
+        open_source(f"{root}:4")
+    with pytest.raises(RecorderError, match="recording 'empty' holds no events"):
+        open_source(f"{root}:empty")
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(RecorderError, match="is a folder but no corpus"):
+        open_source(str(tmp_path / "folder"))
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "manifest.json").write_text("{")
+    with pytest.raises(RecorderError, match=r"broken/manifest\.json: corrupt corpus manifest"):
+        open_source(str(tmp_path / "broken"))
+
+
+def test_looped_corpus_replay_starts_over_with_time_moving_on_and_seeks_clip(corpus):
+    root, recordings = corpus
+    total = sum(r.size for r in recordings.values())
+    source = open_source(str(root), speed=0, loop=True, batch_us=20_000)
+    looped = concat(take_events(source, 2 * total))[: 2 * total]
+    validate_events(looped)
+    np.testing.assert_array_equal(looped[total:][["x", "y", "p"]], looped[:total][["x", "y", "p"]])
+    stream = iter(source)
+    next(stream)
+    source.seek(10**12)  # past the end: the last event
+    assert source.metadata["serial"] == "lab/c:d"
+    last = next(stream)
+    np.testing.assert_array_equal(last[["x", "y", "p"]], recordings["c:d"][-1:][["x", "y", "p"]])
+    source.seek(-5)  # before the start: the first event, after the last delivered
+    first = next(stream)
+    assert source.metadata["serial"] == "lab/a" and first["t"][0] > last["t"][-1]
+    np.testing.assert_array_equal(first[["x", "y", "p"]], recordings["a"][: first.size][["x", "y", "p"]])
+
+
+@pytest.mark.parametrize("kind", ["file", "corpus"])
+def test_a_seek_while_paused_delivers_the_window_ending_there_and_a_step_the_next(kind, corpus, recording):
+    if kind == "file":
+        path, events = recording
+        source, t0 = ReplaySource(path, speed=0, batch_us=10_000), int(events["t"][0])
+    else:
+        root, recordings = corpus
+        source, events = open_source(f"{root}:b", speed=0, batch_us=10_000), recordings["b"]
+        t0 = int(events["t"][0])
+    stream = iter(source)
+    before = next(stream)
+    source.pause()
+    assert next(stream).size == 0
+    target = int(events["t"][1200]) - t0  # the position of event 1200
+    source.seek(target)
+    assert source.preview(300, None) == int(events["t"][900]) - t0  # where the window's first event lies
+    window = next(stream)
+    np.testing.assert_array_equal(window[["x", "y", "p"]], events[900:1200][["x", "y", "p"]])
+    assert next(stream).size == 0  # still paused
+    source.step(100, None)
+    step = next(stream)
+    np.testing.assert_array_equal(step[["x", "y", "p"]], events[1200:1300][["x", "y", "p"]])
+    span = int(events["t"][1350]) - int(events["t"][1300])
+    source.step(1000, span)  # a time cap: the window spans less than span_us
+    np.testing.assert_array_equal(next(stream)[["x", "y", "p"]], events[1300:1350][["x", "y", "p"]])
+    source.resume()
+    rest = concat(list(stream))
+    validate_events(concat([before, window, step, rest]))
+    np.testing.assert_array_equal(rest[["x", "y", "p"]], events[1350:][["x", "y", "p"]])  # on after the step
+
+
+def test_a_seek_to_the_start_while_paused_delivers_the_first_window(corpus):
+    root, recordings = corpus
+    source = open_source(str(root), speed=0)
+    stream = iter(source)
+    next(stream)
+    source.pause()
+    b_starts = int(recordings["a"]["t"][-1]) - int(recordings["a"]["t"][0]) + 1  # b's position on the timeline
+    source.seek(b_starts)
+    assert source.metadata["serial"] == "lab/b"
+    assert source.preview(400, None) == b_starts  # nothing of b before: the window starts there
+    np.testing.assert_array_equal(next(stream)[["x", "y", "p"]], recordings["b"][:400][["x", "y", "p"]])
+    source.resume()
+    assert next(stream)[0][["x", "y", "p"]] == recordings["b"][400][["x", "y", "p"]]  # playing on after the window
+
+
+def test_mem_record_records_a_replayed_corpus_and_refuses_itself_and_mixed_sensors(corpus, tmp_path, events_factory):
+    root, recordings = corpus
+    copy = tmp_path / "copy"
+    r = subprocess.run(
+        [sys.executable, "-m", "app.cli", "record", "--source", str(root), "--out", str(copy), "--speed", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    with Corpus(copy) as recorded:
+        (info,) = recorded.recordings
+        assert info.metadata["kind"] == "corpus" and info.metadata["source"] == str(root)
+        events = recorded.events(0)
+    np.testing.assert_array_equal(events[["x", "y", "p"]], concat(list(recordings.values()))[["x", "y", "p"]])
+    with pytest.raises(RecorderError, match="cannot record a corpus into itself"):
+        record.run(RecordConfig(source=str(root), out=root, speed=0, status=False))
+    with CorpusWriter(root) as writer:
+        writer.add_recording("wide", events_factory(100, WIDE), WIDE)
+    with pytest.raises(RecorderError, match=r"lab: its recordings lie on 2 sensor sizes \(48x32, 64x40\)"):
+        record.run(RecordConfig(source=str(root), out=tmp_path / "other", speed=0, status=False))
+    assert record.run(RecordConfig(source=f"{root}:wide", out=tmp_path / "other", speed=0, status=False)).stored == 100
 
 
 # ---------------------------------------------------------------------------------------------- ZMQ events

@@ -1,9 +1,11 @@
-"""Replay control for ``mem serve`` on a source that can be steered in time: play, pause, speed and seek, and where in
-the replayed events the stream is.
+"""Replay control for ``mem serve`` on a source that can be steered in time: play, pause, speed, seek and step, and
+where in the replayed events the stream is.
 
 A command is carried out by the reader thread between two batches, so the first batch after a seek is known and a
 window never mixes events from before and after it; the control thread waits until it was done, so its reply shows
-the effect.
+the effect. A seek while paused has the source deliver the served window that ends at the new position (a fresh
+frame there; the replay stays paused), and ``step`` pauses and delivers the next window, so a paused replay can be
+looked through window by window.
 """
 
 from __future__ import annotations
@@ -18,15 +20,16 @@ import numpy as np
 
 from app.live.control import Command, ControlError
 
-REPLAY_COMMANDS = ("play", "pause", "speed", "seek")
+REPLAY_COMMANDS = ("play", "pause", "speed", "seek", "step")
 REPLAY_COMMAND_WAIT_S = 5.0  # the reader thread carries a replay command out within ~50 ms; a reply waits this long
 
 
 @runtime_checkable
 class Replayable(Protocol):
-    """A source that can be steered in time (``recorders.replay.ReplaySource``): the stream times of its first and
-    last events, ``speed`` (x real time), pausing, and ``seek`` to microseconds after its first event. Its batches
-    keep coming while paused (empty ones), so commands are carried out between them."""
+    """A source that can be steered in time (``recorders.replay.Replay``: a file or a corpus): the stream times of its
+    first and last events, ``speed`` (x real time), pausing, ``seek`` to microseconds after its first event, and
+    delivering one window (``preview``: the one ending at the position; ``step``: the next one). Its batches keep
+    coming while paused (empty ones), so commands are carried out between them."""
 
     t_first: int
     t_last: int
@@ -41,6 +44,10 @@ class Replayable(Protocol):
 
     def seek(self, t_us: int) -> None: ...
 
+    def preview(self, events: int, span_us: int | None) -> int: ...
+
+    def step(self, events: int, span_us: int | None) -> None: ...
+
 
 class ReplayController:
     """Play, pause, speed and seek over ``source``, and the position of the stream in its events.
@@ -48,11 +55,15 @@ class ReplayController:
     Args:
         source: the replayed source.
         forget: drops the events held so far (a window from before a seek would mix two moments).
+        window: the served window, as (events, ms or None): what a seek while paused and a step deliver.
     """
 
-    def __init__(self, source: Replayable, forget: Callable[[], None]) -> None:
+    def __init__(
+        self, source: Replayable, forget: Callable[[], None], window: Callable[[], tuple[int, float | None]]
+    ) -> None:
         self.source = source
         self._forget = forget
+        self._window = window
         self._pending: queue.SimpleQueue[tuple[str, dict[str, Any], Future]] = queue.SimpleQueue()
         self._base_us: int | None = 0  # the position of the next batch's first event (set at the start, by a seek)
         self._ref_us = 0  # the stream time of the source's first event, as the stream continues after loops and seeks
@@ -123,11 +134,20 @@ class ReplayController:
             source.pause()
         elif command == "speed":
             source.speed = args["value"]
+        elif command == "step":
+            source.pause()
+            source.step(*self._window_span())
         else:
             position = min(int(args["position_s"] * 1e6), self._duration_us())
             source.seek(position)
-            self._base_us = self.position_us = position
+            self.position_us = position
+            self._base_us = source.preview(*self._window_span()) if source.paused else position
             self._forget()
+
+    def _window_span(self) -> tuple[int, int | None]:
+        """The served window as (events, span in us or None)."""
+        events, ms = self._window()
+        return events, None if ms is None else max(round(ms * 1000), 1)
 
     def _duration_us(self) -> int:
         return int(self.source.t_last) - int(self.source.t_first)

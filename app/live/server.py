@@ -4,7 +4,7 @@ The server is a short inference loop (the thread calling ``run``) with its parts
 
 - ``reader.SourceReader`` pulls batches from the source into the ring of the newest events
   (``window.Accumulation``), stamping each with its arrival time, and into a recording while one runs; between
-  batches it carries out the ``replay.ReplayController``'s commands (play, pause, speed, seek);
+  batches it carries out the ``replay.ReplayController``'s commands (play, pause, speed, seek, step);
 - ``model_slot.ModelSlot`` imports torch and loads the model. The source streams from the start: until the model is
   ready the server publishes the sensor view of every window and ``stats`` saying ``model_state: "loading"``. With
   ``--watch`` it loads a newer export of the model when one appears; a Train run (labelling) loads the model it
@@ -102,7 +102,11 @@ class LiveServer:
         self.labelling = LabelDesk(config.labels, config.train_out, config.train_epochs, config.classes)
         self.accumulation = Accumulation(config)
         self.source = source or open_source(config.source, speed=config.speed, loop=config.loop)
-        self.replay = ReplayController(self.source, self.ring.clear) if isinstance(self.source, Replayable) else None
+        self.replay = (
+            ReplayController(self.source, self.ring.clear, lambda: self.window)
+            if isinstance(self.source, Replayable)
+            else None
+        )
         kind = self.source.metadata.get("kind")
         self.recorder = LiveRecorder(config.record_dir) if kind in RECORDABLE_KINDS else None
         self.reader = SourceReader(self.source, self.ring, self._wake, recorder=self.recorder, replay=self.replay)
@@ -384,7 +388,7 @@ class LiveServer:
         return state
 
     def source_state(self) -> dict[str, Any]:
-        """Source metadata (kind, model, serial, ...) plus the replay state for files."""
+        """Source metadata (kind, model, serial, ...) plus the replay state for replays (a file, a corpus)."""
         meta = self.source.metadata
         state = {k: meta[k] for k in ("kind", "model", "serial", "height", "width") if k in meta}
         state["recordable"] = self.recorder is not None
@@ -419,7 +423,7 @@ class LiveServer:
         }
 
     def _no_replay(self, command: str, args: dict[str, Any]) -> None:
-        raise ControlError(f"{command}: the source ({self.source.metadata.get('kind')}) is not a file replay")
+        raise ControlError(f"{command}: the source ({self.source.metadata.get('kind')}) is not a replay")
 
     def _choose_window(self, command: str, args: dict[str, Any]) -> None:
         self.accumulation.choose(Window(args["events"], args["ms"]))

@@ -118,8 +118,33 @@ class Corpus:
 
     def time_slice(self, i: int, t0: int, t1: int) -> np.ndarray:
         """Events of recording ``i`` with ``t0 <= t < t1`` (coarse index + one chunk read per bound)."""
-        lo = self._search(i, t0)
-        return self.window(i, lo, max(self._search(i, t1) - lo, 0))
+        lo = self.first_at(i, t0)
+        return self.window(i, lo, max(self.first_at(i, t1) - lo, 0))
+
+    def first_at(self, i: int, t: int) -> int:
+        """Position in recording ``i`` of its first event with time >= ``t`` (coarse index + one chunk read)."""
+        info = self._info(i)
+        if info.n_events == 0:
+            return 0
+        t_index = self._shard(info.shard)["t_index"]
+        stride = int(self._files[info.shard].attrs["index_stride"])
+        k0 = -(-info.offset // stride)  # first index entry inside the recording
+        if i not in self._time_index:
+            k1 = (info.offset + info.n_events - 1) // stride + 1
+            try:
+                index = t_index[k0:k1] if k1 > k0 else np.empty(0, dtype="<i8")
+            except H5_ERRORS as e:
+                raise CorpusError(f"{self.root / info.shard}: cannot read the time index ({e})") from e
+            if index.size != max(k1 - k0, 0):
+                raise CorpusError(f"{self.root / info.shard}: time index too short for recording {info.name!r}")
+            self._time_index[i] = index
+        index = self._time_index[i]
+        j = int(np.searchsorted(index, t, side="left"))  # entries before j have time < t
+        lo = info.offset if j == 0 else (k0 + j - 1) * stride
+        hi = info.offset + info.n_events if j == index.size else (k0 + j) * stride
+        with self._lock:
+            (block,) = self._read(info, lo, hi, ("t",))
+            return lo - info.offset + int(np.searchsorted(block, t, side="left"))
 
     def describe(self) -> dict[str, Any]:
         """JSON-serialisable summary: recordings, events, t_min, t_max, sensors, labels."""
@@ -304,28 +329,3 @@ class Corpus:
         except H5_ERRORS as e:
             raise CorpusError(f"{path}: cannot read events {lo}..{hi} ({e})") from e
         return arrays
-
-    def _search(self, i: int, t: int) -> int:
-        """Position in recording ``i`` of its first event with time >= ``t``."""
-        info = self._info(i)
-        if info.n_events == 0:
-            return 0
-        t_index = self._shard(info.shard)["t_index"]
-        stride = int(self._files[info.shard].attrs["index_stride"])
-        k0 = -(-info.offset // stride)  # first index entry inside the recording
-        if i not in self._time_index:
-            k1 = (info.offset + info.n_events - 1) // stride + 1
-            try:
-                index = t_index[k0:k1] if k1 > k0 else np.empty(0, dtype="<i8")
-            except H5_ERRORS as e:
-                raise CorpusError(f"{self.root / info.shard}: cannot read the time index ({e})") from e
-            if index.size != max(k1 - k0, 0):
-                raise CorpusError(f"{self.root / info.shard}: time index too short for recording {info.name!r}")
-            self._time_index[i] = index
-        index = self._time_index[i]
-        j = int(np.searchsorted(index, t, side="left"))  # entries before j have time < t
-        lo = info.offset if j == 0 else (k0 + j - 1) * stride
-        hi = info.offset + info.n_events if j == index.size else (k0 + j) * stride
-        with self._lock:
-            (block,) = self._read(info, lo, hi, ("t",))
-            return lo - info.offset + int(np.searchsorted(block, t, side="left"))
