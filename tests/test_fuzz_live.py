@@ -65,7 +65,7 @@ FUZZ = settings(
 MEMORY_BOUND = 16 * 2**20  # bytes a receiver may allocate for one message (the real ones are a few kB)
 WAIT_S = 30.0
 CONTROL_REQUESTS = [("state", {}), ("pause", {}), ("speed", {"value": 2.0}), ("seek", {"position_s": 0.5}),
-                    ("record_start", {"name": "take1"}), ("record_stop", {})]  # fmt: skip
+                    ("step", {}), ("record_start", {"name": "take1"}), ("record_stop", {})]  # fmt: skip
 
 
 # ---- real messages -----------------------------------------------------------------------------------------------
