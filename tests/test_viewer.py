@@ -12,7 +12,7 @@ import zmq
 from PySide6 import QtCore, QtGui
 
 from app.viewer.client import LiveClient, control_endpoint
-from app.viewer.widgets import TOKEN_ALPHA, token_colors
+from app.viewer.widgets import FLASH_COLOR, FLASH_MS, TOKEN_ALPHA, dark_palette, token_colors
 from app.viewer.window import ViewerWindow
 from mem_core.protocol import decode, decode_control, encode, encode_control
 from mem_core.visualize import OFF_RGB, ON_RGB, histogram_rgb
@@ -417,7 +417,13 @@ def test_the_window_s_controls_reach_the_control_socket_with_their_arguments(qtb
     window = ViewerWindow(client)
     qtbot.addWidget(window)
     accumulation = {"events": 30000, "ms": None, "default_events": 30000, "default_ms": 100.0}
-    advert = {"session": "S", "control": endpoint, "source": FILE_SOURCE, "accumulation": accumulation}
+    advert = {
+        "session": "S",
+        "control": endpoint,
+        "source": FILE_SOURCE,
+        "accumulation": accumulation,
+        "model_state": "ready",  # "Model's window" acts with a model only
+    }
     deadline = time.monotonic() + WAIT_MS / 1000
     while not window.accumulation.isVisibleTo(window):
         assert time.monotonic() < deadline, "the viewer never got the stats"
@@ -625,3 +631,187 @@ def test_a_newer_model_taking_over_is_named_in_the_header_and_marked_on_the_time
     window.apply({"pred": pred([0.6, 0.2, 0.2], seq=1, model_version=2)})
     assert window.model_switches == 1 and len(window.timeline.marks) == 1
     assert window.view_state()["model"]["version"] == 2
+
+
+# ---- errors where the user acted, controls that cannot act, a stream that stopped --------------------------------
+
+NO_PRETRAIN = (
+    "train: no pretraining run to finetune: start mem serve with --pretrain RUN (or a --model finetuned from one)"
+)
+
+
+def test_a_refused_train_shows_its_reason_once_in_the_label_panel_until_the_next_action(window, qtbot):
+    window.apply({"stats": stats(labels=labels_state({"disc": 3}, 3), training={"state": "idle", "epochs": 9})})
+    window.labels.train.click()
+    window.apply_reply({"command": "train", "ok": False, "error": NO_PRETRAIN, "state": None})
+    panel = window.labels
+    assert panel.error.isVisibleTo(window) and panel.error.text() == NO_PRETRAIN  # "train: " once, not twice
+    assert window.statusBar().currentMessage() == ""  # not a 5 s flash where the user did not act
+    for _ in range(3):  # stats keep coming: the reason stays
+        window.apply({"stats": stats(labels=labels_state({"disc": 3}, 3), training={"state": "idle", "epochs": 9})})
+    assert window.view_state()["labels"]["error"] == NO_PRETRAIN
+    with qtbot.waitSignal(window.control_command):
+        panel.buttons[0].click()  # the next action
+    assert not panel.error.isVisibleTo(window)
+    window.apply_reply({"command": "capture", "ok": False, "error": "disk full", "state": None})
+    assert panel.error.text() == "capture: disk full"  # an error that does not name its command gets the name
+
+
+def test_a_failed_training_run_is_shown_in_red_in_the_label_panel(window):
+    training = {"state": "failed", "epoch": 2, "epochs": 9, "message": "error: no captures of 'ring'"}
+    window.apply({"stats": stats(labels=labels_state({"disc": 3}, 3), training=training)})
+    assert window.labels.result.text() == "training failed: error: no captures of 'ring'"
+    assert "color" in window.labels.result.styleSheet() and window.labels.result.isVisibleTo(window)
+
+
+@pytest.mark.parametrize("model_state", ["none", "loading"])
+def test_controls_that_need_a_model_are_disabled_and_say_why(window, model_state):
+    accumulation = {"events": 30000, "ms": None, "default_events": 30000, "default_ms": None}
+    window.apply({"stats": stats(model_state=model_state, accumulation=accumulation)})
+    for control in (window.input_box, window.accumulation.reset):
+        assert not control.isEnabled()
+        assert ("No model" if model_state == "none" else "loading") in control.toolTip()
+    window.apply({"stats": stats(model_state="ready", accumulation=accumulation)})
+    assert window.input_box.isEnabled() and window.accumulation.reset.isEnabled()
+    assert "trained on" in window.accumulation.reset.toolTip()
+
+
+def contrast(a: QtGui.QColor, b: QtGui.QColor) -> float:
+    """WCAG contrast ratio of two colours."""
+
+    def luminance(color: QtGui.QColor) -> float:
+        linear = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in color.getRgbF()[:3]]
+        return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+    high, low = sorted((luminance(a), luminance(b)), reverse=True)
+    return (high + 0.05) / (low + 0.05)
+
+
+def test_the_class_name_placeholder_is_readable_on_the_dark_palette(window):
+    window.setPalette(dark_palette())
+    window.apply({"stats": stats(labels={"root": "labels", "classes": [], "counts": {}, "captures": 0})})
+    field = window.labels.names
+    assert field.text() == "" and field.placeholderText()
+    image = field.grab().toImage()
+    background = image.pixelColor(2, image.height() // 2)
+    text = max(
+        (image.pixelColor(x, y) for x in range(image.width() // 2) for y in range(image.height())),
+        key=lambda c: contrast(c, background),
+    )
+    assert contrast(text, background) >= 4.5  # WCAG AA for text (Qt's default: black at half opacity, ~1.1)
+
+
+def test_the_capture_flash_is_held_for_its_time_whatever_the_frame_rate(window, qtbot):
+    window.apply({"stats": stats(labels=labels_state({}, 0))})
+    window.apply({"sensor": sensor_message(np.zeros((2, 8, 8), np.float32), [8, 8], frame=1)})
+    qtbot.wait(50)
+
+    def corner() -> QtGui.QColor:
+        return window.picture.grab().toImage().pixelColor(1, 1)
+
+    unlit = corner()
+    window.apply({"stats": stats(labels=labels_state({"disc": 1}, 1, last="disc"))})
+    assert window.flashes == 1 and corner() == QtGui.QColor(FLASH_COLOR)  # at once, not with the next frame
+    time.sleep(FLASH_MS / 2000)  # a busy GUI thread, then one frame (3 fps)
+    window.apply({"sensor": sensor_message(np.ones((2, 8, 8), np.float32), [8, 8], frame=2)})
+    qtbot.wait(10)
+    assert corner() == QtGui.QColor(FLASH_COLOR), "a frame ended the flash early"
+    qtbot.waitUntil(lambda: corner() == unlit, timeout=2 * FLASH_MS + 500)
+
+
+def test_the_timeline_s_axes_show_their_end_labels_whole_with_every_panel_open(window, qtbot):
+    window.resize(1240, 700)
+    recording = {"active": False, "root": "recordings", "name": None, "events": 0, "error": None}
+    accumulation = {"events": 30000, "ms": None, "default_events": 30000, "default_ms": None}
+    for i in range(3):
+        window.apply(
+            {
+                "pred": pred([0.1, 0.7, 0.2], seq=i),
+                "stats": stats(
+                    source={"kind": "sim", "recordable": True},
+                    recording=recording,
+                    accumulation=accumulation,
+                    labels=labels_state({"disc": 3}, 3),
+                    training={"state": "idle", "epochs": 9},
+                ),
+            }
+        )
+    window.apply_reply({"command": "train", "ok": False, "error": NO_PRETRAIN, "state": None})
+    qtbot.wait(50)
+    timeline = window.timeline
+    assert timeline.height() >= timeline.minimumHeight()
+    image = QtGui.QImage(1, 1, QtGui.QImage.Format.Format_ARGB32)
+    painter = QtGui.QPainter(image)
+    try:
+        for name, ends in (("bottom", ("-20", "0")), ("left", ("0", "1"))):
+            axis = timeline.getAxis(name)
+            texts = axis.generateDrawSpecs(painter)[2]  # (rect, flags, text) of each label drawn
+            assert set(ends) <= {text for _, _, text in texts}, name
+            for rect, _, text in texts:
+                shown = timeline.mapFromScene(axis.mapRectToScene(rect)).boundingRect()
+                assert timeline.rect().contains(shown), f"{name} label {text!r} clipped"
+    finally:
+        painter.end()
+
+
+def test_a_stream_that_stopped_dims_the_picture_and_blanks_its_rates(qtbot, publisher, client, monkeypatch):
+    from app.viewer import window as viewer_window
+
+    monkeypatch.setattr(viewer_window, "STALE_S", 0.5)
+    socket, _ = publisher
+    window = ViewerWindow(client)
+    qtbot.addWidget(window)
+    window.show()
+    image = np.zeros((2, 8, 8), np.float32)
+    image[1] = 1.0  # all ON: red
+
+    def send(seq: int) -> None:
+        socket.send_multipart(encode("sensor", seq, {"sensor": image}, session="S", sensor=[8, 8], binning=1))
+        socket.send_multipart(encode("stats", seq, session="S", events_per_s=2.5e6, window_events=3000))
+
+    def red() -> int:
+        x, y, w, h = window.view_state()["histogram"]["rect"]
+        return window.grab().toImage().pixelColor(round(x + w / 2), round(y + h / 2)).red()
+
+    seq = 0
+    while window.frames_shown == 0 or window.status_labels["events"].text() != "2.50 Mev/s":
+        assert seq < WAIT_MS / 50, "the viewer never drew the stream"
+        send(seq)
+        seq += 1
+        qtbot.wait(50)
+        window.update_status()
+    live = red()
+    qtbot.waitUntil(lambda: window.view_state()["stale"], timeout=WAIT_MS)  # the server went quiet
+    window.update_status()
+    assert "no data from the server" in window.view_state()["notice"]
+    assert window.status_labels["events"].text() == "\u2013 ev/s" and window.status_labels["window"].text() == (
+        "window \u2013"
+    )
+    assert red() < live / 2, "the last picture is drawn dimmed"
+    send(seq + 1)  # it comes back
+    qtbot.waitUntil(lambda: not window.view_state()["stale"], timeout=WAIT_MS)
+    assert window.view_state()["notice"] is None and window.status_labels["events"].text() == "2.50 Mev/s"
+
+
+def test_a_viewer_that_hears_no_server_says_which_to_start(qtbot, monkeypatch):
+    from app.viewer import window as viewer_window
+
+    monkeypatch.setattr(viewer_window, "NO_SERVER_S", 0.2)
+    probe = zmq.Context.instance().socket(zmq.PUB)
+    port = probe.bind_to_random_port("tcp://127.0.0.1")
+    probe.close(0)  # nothing listens there now
+    endpoint = f"tcp://127.0.0.1:{port}"
+    client = LiveClient(endpoint)
+    window = ViewerWindow(client)
+    qtbot.addWidget(window)
+    try:
+        qtbot.waitUntil(lambda: window.view_state()["notice"] is not None, timeout=WAIT_MS)
+        start = f"start one with `mem serve --pub {endpoint}`"
+        assert window.view_state()["notice"].startswith(f"no server at {endpoint}: {start}")
+        assert start in window.header.text() and window.status_labels["link"].text() == f"no server at {endpoint}"
+    finally:
+        client.close()
+    assert "start `mem serve --pub tcp://0.0.0.0:5557` on 10.0.0.5" in viewer_window.no_server_text(
+        "tcp://10.0.0.5:5557"
+    )
+    assert "`mem serve` (" in viewer_window.no_server_text("tcp://127.0.0.1:5557")  # the default needs no --pub

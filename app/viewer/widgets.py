@@ -26,9 +26,13 @@ TIMELINE_S = 20.0
 TIMELINE_REDRAW_S = 0.1  # the timeline is redrawn at most 10 times a second
 TIMELINE_CLASSES = 5
 ACCENT = "#e8eaf0"
+ERROR = "#ff7b72"  # errors a user must read: contrast 6.5:1 on the window background
 ACCUMULATION_RANGES = {"time": (1.0, MAX_WINDOW_MS), "events": (100.0, float(MAX_WINDOW_EVENTS))}  # log sliders
 PENDING_S = 2.0  # a control keeps the user's choice on screen this long while the server has not confirmed it
-FLASH_MS = 350  # how long a capture lights the picture's frame
+FLASH_MS = 350  # how long a capture lights the picture's frame (a time, not a frame: at 3 fps one frame is 330 ms)
+FLASH_PX = 4  # the frame's width
+FLASH_COLOR = "#7cfc00"
+STALE_OPACITY = 0.35  # a picture that is no longer live is drawn this dim
 HOTKEY_CLASSES = 9  # classes with a number key (1-9)
 Region = tuple[float, float, float, float]  # (top, left, height, width) in image px
 
@@ -80,7 +84,13 @@ class EventView(pg.GraphicsLayoutWidget):
     """
 
     def __init__(self, parent: QtWidgets.QWidget | None = None) -> None:
-        super().__init__(parent)
+        self.notice = QtWidgets.QLabel()  # over the picture: no server yet, a stream that stopped
+        self.stale = False
+        super().__init__(parent)  # (resizes: places the notice)
+        self.notice.setParent(self)
+        self.notice.setWordWrap(True)
+        self.notice.setStyleSheet(f"background-color: rgba(0, 0, 0, 200); color: {ACCENT}; padding: 8px;")
+        self.notice.setVisible(False)
         self.level = DEFAULT_LEVEL
         self.view = self.addViewBox(lockAspect=True, invertY=True, enableMenu=False)
         self.view.setMouseEnabled(False, False)
@@ -107,6 +117,26 @@ class EventView(pg.GraphicsLayoutWidget):
         self._clear_ids: list[int] = []  # mask classes left untinted (named "background")
         self._grid_key: tuple | None = None  # (token grid shape, region) the grid lines were drawn for
         self.scene().sigMouseMoved.connect(self._mouse_moved)
+
+    def set_notice(self, text: str, stale: bool = False) -> None:
+        """A line over the picture ("" for none); ``stale`` dims the picture: what it shows is no longer live."""
+        if text != self.notice.text():
+            self.notice.setText(text)
+            self.notice.setVisible(bool(text))
+            self._place_notice()
+        if stale != self.stale:
+            self.stale = stale
+            self.image.setOpacity(STALE_OPACITY if stale else 1.0)
+
+    def _place_notice(self) -> None:
+        width = max(self.width() - 16, 50)
+        self.notice.setFixedWidth(width)
+        self.notice.setFixedHeight(max(self.notice.heightForWidth(width), 0))
+        self.notice.move(8, 8)
+
+    def resizeEvent(self, event: QtGui.QResizeEvent) -> None:
+        super().resizeEvent(event)
+        self._place_notice()
 
     def _set_token_colors(self, num_tokens: int) -> None:
         self._token_colors = token_colors(num_tokens)
@@ -273,6 +303,38 @@ class EventView(pg.GraphicsLayoutWidget):
         self.hover.setVisible(True)
 
 
+class FlashFrame(QtWidgets.QWidget):
+    """A thin frame around ``child`` (the picture) that ``flash`` lights for ``FLASH_MS``: painted at once, not with
+    the next frame, and held by the clock, so a capture shows at a few frames per second too. Lighting it changes a
+    colour, not the layout: the picture does not move."""
+
+    def __init__(self, child: QtWidgets.QWidget, parent: QtWidgets.QWidget | None = None) -> None:
+        super().__init__(parent)
+        layout = QtWidgets.QVBoxLayout(self)
+        layout.setContentsMargins(FLASH_PX, FLASH_PX, FLASH_PX, FLASH_PX)
+        layout.addWidget(child)
+        self.child = child
+        palette = self.palette()
+        palette.setColor(QtGui.QPalette.ColorRole.Window, QtGui.QColor(FLASH_COLOR))
+        self.setPalette(palette)
+        self._timer = QtCore.QTimer(self)
+        self._timer.setSingleShot(True)
+        self._timer.timeout.connect(lambda: self._light(False))
+
+    @property
+    def lit(self) -> bool:
+        return self.autoFillBackground()
+
+    def flash(self) -> None:
+        """Light the frame for ``FLASH_MS`` (again from now when it is lit)."""
+        self._light(True)
+        self._timer.start(FLASH_MS)
+
+    def _light(self, on: bool) -> None:
+        self.setAutoFillBackground(on)  # unlit: the window's background shows through
+        self.repaint(QtGui.QRegion(self.rect()).subtracted(QtGui.QRegion(self.child.geometry())))  # the frame only
+
+
 def spread(cells: np.ndarray, shape: tuple[int, int], region: Region) -> tuple[np.ndarray, np.ndarray]:
     """A (rows, cols) grid of values (token ids, mask classes) laid over ``region`` of an image of ``shape``:
     the value under each pixel centre (H, W) and whether the pixel lies in the region (H, W)."""
@@ -348,19 +410,26 @@ class ConfidenceTimeline(pg.PlotWidget):
 
     def __init__(self, parent: QtWidgets.QWidget | None = None) -> None:
         super().__init__(parent)
-        self.setYRange(0, 1, padding=0.02)
-        self.setXRange(-TIMELINE_S, 0, padding=0)
+        # room beyond the end ticks for half their label: pyqtgraph drops a label that reaches past the plot
+        self.setYRange(0, 1, padding=0.08)
+        self.setXRange(-TIMELINE_S, 0, padding=0.05)
         self.setMouseEnabled(False, False)
         self.hideButtons()
         self.setMenuEnabled(False)
         self.setLabel("left", "probability")
         self.setLabel("bottom", "seconds ago")
         self.showGrid(x=True, y=True, alpha=0.15)
+        self.getAxis("bottom").setTicks([[(float(t), f"{t:g}") for t in np.arange(-TIMELINE_S, 0.1, 5)]])
+        self.getAxis("left").setTicks([[(p, f"{p:g}") for p in (0.0, 0.25, 0.5, 0.75, 1.0)]])
         self.legend = self.addLegend(offset=(8, 8), labelTextSize="8pt")
         self.history: deque[tuple[float, np.ndarray]] = deque(maxlen=2000)  # (monotonic time, probs (K,))
         self.curves: dict[int, pg.PlotDataItem] = {}
         self.marks: list[tuple[float, pg.InfiniteLine]] = []  # (monotonic time, line): model switches
         self._drawn = -np.inf  # monotonic time of the last redraw
+
+    def sizeHint(self) -> QtCore.QSize:
+        """Its minimum: the side panel gives it the room its controls leave (pyqtgraph asks for 600 x 480)."""
+        return self.minimumSize().expandedTo(QtCore.QSize(200, 180))
 
     def clear_history(self) -> None:
         """Forget everything (a new server session)."""
@@ -629,9 +698,12 @@ class RecordControls(QtWidgets.QGroupBox):
 class LabelPanel(QtWidgets.QGroupBox):
     """Label the window on screen: a button per class (number keys 1-9 in the window), undo, captures per class,
     and Train with its progress. Emits ``command("capture", {"label", "frame"})``, ``command("undo_capture", {})``
-    and ``command("train", {})``; the server stores and trains, this panel only shows its state."""
+    and ``command("train", {})``; the server stores and trains, this panel only shows its state.
+
+    A command the server refused shows its reason in red (``show_error``) until the user's next action here."""
 
     command = QtCore.Signal(str, object)
+    COMMANDS = ("capture", "undo_capture", "train")
 
     def __init__(self, parent: QtWidgets.QWidget | None = None) -> None:
         super().__init__("Label windows", parent)
@@ -641,9 +713,9 @@ class LabelPanel(QtWidgets.QGroupBox):
         self.buttons: list[QtWidgets.QPushButton] = []
         self._buttons_layout = QtWidgets.QGridLayout()
         self.undo = QtWidgets.QPushButton("Undo last (Ctrl+Z)")
-        self.undo.clicked.connect(lambda: self.command.emit("undo_capture", {}))
+        self.undo.clicked.connect(lambda: self._send("undo_capture", {}))
         self.train = QtWidgets.QPushButton("Train")
-        self.train.clicked.connect(lambda: self.command.emit("train", {}))
+        self.train.clicked.connect(lambda: self._send("train", {}))
         self.progress = QtWidgets.QProgressBar()
         self.progress.setRange(0, 1)
         self.progress.setTextVisible(True)
@@ -651,6 +723,12 @@ class LabelPanel(QtWidgets.QGroupBox):
         self.status.setWordWrap(True)
         self.result = QtWidgets.QLabel("")
         self.result.setWordWrap(True)
+        self.result.setVisible(False)
+        self.error = QtWidgets.QLabel("")
+        self.error.setWordWrap(True)
+        self.error.setStyleSheet(f"color: {ERROR};")
+        self.error.setTextInteractionFlags(QtCore.Qt.TextInteractionFlag.TextSelectableByMouse)  # to copy a path
+        self.error.setVisible(False)
         layout = QtWidgets.QVBoxLayout(self)
         layout.addWidget(self.names)
         layout.addLayout(self._buttons_layout)
@@ -661,6 +739,7 @@ class LabelPanel(QtWidgets.QGroupBox):
         layout.addWidget(self.progress)
         layout.addWidget(self.status)
         layout.addWidget(self.result)
+        layout.addWidget(self.error)
         self.classes: list[str] = []
         self.counts: dict[str, int] = {}
         self.frame: int | None = None  # the window on screen (what a capture names)
@@ -694,6 +773,7 @@ class LabelPanel(QtWidgets.QGroupBox):
         names = [n.strip() for n in self.names.text().split(",") if n.strip()]
         names = list(dict.fromkeys(names))  # no duplicates, in the typed order
         if names and names != self.classes:
+            self.show_error("")
             self._typed = True
             self.set_classes(names)
 
@@ -704,7 +784,17 @@ class LabelPanel(QtWidgets.QGroupBox):
         args: dict[str, Any] = {"label": self.classes[index]}
         if self.frame is not None:
             args["frame"] = self.frame
-        self.command.emit("capture", args)
+        self._send("capture", args)
+
+    def _send(self, command: str, args: dict[str, Any]) -> None:
+        """Emit a command: a new action, so the previous one's error goes."""
+        self.show_error("")
+        self.command.emit(command, args)
+
+    def show_error(self, text: str) -> None:
+        """Show why the server refused a command of this panel ("" hides it); it stays until the next action."""
+        self.error.setText(text)
+        self.error.setVisible(bool(text))
 
     def set_state(self, labels: dict[str, Any] | None, training: dict[str, Any] | None) -> bool:
         """Follow the server's ``labels`` and ``training`` state; True when it holds a new capture."""
@@ -743,14 +833,19 @@ class LabelPanel(QtWidgets.QGroupBox):
         self.progress.setValue(min(int(training.get("epoch") or 0), epochs) if state != "done" else epochs)
         self.progress.setFormat(f"{state} · epoch %v/%m" if state != "idle" else "not trained yet")
         message = training.get("message") or ""
+        style = f"color: {ERROR};" if state == "failed" else ""
+        if self.result.styleSheet() != style:  # (parsing a style sheet costs more than the rest of a stats message)
+            self.result.setStyleSheet(style)
         if state == "failed":
             self.result.setText(f"training failed: {message}")
         elif state != "idle":
             self.result.setText(message)
+        self.result.setVisible(bool(self.result.text()))
 
 
 def dark_palette() -> QtGui.QPalette:
-    """A dark Fusion palette that matches the plots."""
+    """A dark Fusion palette that matches the plots: placeholder text readable on the fields (QPalette's default is
+    half-transparent black), disabled controls greyed out (by default they look like enabled ones)."""
     palette = QtGui.QPalette()
     roles = QtGui.QPalette.ColorRole
     for role, color in (
@@ -759,6 +854,7 @@ def dark_palette() -> QtGui.QPalette:
         (roles.Base, "#16181d"),
         (roles.AlternateBase, "#23262d"),
         (roles.Text, "#d8dbe2"),
+        (roles.PlaceholderText, "#8f96a3"),
         (roles.Button, "#2a2d35"),
         (roles.ButtonText, "#d8dbe2"),
         (roles.Highlight, "#3d7eff"),
@@ -767,4 +863,8 @@ def dark_palette() -> QtGui.QPalette:
         (roles.ToolTipText, "#d8dbe2"),
     ):
         palette.setColor(role, QtGui.QColor(color))
+    disabled = QtGui.QPalette.ColorGroup.Disabled
+    for role in (roles.WindowText, roles.Text, roles.ButtonText):
+        palette.setColor(disabled, role, QtGui.QColor("#6c727e"))
+    palette.setColor(disabled, roles.Button, QtGui.QColor("#23262d"))
     return palette

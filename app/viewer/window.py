@@ -14,14 +14,14 @@ from typing import Any
 import numpy as np
 from PySide6 import QtCore, QtGui, QtWidgets
 
-from app.config import ViewConfig
+from app.config import ServeConfig, ViewConfig
 from app.viewer.client import LiveClient
 from app.viewer.widgets import (
-    FLASH_MS,
     HOTKEY_CLASSES,
     AccumulationControls,
     ConfidenceTimeline,
     EventView,
+    FlashFrame,
     LabelPanel,
     RecordControls,
     ReplayControls,
@@ -38,11 +38,27 @@ from mem_core.protocol import (
     SensorView,
 )
 
-STALE_S = 2.0  # no message for this long: the status bar says so
+STALE_S = 2.0  # no message (or no new picture) for this long: the picture is marked stale
+NO_SERVER_S = 3.0  # no message this long after the start: the window says which server to start
 STATUS_MS = 250
 CHECKS = VIEW_DECODERS  # in drawing order
 LOADING = "loading model..."
 NO_MODEL = "no model yet"
+BLANK = "\u2013"  # a rate of a stream that stopped: not known, rather than its last value
+TIPS = {  # why a control cannot act (by the server's model_state; None: not heard yet), what it does when it can
+    "input": {
+        "ready": "Draw the model's input (resized, hot pixels removed, normalised) instead of the sensor",
+        "loading": "The model is loading: its input shows once it is ready",
+        "none": "No model: the server streams the sensor only (start mem serve with --model RUN)",
+        None: "No model input yet: the server has not said it serves a model",
+    },
+    "reset": {
+        "ready": "Go back to the window the model was trained on",
+        "loading": "The model is loading: its window is known once it is ready",
+        "none": "No model: there is no model's window to go back to (start mem serve with --model RUN)",
+        None: "No model yet: its window is known once the server serves one",
+    },
+}
 
 
 class ViewerWindow(QtWidgets.QMainWindow):
@@ -75,6 +91,8 @@ class ViewerWindow(QtWidgets.QMainWindow):
         self.model_switches = 0  # newer models seen taking over (marked on the timeline)
         self._served_without_model = False  # the server said it had no model (its first one is a switch too)
         self.flashes = 0  # captures confirmed by the server (each lit the picture's frame)
+        self.last_message = float("nan")  # time.monotonic() of the newest message drawn
+        self._opened = time.monotonic()
         self._build()
         if client is not None:
             client.messages.connect(self.apply)
@@ -108,6 +126,7 @@ class ViewerWindow(QtWidgets.QMainWindow):
         self.input_box = QtWidgets.QCheckBox("show the model input instead of the sensor")
         self.input_box.toggled.connect(self.view.set_show_input)
         self.accumulation = AccumulationControls()
+        self._set_model_state(None)
         self.replay = ReplayControls()
         self.record = RecordControls()
         self.labels = LabelPanel()
@@ -144,12 +163,23 @@ class ViewerWindow(QtWidgets.QMainWindow):
         side.addStretch(1)  # takes the room of the timeline when it is hidden (segmentation)
         self.legend.setVisible(False)
         panel.setMinimumWidth(360)
+        # controls that appear (replay, recording, labels, an error) scroll in a short window rather than squeeze
+        # the timeline's axes and the buttons
+        self.side = QtWidgets.QScrollArea()
+        self.side.setWidget(panel)
+        self.side.setWidgetResizable(True)
+        self.side.setFrameShape(QtWidgets.QFrame.Shape.NoFrame)
+        self.side.setHorizontalScrollBarPolicy(QtCore.Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        scrollbar = self.style().pixelMetric(QtWidgets.QStyle.PixelMetric.PM_ScrollBarExtent)
+        self.side.setMinimumWidth(panel.minimumWidth() + scrollbar)
 
+        self.picture = FlashFrame(self.view)
         splitter = QtWidgets.QSplitter()
-        splitter.addWidget(self.view)
-        splitter.addWidget(panel)
+        splitter.addWidget(self.picture)
+        splitter.addWidget(self.side)
         splitter.setStretchFactor(0, 3)
         splitter.setStretchFactor(1, 2)
+        splitter.setSizes([3 * self.width() // 5, 2 * self.width() // 5])
         self.setCentralWidget(splitter)
 
         self.status_labels = {
@@ -169,6 +199,7 @@ class ViewerWindow(QtWidgets.QMainWindow):
         its topic is dropped and counted, and changes nothing on screen (its session included)."""
         if self._first_message is None:
             self._first_message = (time.monotonic(), time.thread_time())
+        self.last_message = time.monotonic()
         checked = {}
         for topic, check in CHECKS.items():
             if topic in messages:
@@ -215,6 +246,7 @@ class ViewerWindow(QtWidgets.QMainWindow):
 
     def _apply_hist(self, hist: np.ndarray) -> None:
         self.view.set_histogram(hist)
+        self._set_model_state("ready")  # a model input to show, whatever the last stats said
 
     def _apply_tokens(self, tokens: tuple[np.ndarray, int]) -> None:
         self.view.set_tokens(*tokens)
@@ -231,6 +263,7 @@ class ViewerWindow(QtWidgets.QMainWindow):
         self.timeline.clear_history()
         self.view.set_tokens(None, 1)
         self.view.set_mask(None, [])
+        self.view.hist = None  # the new server may serve no model
         self.tokens_box.setVisible(False)
         self.top_k.set_top_k([])
         self.model_version = None
@@ -267,6 +300,7 @@ class ViewerWindow(QtWidgets.QMainWindow):
         loading = stats.get("model_state") == "loading"
         no_model = stats.get("model_state") == "none"
         self._served_without_model |= no_model
+        self._set_model_state(stats.get("model_state"))
         if loading or no_model:
             self.top_k.best.setText(LOADING if loading else NO_MODEL)
         # stats sent before the server carried out a command the viewer saw the reply to would undo its effect
@@ -296,10 +330,25 @@ class ViewerWindow(QtWidgets.QMainWindow):
             self.statusBar().showMessage(f"newer model not loaded: {model['error']}", 5000)
         self.header.setText(f"{task} \u00b7 source {source.get('kind', '?')} ({source.get('serial', '')}, {size})")
 
+    def _set_model_state(self, model_state: str | None) -> None:
+        """Enable the controls that need a model once it is served; a disabled one says why in its tooltip."""
+        ready = model_state == "ready" or self.view.hist is not None
+        state = "ready" if ready else model_state if model_state in TIPS["input"] else None
+        for control, tips in ((self.input_box, TIPS["input"]), (self.accumulation.reset, TIPS["reset"])):
+            if control.isEnabled() != ready or control.toolTip() != tips[state]:
+                control.setEnabled(ready)
+                control.setToolTip(tips[state])
+
     def apply_reply(self, reply: dict[str, Any]) -> None:
-        """A control reply: show an error, follow the returned state."""
+        """A control reply: show an error where the user acted (a labelling command's in the label panel, until the
+        next action there; others in the status bar), follow the returned state."""
         if not reply.get("ok"):
-            self.statusBar().showMessage(f"{reply.get('command')}: {reply.get('error')}", 5000)
+            error = reply_error(reply)
+            if reply.get("command") in LabelPanel.COMMANDS:
+                self.labels.show_error(error)
+                QtCore.QTimer.singleShot(0, lambda: self.side.ensureWidgetVisible(self.labels.error))  # laid out
+            else:
+                self.statusBar().showMessage(error, 10_000)
         state = reply.get("state") or {}
         self.commands_confirmed = max(self.commands_confirmed, state.get("commands", 0))
         if (state.get("source") or {}).get("replay"):
@@ -314,8 +363,7 @@ class ViewerWindow(QtWidgets.QMainWindow):
     def _flash(self) -> None:
         """Light the picture's frame: the capture was taken."""
         self.flashes += 1
-        self.view.setStyleSheet("border: 4px solid #7cfc00;")
-        QtCore.QTimer.singleShot(FLASH_MS, lambda: self.view.setStyleSheet(""))
+        self.picture.flash()
 
     def _send_command(self, command: str, args: dict[str, Any]) -> None:
         """Send a control command to the server; its reply comes to ``apply_reply``."""
@@ -331,18 +379,50 @@ class ViewerWindow(QtWidgets.QMainWindow):
         return float(sum(1 for t in self._frame_times if t >= now - 1.0))
 
     def update_status(self) -> None:
-        """Refresh the status bar (runs on a timer)."""
+        """Refresh the status bar and the picture's notice (runs on a timer)."""
         labels, stats = self.status_labels, self.last_stats
+        stopped = self._update_notice()
         labels["link"].setText(self._link_text())
         labels["view"].setText(self._view_text())
         labels["fps"].setText(f"{self.display_fps:.0f} fps")
-        labels["events"].setText(event_rate(stats.get("events_per_s", 0)))
-        labels["window"].setText(f"window {stats.get('window_events', 0):,} ev / {stats.get('window_ms', 0):.1f} ms")
-        latency = stats.get("latency_ms") or {}
-        labels["latency"].setText(f"latency {latency.get('p50', 0):.1f} ms (p95 {latency.get('p95', 0):.1f})")
+        if stopped or not stats:  # the last stats describe a stream that is gone, or none came yet
+            labels["events"].setText(f"{BLANK} ev/s")
+            labels["window"].setText(f"window {BLANK}")
+            labels["latency"].setText(f"latency {BLANK}")
+        else:
+            labels["events"].setText(event_rate(stats.get("events_per_s", 0)))
+            labels["window"].setText(
+                f"window {stats.get('window_events', 0):,} ev / {stats.get('window_ms', 0):.1f} ms"
+            )
+            latency = stats.get("latency_ms") or {}
+            labels["latency"].setText(f"latency {latency.get('p50', 0):.1f} ms (p95 {latency.get('p95', 0):.1f})")
         labels["skipped"].setText(f"skipped {stats.get('skipped_windows', 0):,}")
         dropped = (self.client.dropped if self.client else 0) + self.bad_messages + int(stats.get("malformed", 0))
         labels["dropped"].setText(f"dropped {dropped:,}")
+
+    def _update_notice(self) -> bool:
+        """Say over the picture when there is no server yet, when the server stopped sending (the picture is stale:
+        True) and when the pictures stopped while the server runs (no events, not paused)."""
+        now = time.monotonic()
+        if self.client is None:
+            return False
+        if not np.isfinite(self.last_message):
+            if now - self._opened >= NO_SERVER_S:
+                text = no_server_text(self.client.endpoint)
+                self.header.setText(text)
+                self.view.set_notice(text)
+            return False
+        message_age = now - self.last_message
+        frame_age = now - self._frame_times[-1] if self._frame_times else 0.0
+        paused = self.replay.isVisibleTo(self) and not self.replay.playing
+        if message_age >= STALE_S:
+            self.view.set_notice(f"no data from the server for {message_age:.0f} s: the last picture, not live", True)
+            return True
+        if frame_age >= STALE_S and not paused:
+            self.view.set_notice(f"no new events for {frame_age:.0f} s: the last picture", True)
+        else:
+            self.view.set_notice("")
+        return False
 
     def _view_text(self) -> str:
         """What the picture is: ``sensor 120 x 100`` or ``model input 64 x 64 (sensor 120 x 100)``."""
@@ -361,7 +441,12 @@ class ViewerWindow(QtWidgets.QMainWindow):
             return "offline"
         age = time.monotonic() - self.client.last_message
         if not np.isfinite(age):
-            return f"waiting for {self.client.endpoint}"
+            waited = time.monotonic() - self._opened
+            return (
+                f"no server at {self.client.endpoint}"
+                if waited >= NO_SERVER_S
+                else f"waiting for {self.client.endpoint}"
+            )
         return "connected" if age < STALE_S else f"no data for {age:.0f} s"
 
     def view_state(self) -> dict[str, Any]:
@@ -382,6 +467,8 @@ class ViewerWindow(QtWidgets.QMainWindow):
         return {
             "endpoint": client.endpoint if client else None,
             "link": self._link_text(),
+            "notice": self.view.notice.text() if self.view.notice.isVisibleTo(self) else None,
+            "stale": self.view.stale,
             "model_state": self.last_stats.get("model_state"),
             "session": self.session,
             "frames_shown": self.frames_shown,
@@ -413,6 +500,7 @@ class ViewerWindow(QtWidgets.QMainWindow):
                 "captures": self.labels.captures,
                 "flashes": self.flashes,
                 "status": self.labels.status.text(),
+                "error": self.labels.error.text(),
             },
             "training": self.labels.training,
             "model": {  # the server's model, and the version of the newest prediction
@@ -451,6 +539,22 @@ class ViewerWindow(QtWidgets.QMainWindow):
         self.statusBar().showMessage(f"saved {path}", 5000)
 
 
+def reply_error(reply: dict[str, Any]) -> str:
+    """A refused command's error, named by its command once: the server's errors mostly begin with it already."""
+    command, error = str(reply.get("command")), str(reply.get("error"))
+    return error if error.startswith(f"{command}:") else f"{command}: {error}"
+
+
+def no_server_text(endpoint: str) -> str:
+    """What a viewer that hears nothing at ``endpoint`` tells its user to start."""
+    pub = "" if endpoint == ServeConfig.pub else f" --pub {endpoint}"
+    host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
+    start = f"start one with `mem serve{pub}`"
+    if endpoint.startswith("tcp://") and host not in ("127.0.0.1", "localhost", "[::1]"):
+        start = f"start `mem serve --pub tcp://0.0.0.0:{port}` on {host}"
+    return f"no server at {endpoint}: {start} (--source camera, sim or a file; --model RUN for predictions)"
+
+
 def event_rate(per_s: float) -> str:
     """``2.50 Mev/s``, ``35.2 kev/s``, ``120 ev/s``."""
     if per_s >= 1e6:
@@ -459,7 +563,8 @@ def event_rate(per_s: float) -> str:
 
 
 def run(config: ViewConfig) -> int:
-    """Open the viewer and run the Qt event loop; returns the exit status (0)."""
+    """Open the viewer and run the Qt event loop; returns the exit status (0). Having heard no server, it says on
+    stderr which to start."""
     app = QtWidgets.QApplication.instance() or QtWidgets.QApplication([sys.argv[0]])
     app.setStyle("Fusion")
     app.setPalette(dark_palette())
@@ -471,6 +576,8 @@ def run(config: ViewConfig) -> int:
         QtCore.QTimer.singleShot(round(config.quit_after_s * 1000), app.quit)
     signal.signal(signal.SIGINT, lambda *_: app.quit())  # the client's poll timer lets Python see Ctrl-C
     app.exec()
+    if not np.isfinite(window.last_message):  # the window said so too; a terminal or a script reads it here
+        print(f"mem view: {no_server_text(config.connect)}", file=sys.stderr, flush=True)
     if config.snapshot is not None:
         window.save_snapshot(config.snapshot)
     window.close()
