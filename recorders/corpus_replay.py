@@ -16,6 +16,7 @@ import numpy as np
 
 from mem_core.corpus import Corpus
 from mem_core.corpus.format import MANIFEST, CorpusError, RecordingInfo
+from mem_core.limits import fit_path
 from recorders.base import RecorderError
 from recorders.replay import Replay, Segment
 
@@ -117,7 +118,7 @@ class CorpusReplaySource(Replay):
         info = self.chosen[k]
         self.metadata = {  # a new dict: other threads read it whole
             **self.metadata,
-            "serial": f"{self.name}/{info.name}",
+            "serial": fit_path(f"{self.name}/{info.name}"),  # a text field of the live state
             "recording": info.name,
             "height": info.sensor.height,
             "width": info.sensor.width,

@@ -1,5 +1,6 @@
-"""End to end: ``mem serve`` replaying real files as users start it, and ``mem view`` as a process or in-process
-(pytest-qt) driving the server from its controls; what the server publishes is checked at a separate subscriber."""
+"""End to end: ``mem serve`` replaying real files and a corpus as users start it, and ``mem view`` as a process or
+in-process (pytest-qt) driving the server from its controls; what the server publishes is checked at a separate
+subscriber."""
 
 from __future__ import annotations
 
@@ -16,10 +17,14 @@ import time
 import numpy as np
 import pytest
 import zmq
+from conftest import synthetic_events
 from PySide6 import QtGui
 
+from app.live.sensor_view import sensor_view
 from app.viewer.client import LiveClient
 from app.viewer.window import ViewerWindow
+from mem_core.corpus import CorpusWriter
+from mem_core.events import SensorSize
 from mem_core.models import TokenizerConfig, ViTConfig
 from mem_core.protocol import decode
 from mem_core.representation import InputSpec
@@ -207,6 +212,53 @@ def test_speed_pause_seek_and_accumulation_set_in_the_viewer_change_what_the_ser
         assert ms == 22.0 and accumulation.value.text().startswith("22 ms")
         windows = [p.header["window"] for p in preds_after(tap, time.time(), 0.5)]
         assert max((w["t_last_us"] - w["t_first_us"]) / 1e3 for w in windows) <= ms
+        client.close()
+
+
+@pytest.mark.slow
+def test_view_names_the_corpus_recording_it_replays_and_redraws_a_seek_while_paused(qtbot, tmp_path, export):
+    """``mem serve --source CORPUS`` as a user starts it, and the viewer: its header names the recording playing, and
+    a seek while paused draws the window ending at the new position (the server's model sees 3000 events)."""
+    sensor, half = SensorSize(32, 48), SensorSize(32, 24)
+    left, right = synthetic_events(6000, half, seed=1), synthetic_events(6000, half, seed=2)  # 0.6 s each
+    right["x"] += half.width
+    root = tmp_path / "lab"
+    with CorpusWriter(root) as writer:
+        writer.add_recording("left", left, sensor)
+        writer.add_recording("right", right, sensor)
+    with mem_serve(export, root) as endpoint:
+        client = LiveClient(endpoint)
+        window = ViewerWindow(client)
+        qtbot.addWidget(window)
+        window.show()
+        replies: list[dict] = []
+        client.control_reply.connect(replies.append)
+        for recording in ("left", "right"):
+            qtbot.waitUntil(lambda r=recording: f"source corpus (lab/{r}, 48 x 32)" in window.header.text(),
+                            timeout=START_S * 1000)  # fmt: skip
+        qtbot.waitUntil(lambda: window.replay.isVisible() and window.view.sensor is not None, timeout=START_S * 1000)
+        wait_for_prediction(endpoint)
+
+        def reply_to(action, command: str) -> dict:
+            count = len(replies)
+            action()
+            qtbot.waitUntil(lambda: len(replies) > count, timeout=START_S * 1000)
+            assert replies[-1]["command"] == command and replies[-1]["ok"], replies[-1]
+            return replies[-1]["state"]
+
+        replay = window.replay
+        reply_to(replay.play.click, "pause")
+        qtbot.wait(1000)  # the windows in flight at the pause are drawn
+        shown = window.view.sensor.frame
+        right_starts = int(left["t"][-1]) - int(left["t"][0]) + 1  # us: where ``right`` begins on the timeline
+        replay.seek.setValue(round(1000 * (right_starts / 1e6 + 0.4) / replay.duration_s))
+        position_us = int(replay.seek.value() / 1000 * replay.duration_s * 1e6)  # what the viewer asks for
+        reply_to(replay.seek.sliderReleased.emit, "seek")
+        qtbot.waitUntil(lambda: window.view.sensor.frame > shown, timeout=START_S * 1000)
+        end = int(np.searchsorted(right["t"], int(right["t"][0]) + position_us - right_starts))
+        np.testing.assert_array_equal(window.view.sensor.image, sensor_view(right[end - 3000 : end], sensor)[0])
+        qtbot.waitUntil(lambda: "source corpus (lab/right" in window.header.text(), timeout=START_S * 1000)
+        assert not replay.playing
         client.close()
 
 
