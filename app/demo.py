@@ -115,8 +115,8 @@ def finetune_runs(cfg: DemoConfig) -> dict[tuple[str, int], Path]:
 def train_all(cfg: DemoConfig) -> dict[str, Path]:
     """Record, tokenizer, pretraining, then every finetuning run; returns the unlabeled stages' run directories."""
     from mem_core.runs.rundir import RunDir
-    from mem_core.train import finetune, pretrain, tokenizer
-    from mem_core.train.experiment import finetune_in_parallel
+    from mem_core.train import pretrain, tokenizer
+    from mem_core.train.experiment import finetune_all
 
     fraction = label_fraction(cfg.labels_per_class)
     out = cfg.out
@@ -143,26 +143,21 @@ def train_all(cfg: DemoConfig) -> dict[str, Path]:
             f"stage 3: finetuning MEM and from-scratch models with {cfg.labels_per_class} labels per class, "
             f"label seeds {', '.join(map(str, cfg.label_seeds))}"
         )
-    if cfg.jobs > 1 and len(pending) > 1:
-        finetune_in_parallel(pending, cfg.jobs, out / "logs")  # each run in a fresh process, its log in out/logs
-    else:
-        for path, _, ft, init in pending:
-            _say(f"finetuning {path.name}")
-            finetune.run(ft, path, init=init, resume=path.exists())
+    finetune_all(pending, cfg.jobs, out / "logs")
     return runs
 
 
 def evaluate_all(cfg: DemoConfig) -> dict:
     """Top-1 (%) of every finetuning run on the held-out test split, per label seed, with the means and MEM's lead."""
-    from mem_core.train.evaluate import evaluate_run
+    from mem_core.train.evaluate import evaluate_runs
 
-    runs, seeds, n = finetune_runs(cfg), [], 0
-    for seed in cfg.label_seeds:
-        row = {"label_seed": seed}
-        for arm in ("mem", "scratch"):
-            result = evaluate_run(runs[arm, seed], "sim", None, "test", num_workers=0)
-            row[arm], n = round(100 * result["top1"], 1), result["n"]
-        seeds.append(row)
+    runs = finetune_runs(cfg)
+    results = dict(zip(runs, evaluate_runs(list(runs.values()), "sim", None, "test", num_workers=0), strict=True))
+    seeds = [
+        {"label_seed": seed} | {arm: round(100 * results[arm, seed]["top1"], 1) for arm in ("mem", "scratch")}
+        for seed in cfg.label_seeds
+    ]
+    n = next(iter(results.values()))["n"]
     leads = [row["mem"] - row["scratch"] for row in seeds]
     mean = {arm: round(sum(row[arm] for row in seeds) / len(seeds), 1) for arm in ("mem", "scratch")}
     return {

@@ -64,9 +64,7 @@ def main(
     if data is not None:
         values["data.path"] = str(data)
     recipe = [f"epochs={epochs}", f"lr={lr}", "betas=[0.9, 0.999]", f"warmup_epochs={epochs / 10}", "eval_every=2"]
-    cfg = stage_config("finetune", preset=preset, values=values, overrides=recipe)
-    if labels < 1:
-        cfg = stage_config("finetune", preset=preset, values=values, overrides=[*recipe, *equal_steps(cfg, labels)])
+    cfg = equal_steps(stage_config("finetune", preset=preset, values=values, overrides=recipe), labels)
     with tempfile.TemporaryDirectory(prefix="cnn-reference-") as scratch:
         run = run_stage(cnn_stage(arch), cfg, out or Path(scratch) / "run")
         result = json.loads((run.path / "result.json").read_text())

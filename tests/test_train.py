@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from mem_core.configuration import ConfigError
 from mem_core.runs.export import export_run, load_model, load_tokenizer
 from mem_core.runs.lineage import pretraining_run_of, source_run, tokenizer_of
 from mem_core.runs.rundir import RunDir, RunError, load_checkpoint
@@ -441,7 +442,7 @@ def test_label_efficiency_experiment_reports_curves_and_both_columns_and_runs_in
         log = (tmp_path / "logs" / f"{Path(row['run']).name}.log").read_text()
         assert f"finetune epoch {row['epochs']}/{row['epochs']}" in log
     assert "finetune (all runs, wall clock)" in in_parallel["seconds"]
-    with pytest.raises(ValueError, match="jobs must be at least 1, got 0"):
+    with pytest.raises(ConfigError, match="jobs"):
         LabelEfficiencyConfig(jobs=0)
 
 

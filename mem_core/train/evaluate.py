@@ -33,25 +33,50 @@ def evaluate_run(
     Under torchrun every process evaluates its share and the metrics are summed: each sample counts once. A run
     trained on the same dataset with a split file of its own (``data.split_file``) is evaluated on that split.
     """
-    runtime = setup_runtime(device, amp=True)
-    model, meta = load_model(run_path, runtime.device)
-    spec = from_dict(InputSpec, meta["input"])
-    source = open_for_input(dataset, data, split, spec, split_file=_split_file(Path(run_path), dataset))
-    classification = meta["task"] == "classification"
-    classes = source.classes if classification else source.mask_classes
-    if classification and classes != meta["classes"] and sorted(classes) == sorted(meta["classes"]):
-        model = _ClassOrder(model, [meta["classes"].index(name) for name in classes])  # the same names, reordered
-    elif classes != meta["classes"]:
-        raise RunError(
-            f"{dataset} {split} has classes {classes}, but the model in {run_path} was trained on {meta['classes']}"
-        )
-    loader, _ = build_loader(
-        source, spec, train=False, seed=0, batch_size=batch_size, runtime=runtime, num_workers=num_workers
+    (result,) = evaluate_runs(
+        [run_path], dataset, data, split, batch_size=batch_size, num_workers=num_workers, device=device
     )
-    evaluate = evaluate_classifier if classification else evaluate_segmenter
-    result = evaluate(model, loader, spec, runtime, len(classes))
+    return result
+
+
+def evaluate_runs(
+    run_paths: list[Path | str],
+    dataset: str,
+    data: Path | str | None,
+    split: str,
+    *,
+    batch_size: int = 64,
+    num_workers: int = 0,
+    device: str = "auto",
+) -> list[dict[str, Any]]:
+    """``evaluate_run`` of each run, opening the split once for the runs that share an input and a split file (a
+    simulated split is generated once, not once per run)."""
+    runtime = setup_runtime(device, amp=True)
+    sources: dict[tuple, Any] = {}
+    results = []
+    for run_path in run_paths:
+        model, meta = load_model(run_path, runtime.device)
+        spec = from_dict(InputSpec, meta["input"])
+        split_file = _split_file(Path(run_path), dataset)
+        if (spec, split_file) not in sources:
+            sources[spec, split_file] = open_for_input(dataset, data, split, spec, split_file=split_file)
+        source = sources[spec, split_file]
+        classification = meta["task"] == "classification"
+        classes = source.classes if classification else source.mask_classes
+        if classification and classes != meta["classes"] and sorted(classes) == sorted(meta["classes"]):
+            model = _ClassOrder(model, [meta["classes"].index(name) for name in classes])  # the same names, reordered
+        elif classes != meta["classes"]:
+            raise RunError(
+                f"{dataset} {split} has classes {classes}, but the model in {run_path} was trained on {meta['classes']}"
+            )
+        loader, _ = build_loader(
+            source, spec, train=False, seed=0, batch_size=batch_size, runtime=runtime, num_workers=num_workers
+        )
+        evaluate = evaluate_classifier if classification else evaluate_segmenter
+        result = evaluate(model, loader, spec, runtime, len(classes))
+        results.append(json_safe({"run": str(run_path), "dataset": dataset, "split": split, "classes": classes, **result}))
     teardown_runtime()
-    return json_safe({"run": str(run_path), "dataset": dataset, "split": split, "classes": classes, **result})
+    return results
 
 
 class _ClassOrder(torch.nn.Module):

@@ -18,6 +18,7 @@ sooner than one after the other.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -49,8 +50,13 @@ class LabelEfficiencyConfig:
     jobs: int = 1  # finetuning runs at once, each in its own process
 
     def __post_init__(self) -> None:
-        if self.jobs < 1:
-            raise ValueError(f"jobs must be at least 1, got {self.jobs}")
+        from mem_core.configuration import ConfigError, Interval, check_ranges
+
+        check_ranges(self, {"jobs": Interval(1)})
+        if not self.fractions or not all(0 < f <= 1 for f in self.fractions):
+            raise ConfigError(f"fractions must be label fractions in (0, 1], got {self.fractions}")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ConfigError(f"seeds must be distinct and at least one, got {self.seeds}")
 
 
 def _stage_config(cfg: LabelEfficiencyConfig, stage: str, *extra: str):
@@ -61,20 +67,24 @@ def _stage_config(cfg: LabelEfficiencyConfig, stage: str, *extra: str):
     return stage_config(stage, preset=cfg.preset, config_file=cfg.config_file, values=values, overrides=overrides)
 
 
-def equal_steps(cfg, fraction: float) -> list[str]:
-    """Overrides that give a run on ``fraction`` of the labels the optimisation steps, validations and warm-up of
-    ``cfg``'s run on all of them (epochs / fraction, evaluating as often per sample seen)."""
-    return [
-        f"epochs={max(1, round(cfg.epochs / fraction))}",
-        f"eval_every={max(1, round(cfg.eval_every / fraction))}",
-        f"warmup_epochs={cfg.warmup_epochs / fraction}",
-    ]
+def equal_steps(cfg, fraction: float):
+    """``cfg`` (a finetuning config) stretched so that a run on ``fraction`` of the labels takes the optimisation
+    steps, validations and warm-up of ``cfg``'s run on all of them (epochs / fraction, evaluating as often per sample
+    seen)."""
+    if fraction >= 1:
+        return cfg
+    return dataclasses.replace(
+        cfg,
+        epochs=max(1, round(cfg.epochs / fraction)),
+        eval_every=max(1, round(cfg.eval_every / fraction)),
+        warmup_epochs=cfg.warmup_epochs / fraction,
+    )
 
 
 def run(cfg: LabelEfficiencyConfig) -> dict[str, Any]:
     """Run (or continue) the whole experiment and return the results table."""
     from mem_core.runs.rundir import RunDir, json_safe
-    from mem_core.train import finetune, pretrain, tokenizer
+    from mem_core.train import pretrain, tokenizer
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -106,16 +116,10 @@ def run(cfg: LabelEfficiencyConfig) -> dict[str, Any]:
     for path, arm, fraction, seed, init in runs:
         if RunDir(path).finished:
             continue
-        settings = [f"seed={seed}", f"data.labels={fraction}", f"data.label_seed={seed}"]
-        ft_cfg = _stage_config(cfg, "finetune", *settings)
-        if cfg.equal_steps and fraction < 1:
-            ft_cfg = _stage_config(cfg, "finetune", *settings, *equal_steps(ft_cfg, fraction))
-        pending.append((path, arm, ft_cfg, init))
-    if cfg.jobs == 1:
-        for path, arm, ft_cfg, init in pending:
-            timed(f"finetune-{arm}", lambda c=ft_cfg, p=path, i=init: finetune.run(c, p, init=i, resume=p.exists()))
-    elif pending:
-        timed("finetune (all runs, wall clock)", lambda: finetune_in_parallel(pending, cfg.jobs, out / "logs"))
+        ft_cfg = _stage_config(cfg, "finetune", f"seed={seed}", f"data.labels={fraction}", f"data.label_seed={seed}")
+        pending.append((path, arm, equal_steps(ft_cfg, fraction) if cfg.equal_steps else ft_cfg, init))
+    if pending:
+        timed("finetune (all runs, wall clock)", lambda: finetune_all(pending, cfg.jobs, out / "logs"))
     rows = []
     for path, arm, fraction, seed, _ in runs:
         result = json.loads((path / "result.json").read_text())
@@ -148,6 +152,19 @@ def run(cfg: LabelEfficiencyConfig) -> dict[str, Any]:
     plot(summary, out / "label_efficiency.png", cfg.dataset)
     plot_curves(rows, out / "val_curves.png", cfg.dataset)
     return report
+
+
+def finetune_all(pending: list[tuple], jobs: int, logs: Path) -> None:
+    """Run the finetuning runs ``pending`` (path, arm, config, init): one after the other in this process when
+    ``jobs`` is 1 or there is one run, else ``finetune_in_parallel``. A run that exists is continued."""
+    from mem_core.train import finetune
+
+    if jobs > 1 and len(pending) > 1:
+        finetune_in_parallel(pending, jobs, logs)
+        return
+    for path, _, ft_cfg, init in pending:
+        print(f"finetuning {path.name}", file=sys.stderr, flush=True)
+        finetune.run(ft_cfg, path, init=init, resume=path.exists())
 
 
 def finetune_in_parallel(pending: list[tuple], jobs: int, logs: Path) -> None:
