@@ -46,7 +46,7 @@ from mem_core.runs.rundir import RunDir
 from mem_core.train.configs import stage_config
 from mem_core.train.engine import train_one_epoch
 from mem_core.train.finetune import FinetuneStage
-from mem_core.train.fit import build_loader
+from mem_core.train.fit import build_loader, loader_workers
 from mem_core.train.pretrain import PretrainStage
 from mem_core.train.runtime import Runtime, setup_runtime
 from mem_core.train.stage import Stage
@@ -308,7 +308,7 @@ def main(
     # unless --events, which can differ between stages
     size = f"{sensor.width}x{sensor.height}"
     loader_events = events or configs["finetune"].input.n_max
-    trained_workers = stage_config("finetune", preset=preset).data.num_workers  # what training would start
+    trained_workers = loader_workers(stage_config("finetune", preset=preset).data.num_workers)  # what training starts
     loader_rates = {
         workers: bench_loader(configs["finetune"], workers, sensor=sensor, events=loader_events)
         for workers in dict.fromkeys((trained_workers, os.cpu_count() or 1))

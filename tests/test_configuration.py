@@ -63,7 +63,7 @@ def test_bad_overrides_name_the_key(override, message):
         ("finetune", "epochs=-1", "epochs must be a number >= 1, got -1"),
         ("finetune", "betas=[0.9, 1.0]", "betas must be in [0, 1), got (0.9, 1.0)"),
         ("finetune", "data.labels=0", "data.labels must be in (0, 1], got 0.0"),
-        ("finetune", "data.num_workers=-1", "data.num_workers must be a number >= 0"),
+        ("finetune", "data.num_workers=-2", "data.num_workers must be a number >= -1"),
         ("pretrain", "mask_ratio=1.0", "mask_ratio must be in (0, 1), got 1.0"),
         ("tokenizer", "grad_clip=inf", "grad_clip must be a number >= 0, got inf"),
         ("finetune", "model.depth=100000", "model.depth must be in [1, 256], got 100000"),

@@ -580,3 +580,18 @@ def test_training_started_with_sigint_ignored_still_stops_on_sigint(tmp_path):
         proc.kill()
     assert "KeyboardInterrupt" in stderr
     assert load_checkpoint(tmp_path / "ft" / "checkpoint.pt")["epoch"] >= 0
+
+
+def test_automatic_loader_workers_share_the_cores_a_process_gets(monkeypatch):
+    from mem_core.configuration import ConfigError
+    from mem_core.train.fit import MAX_AUTO_WORKERS, loader_workers
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    assert loader_workers(-1) == MAX_AUTO_WORKERS  # a 16-core GPU host, one process
+    assert loader_workers(-1, world_size=4) == 4  # torchrun with 4 processes on it
+    assert loader_workers(3, world_size=4) == 3  # a count the user set stays
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0}, raising=False)
+    assert loader_workers(-1, world_size=2) == 1  # never none: loading stays off the training process
+    assert stage_config("finetune").data.num_workers == -1
+    with pytest.raises(ConfigError, match="num_workers"):
+        stage_config("finetune", overrides=["data.num_workers=-2"])

@@ -40,12 +40,12 @@ from mem_core.limits import (
     MAX_WIDTH,
     MAX_WINDOW_FLOPS,
 )
-from mem_core.runs.lineage import MODEL_JSON, TOKENIZER_LINK, read_json, tokenizer_of
 from mem_core.models import DiscreteVAE, MEMViT, SegmentationModel, TokenizerConfig, ViTConfig
-from mem_core.representation import InputSpec
-from mem_core.schema import ClassNames, SchemaError, Text, check, class_names_problem
 from mem_core.models.sizes import INPUT_RANGES, check_model_sizes
+from mem_core.representation import InputSpec
+from mem_core.runs.lineage import MODEL_JSON, TOKENIZER_LINK, read_json, tokenizer_of
 from mem_core.runs.rundir import RunDir, RunError, atomic_write_bytes, json_safe, load_checkpoint
+from mem_core.schema import ClassNames, SchemaError, Text, check, class_names_problem
 
 EXPORT_VERSION = 2
 MODEL_FILE, TOKENIZER_FILE = "model.safetensors", "tokenizer.safetensors"

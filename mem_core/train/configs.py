@@ -42,7 +42,7 @@ class DataConfig:
     labels: float = 1.0  # fraction of labelled training samples (stratified, seeded by label_seed)
     label_seed: int = 0
     max_samples: int = 0  # cap the training set (0 = all), for quick runs
-    num_workers: int = 2
+    num_workers: int = -1  # loader processes per training process; -1: one per core it gets, at most 8
     split_file: str = ""  # ncaltech101: where the fixed split is stored (default: inside the dataset root)
     verify: bool = False  # corpus: read and check every event before training (every shard is opened anyway)
     skip_bad: bool = False  # corpus: leave out the recordings of damaged shards instead of stopping
@@ -52,7 +52,7 @@ class DataConfig:
 
 
 AT_LEAST_0, AT_LEAST_1, FRACTION = Interval(0), Interval(1), Interval(0, 1, hi_open=True)
-DATA_RANGES = {"labels": Interval(0, 1, lo_open=True), "max_samples": AT_LEAST_0, "num_workers": AT_LEAST_0}
+DATA_RANGES = {"labels": Interval(0, 1, lo_open=True), "max_samples": AT_LEAST_0, "num_workers": Interval(-1)}
 # Bounds of the numeric fields of every stage config (those a subclass lacks are skipped): a value outside them is a
 # ConfigError at once, not a traceback (batch_size=0), a silent NaN (lr=nan) or a missing checkpoint (epochs=-1).
 STAGE_RANGES = {
@@ -81,6 +81,8 @@ STAGE_RANGES = {
     "cutmix": AT_LEAST_0,
     "head_channels": Interval(1, MAX_WIDTH),
 }
+
+
 @dataclass
 class StageConfig:
     """What every stage shares: optimisation, schedule, data, input pipeline and execution."""

@@ -74,7 +74,9 @@ def evaluate_runs(
         )
         evaluate = evaluate_classifier if classification else evaluate_segmenter
         result = evaluate(model, loader, spec, runtime, len(classes))
-        results.append(json_safe({"run": str(run_path), "dataset": dataset, "split": split, "classes": classes, **result}))
+        results.append(
+            json_safe({"run": str(run_path), "dataset": dataset, "split": split, "classes": classes, **result})
+        )
     teardown_runtime()
     return results
 

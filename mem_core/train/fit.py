@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -23,6 +24,18 @@ from mem_core.train.runtime import Runtime
 PLOT_EVERY_S = 30.0  # the longest curves.png lags behind metrics.jsonl between validation epochs
 
 
+MAX_AUTO_WORKERS = 8  # on a many-core host, not dozens of processes each holding its own readers and buffers
+
+
+def loader_workers(num_workers: int, world_size: int = 1) -> int:
+    """The loader processes of one training process: ``num_workers``, or for -1 (auto) the cores this machine
+    gives the process (the cores it may run on, shared by ``world_size`` processes), at most ``MAX_AUTO_WORKERS``."""
+    if num_workers >= 0:
+        return num_workers
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(MAX_AUTO_WORKERS, cores // max(1, world_size)))
+
+
 def build_loader(
     source: EventSource,
     spec,
@@ -34,7 +47,9 @@ def build_loader(
     num_workers: int,
     indices: np.ndarray | None = None,
 ) -> tuple[DataLoader, EpochBatchSampler]:
-    """A DataLoader of padded event windows; ``batch_size`` is global (split over the DDP processes)."""
+    """A DataLoader of padded event windows; ``batch_size`` is global (split over the DDP processes);
+    ``num_workers`` -1 is ``loader_workers``' automatic count."""
+    num_workers = loader_workers(num_workers, runtime.world_size)
     dataset = WindowDataset(source, spec, train=train, seed=seed, indices=indices)
     sampler = EpochBatchSampler(
         len(dataset),
