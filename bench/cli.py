@@ -78,6 +78,13 @@ def train(
         int | None,
         typer.Option("--events", help="Events per synthetic window (default: the preset's n_max).", min=1),
     ] = None,
+    sync_check: Annotated[
+        bool,
+        typer.Option(
+            "--sync-check",
+            help="On a GPU, run one more step of each stage in CUDA's sync debug mode and list where the host waited.",
+        ),
+    ] = False,
 ) -> None:
     """Training steps per second of the tokenizer, pretraining and finetuning, peak GPU memory, loader rate."""
     from mem_core.events import SensorSize, sensor_problem
@@ -94,7 +101,16 @@ def train(
     from bench import bench_train
 
     bench_train.main(
-        json_path, preset, device, compile_model, batch_size, steps, profile=profile, sensor=size, events=events
+        json_path,
+        preset,
+        device,
+        compile_model,
+        batch_size,
+        steps,
+        profile=profile,
+        sensor=size,
+        events=events,
+        sync_check=sync_check,
     )
 
 

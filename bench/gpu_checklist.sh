@@ -56,8 +56,7 @@ cat "$WORK/machine.txt"
 
 step train-eager "$L_TRAIN" $PY "${BENCH[@]}" train --device "$DEVICE" --preset "$PRESET" --json "$WORK/train-eager.json" \
   --profile "$WORK/profile"
-step syncs "$L_SYNCS" $PY -c "from pathlib import Path; from bench.bench_train import main
-main(Path('$WORK/syncs.json'), preset='$PRESET', device='$DEVICE', steps=1, warmup=2, sync_check=True)"
+step syncs "$L_SYNCS" $PY "${BENCH[@]}" train --json "$WORK/syncs.json" --preset "$PRESET" --device "$DEVICE" --steps 1 --sync-check
 step train-sdpa "$L_SDPA" env MEM_FLEX_ATTENTION=0 $PY "${BENCH[@]}" train --device "$DEVICE" --preset "$PRESET" \
   --json "$WORK/train-sdpa.json"
 step tests-cuda "$L_TESTS" $PY -m pytest -q -p no:cacheprovider tests/test_train.py tests/test_scale.py \

@@ -314,6 +314,14 @@ _PIXEL_OPS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
 }
 
 
+def _to_device(values: torch.Tensor | list, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A small host tensor (or list) on ``device``: on a GPU through pinned memory without blocking, so the host
+    goes on queueing work instead of waiting for the copy behind the work already queued (a plain copy from pageable
+    memory waits)."""
+    host = torch.as_tensor(values, dtype=dtype)
+    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
+
+
 def apply_rand_augment(out: torch.Tensor, plan: Plan) -> torch.Tensor:
     """Apply ``plan`` to ``out`` (B, C, H, W) in place, one round at a time, each op batched over its samples.
 
@@ -326,9 +334,9 @@ def apply_rand_augment(out: torch.Tensor, plan: Plan) -> torch.Tensor:
 
         warped = [i for i, name in enumerate(names) if name in _WARPS]
         if warped:
-            idx = torch.tensor(warped, device=out.device)
+            idx = _to_device(warped, out.device)
             theta = _warp_theta([names[i] for i in warped], [level[i] for i in warped], height, width)
-            grid = _affine_grid(theta.to(out.device, out.dtype), height, width)
+            grid = _affine_grid(_to_device(theta, out.device, out.dtype), height, width)
             warp = F.grid_sample(out[idx], grid, mode="bilinear", padding_mode="zeros", align_corners=False)
             out[idx] = warp.clamp_(0.0, 1.0)  # bilinear weights sum to 1: the clamp only removes rounding
 
@@ -339,6 +347,6 @@ def apply_rand_augment(out: torch.Tensor, plan: Plan) -> torch.Tensor:
         for name, op in _PIXEL_OPS.items():
             members = [i for i, other in enumerate(names) if other == name]
             if members:
-                idx = torch.tensor(members, device=out.device)
-                out[idx] = op(out[idx], torch.tensor([level[i] for i in members], device=out.device, dtype=out.dtype))
+                idx = _to_device(members, out.device)
+                out[idx] = op(out[idx], _to_device([level[i] for i in members], out.device, out.dtype))
     return out

@@ -142,4 +142,7 @@ class EMAEPretrainModel(BackboneModel):
 def _visible_index(mask: torch.Tensor, device: torch.device) -> torch.Tensor:
     """Positions of the unmasked patches of ``mask`` ``(B, N)`` (the same count per sample), ``(B, V)`` on ``device``,
     computed where the mask lives."""
-    return (~mask).nonzero()[:, 1].reshape(mask.shape[0], -1).to(device, non_blocking=True)
+    visible = (~mask).nonzero()[:, 1].reshape(mask.shape[0], -1)
+    if visible.device.type == "cpu" and device.type == "cuda":
+        visible = visible.pin_memory()  # copied as it comes, not after the work queued on the GPU
+    return visible.to(device, non_blocking=True)
