@@ -2,20 +2,22 @@
 
 Events are read block by block (``Corpus.window``), never a whole recording at once. Recordings follow each other on
 one timeline (``recorders.replay.Replay``): each begins 1 us after the previous one ends (the segments of a session
-keep their own times), a seek addresses the whole sequence, and a loop starts over at the first. The source's ``sensor`` and ``metadata`` follow the recording
-being replayed (``serial`` is ``corpus/recording``), so a server's source state names it; recordings on different
-sensors are each replayed on their own.
+keep their own times), a seek addresses the whole sequence, and a loop starts over at the first. The source's
+``sensor`` and ``metadata`` follow the recording being replayed (``serial`` is ``corpus/recording``), so a server's
+source state names it; recordings on different sensors are each replayed on their own.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
 from mem_core.corpus import Corpus
 from mem_core.corpus.format import MANIFEST, CorpusError, RecordingInfo
+from mem_core.events import SensorSize
 from mem_core.limits import fit_path
 from recorders.base import RecorderError
 from recorders.replay import Replay, Segment
@@ -70,11 +72,11 @@ class CorpusReplaySource(Replay):
         super().__init__(segments, str(self.root), speed=speed, loop=loop, batch_us=batch_us)
 
     @property
-    def sensors(self) -> set:
+    def sensors(self) -> set[SensorSize]:
         """The sensor sizes of the replayed recordings."""
         return {r.sensor for r in self.chosen}
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[np.ndarray]:
         self._iterating = True
         try:
             for batch in super().__iter__():

@@ -77,7 +77,7 @@ class Replay(LiveSource):
 
     @abstractmethod
     def _block(self, k: int, lo: int) -> tuple[int, np.ndarray, np.ndarray]:
-        """Events of segment ``k`` from at most ``lo`` on that include event ``lo``: (index of the first, the events,
+        """A stretch of segment ``k``'s events that holds event ``lo``: (the index of its first event, the events,
         their times as a contiguous array)."""
 
     @abstractmethod

@@ -50,7 +50,7 @@ class Replayable(Protocol):
 
 
 class ReplayController:
-    """Play, pause, speed and seek over ``source``, and the position of the stream in its events.
+    """Play, pause, speed, seek and step over ``source``, and the position of the stream in its events.
 
     Args:
         source: the replayed source.
