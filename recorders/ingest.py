@@ -31,8 +31,8 @@ from mem_core.events import SensorSize
 from mem_core.io import EventFileError, read_events
 from recorders.base import RecorderError
 from recorders.config import IngestConfig
+from recorders.inventory import EVENT_SUFFIXES, event_files
 
-EVENT_SUFFIXES = (".dat", ".bin", ".bs2", ".raw", ".aedat4", ".npz", ".h5", ".hdf5")
 SPLITS = ("train", "val", "test")
 _IN_FLIGHT_PER_WORKER = 4  # decoded files waiting for the writer, per worker (bounds memory)
 
@@ -120,8 +120,8 @@ def collect(config: IngestConfig) -> tuple[list[IngestItem], list[dict[str, Any]
         else:
             found = [
                 IngestItem(path, _name_for(path, root))
-                for path in sorted(root.rglob("*"))
-                if path.suffix.lower() in EVENT_SUFFIXES and path.is_file() and out not in path.resolve().parents
+                for path in event_files(root)
+                if out not in path.resolve().parents
             ]
             if not found:
                 failed.append({"path": str(root), "reason": f"no event files ({', '.join(EVENT_SUFFIXES)}) in it"})

@@ -2,7 +2,8 @@
 
 Durability comes from the corpus writer: it commits at least every ``flush_interval_s`` while events arrive, and
 this loop commits on quiet heartbeats too, so a SIGKILL loses at most the last second. A recording stops cleanly
-on Ctrl-C / SIGTERM (a second Ctrl-C forces it), after ``duration_s``, when the source ends, when the corpus disk
+on Ctrl-C / SIGTERM (a second Ctrl-C forces it), after ``duration_s`` of the source's time, when the source ends,
+when the corpus disk
 gets below ``min_free_bytes`` free, or when the source fails for good; everything committed stays readable. The
 session is one recording cut into segments (every ``segment_minutes``, and whenever a shard is full).
 """
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+import numpy as np
 from rich.console import Console
 from rich.live import Live
 from rich.text import Text
@@ -46,6 +48,7 @@ class RecordResult:
     publish_dropped: int
     error: str | None = None
     behind_s: float = 0.0  # how far the source's event time had fallen behind the wall clock at the end
+    source_s: float = 0.0  # the source's time recorded (its events' clock; ``seconds`` is the wall clock's)
 
     @property
     def lag_warning(self) -> str | None:
@@ -196,6 +199,7 @@ def run(config: RecordConfig, *, source: LiveSource | None = None, stop: threadi
         publish_dropped=publisher.dropped if publisher else 0,
         error=error,
         behind_s=clock.behind_s,
+        source_s=min(clock.event_s, config.duration_s or np.inf),
     )
 
 
@@ -207,17 +211,28 @@ class _Clock:
         self.speed = speed
         self.start: float | None = None  # wall time of the first events
         self._t_first = 0
+        self.event_s = 0.0  # the source's time recorded: from the first event to the newest
         self.behind_s = 0.0
 
     def events(self, batch, now: float) -> None:
         if self.start is None:
             self.start, self._t_first = now, int(batch["t"][0])
+        self.event_s = (int(batch["t"][-1]) - self._t_first) / 1e6
         if self.speed > 0:
-            event_s = (int(batch["t"][-1]) - self._t_first) / 1e6 / self.speed
-            self.behind_s = max(0.0, now - self.start - event_s)
+            self.behind_s = max(0.0, now - self.start - self.event_s / self.speed)
 
     def seconds(self, now: float | None = None) -> float:
         return 0.0 if self.start is None else (now if now is not None else time.monotonic()) - self.start
+
+    def within(self, batch: np.ndarray, duration_s: float) -> np.ndarray:
+        """The events of ``batch`` less than ``duration_s`` after the first event recorded."""
+        return batch[: np.searchsorted(batch["t"], self._t_first + round(duration_s * 1e6))]
+
+    def recorded(self, duration_s: float, now: float) -> bool:
+        """Whether ``duration_s`` of the source's time is recorded: its events' own clock, so ``speed`` 0 records that
+        much of a file or the simulation however fast it goes. A paced source also stops once the wall clock has run
+        ``duration_s / speed`` (a camera whose scene went still sends no events to count)."""
+        return self.event_s >= duration_s or (self.speed > 0 and self.seconds(now) >= duration_s / self.speed)
 
 
 def _record_loop(
@@ -230,7 +245,7 @@ def _record_loop(
     clock: _Clock,
 ) -> tuple[int, str, str | None]:
     """Append batches until a stop condition: (events delivered, stop reason, error message or None).
-    ``duration_s`` and segments count from the first events."""
+    ``duration_s`` (the source's time) and segments count from the first events."""
     segment_s = None if config.segment_minutes is None else config.segment_minutes * 60
     segment_start = last_flush = time.monotonic()
     total = flushed = 0
@@ -241,6 +256,9 @@ def _record_loop(
                 if clock.start is None:
                     segment_start = now
                 clock.events(batch, now)
+                if config.duration_s is not None:
+                    batch = clock.within(batch, config.duration_s)
+            if batch.size:
                 writer.append(batch)  # commits by itself at least every flush_interval_s
                 total += batch.size
                 if publisher is not None:
@@ -250,7 +268,7 @@ def _record_loop(
                 flushed, last_flush = total, now
             if stop.is_set():
                 return total, "stopped", None
-            if config.duration_s is not None and clock.seconds(now) >= config.duration_s:
+            if config.duration_s is not None and clock.recorded(config.duration_s, now):
                 return total, "duration", None
             if segment_s is not None and now - segment_start >= segment_s:
                 writer.rotate()

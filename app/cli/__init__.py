@@ -1,7 +1,7 @@
 """The ``mem`` command line: it parses options, builds a config and calls one library function per command.
 
-``train`` holds the training commands, ``record`` the ones that bring events in, ``live`` the server and viewer,
-``demo`` the demo; other packages add command groups through the ``mem.commands`` entry point (``mem bench``).
+``train`` holds the training commands, ``record`` the ones that bring events in, ``describe`` ``mem inspect``,
+``live`` the server and viewer, ``demo`` the demo; other packages add command groups through the ``mem.commands`` entry point (``mem bench``).
 Heavy modules (torch, Qt) are imported by the commands that use them, so ``mem --help`` and ``mem view`` start fast.
 """
 
@@ -12,17 +12,19 @@ from importlib.metadata import entry_points
 
 import typer
 
-from app.cli import demo, live, record, train
+from app.cli import demo, describe, live, record, train
+from app.cli.options import PlainHelp
 
 app = typer.Typer(
     name="mem",
+    cls=PlainHelp,
     help="Masked Event Modeling: self-supervised learning for event cameras.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_show_locals=False,
 )
 for command in (
-    record.inspect,
+    describe.inspect,
     train.tokenizer,
     train.pretrain,
     train.finetune,

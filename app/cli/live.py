@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from app.cli.options import comma_separated, fail, with_options
+from app.cli.options import SIM_SOURCES, comma_separated, fail, with_options
 from app.config import ServeConfig, ViewConfig
 from recorders.config import SPECS
 
@@ -15,7 +15,7 @@ SERVE_OPTIONS = {
         help="Export directory (mem export) or finetune/segment run. Without one the server streams the sensor "
         "view for labelling (mem view: number keys capture, Train finetunes --pretrain on the captures).",
     ),
-    "source": typer.Option("--source", help=f"{SPECS} (a file is replayed, in a loop unless --no-loop)."),
+    "source": typer.Option("--source", help=f"{SPECS} (a file is replayed, in a loop unless --no-loop). {SIM_SOURCES}"),
     "tokenizer": typer.Option(
         "--tokenizer", help="Tokenizer run or export for the token overlay (default: the one exported with the model)."
     ),
@@ -60,12 +60,21 @@ VIEW_OPTIONS = {
 
 @with_options(config=SERVE_OPTIONS)
 def serve(config: ServeConfig) -> None:
-    """Live inference: run a model on the newest events of a source and publish over ZMQ (docs/protocol.md)."""
+    """Live inference: run a model on the newest events of a source and publish over ZMQ (docs/protocol.md).
+
+    Ctrl-C (SIGINT) or SIGTERM stops it cleanly, also when it was started in the background (`mem serve ... &`).
+    """
+    import signal
+
     import zmq
 
     from app.live.server import run
     from recorders.base import RecorderError
 
+    # a shell starts a background job with SIGINT ignored, and Python then leaves it ignored; SIGTERM would end the
+    # process without closing the source, the recording and the sockets
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.default_int_handler)
     try:
         run(config)
     except (RecorderError, zmq.ZMQError) as exc:  # no camera, a source that failed, an endpoint in use

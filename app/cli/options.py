@@ -15,7 +15,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
+import click
 import typer
+from typer.core import TyperGroup
 from typer.models import OptionInfo, ParameterInfo
 
 DatasetOpt = Annotated[
@@ -31,6 +33,37 @@ ConfigOpt = Annotated[
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a config field: key=value (repeatable).")]
 ResumeOpt = Annotated[bool, typer.Option("--resume", help="Continue an interrupted run in --out.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (the last line of stdout).")]
+SIM_SOURCES = "sim: the sim dataset's 128 x 128 camera; sim:fast: a 640 x 480 load test (about 100 Mev/s)."
+
+
+class PlainHelp(TyperGroup):
+    """A command group whose help, and its commands' and nested groups', reads plainly: a flag as ``--json``, not
+    ``--json <bool>`` (typer prints a value type for every option, flags included), and a docstring's paragraphs
+    flowed to the terminal's width (typer keeps the source's line breaks after the first paragraph)."""
+
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        return _plain(super().get_params(ctx))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            _plain_tree(command, ctx)
+        return command
+
+
+def _plain_tree(command: click.Command, ctx: click.Context) -> None:
+    _plain(command.get_params(ctx))  # (with its --help option)
+    if command.help:
+        command.help = "\n\n".join(" ".join(p.split()) for p in command.help.split("\n\n"))
+    for sub in getattr(command, "commands", {}).values():
+        _plain_tree(sub, ctx)
+
+
+def _plain(params: list[click.Parameter]) -> list[click.Parameter]:
+    for param in params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""  # what typer's help prints in place of "<bool>"
+    return params
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:

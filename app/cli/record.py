@@ -1,15 +1,14 @@
-"""``mem record``, ``mem ingest`` and ``mem inspect``: events in. Each option of ``record`` and ``ingest`` is a field of
+"""``mem record`` and ``mem ingest``: events in. Each option of ``record`` and ``ingest`` is a field of
 ``RecordConfig`` / ``IngestConfig`` (its type and default) with its flag and help declared here."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from app.cli.options import Converted, JsonOpt, fail, with_options
+from app.cli.options import SIM_SOURCES, Converted, fail, with_options
 from recorders.config import SPECS, IngestConfig, RecordConfig
 
 MB = 1 << 20
@@ -20,9 +19,13 @@ MIN_FREE = Converted(
     lambda size: size / MB,
 )
 RECORD_OPTIONS = {
-    "source": typer.Option("--source", help=f"{SPECS} (a file is replayed)."),
+    "source": typer.Option("--source", help=f"{SPECS} (a file is replayed). {SIM_SOURCES}"),
     "out": typer.Option("--out", help="Corpus directory (created, or appended to)."),
-    "duration_s": typer.Option("--duration", help="Stop after this many seconds."),
+    "duration_s": typer.Option(
+        "--duration",
+        help="Stop after this many seconds of the source's time (its events' clock): with --speed 0 a file or the "
+        "simulator records that much of its time however fast it runs; a camera's time is the wall clock's.",
+    ),
     "segment_minutes": typer.Option("--segment-minutes", help="Start a new segment (shard) every M minutes."),
     "publish": typer.Option("--publish", help="Also publish the events over ZMQ: tcp://127.0.0.1:PORT or PORT."),
     "name": typer.Option("--name", help="Session name (default: <kind>-<UTC time>)."),
@@ -52,8 +55,8 @@ def record(config: RecordConfig) -> None:
     except RecorderError as e:
         raise fail(str(e)) from None
     typer.echo(
-        f"recorded {result.stored:,} events in {result.seconds:.1f} s into {result.out} "
-        f"(session {result.name}, {result.segments} segment(s), stopped: {result.stop_reason})"
+        f"recorded {result.stored:,} events, {result.source_s:.1f} s of the source's time in {result.seconds:.1f} s, "
+        f"into {result.out} (session {result.name}, {result.segments} segment(s), stopped: {result.stop_reason})"
     )
     if result.lag_warning:
         typer.echo(f"warning: {result.lag_warning}", err=True)
@@ -99,47 +102,3 @@ def ingest(
         raise fail(failure, code=1)
     if strict and report.failed:
         raise typer.Exit(code=1)
-
-
-def inspect(
-    path: Annotated[Path, typer.Argument(help="An event file or a corpus directory.")],
-    as_json: JsonOpt = False,
-    verify: Annotated[
-        bool, typer.Option("--verify", help="Corpus: read every event and check it (shards are always opened).")
-    ] = False,
-) -> None:
-    """Describe an event file (format, events, sensor, time range, ON/OFF) or a corpus directory.
-
-    A corpus's shards are opened and their event counts checked (with --verify every event is read and checked
-    too); damaged shards are listed and the command exits with status 1.
-    """
-    import json
-
-    from rich.console import Console
-    from rich.table import Table
-
-    damaged: dict[str, str] = {}
-    if os.path.isdir(path):  # never raises: an over-long path is then refused by the reader in one line
-        from mem_core.corpus import Corpus
-
-        with Corpus(path) as corpus:
-            info = corpus.describe()
-            damaged = corpus.check(full=verify)
-        info["shards"] = len(corpus.shards)
-        info["checked"] = "every event" if verify else "shards opened, counts"
-        info["damaged_shards"] = damaged
-    else:
-        from mem_core.io import describe
-
-        info = describe(path)
-    if as_json:
-        print(json.dumps(info))
-    else:
-        table = Table(title=str(path), show_header=False)
-        for key, value in info.items():
-            table.add_row(key, str(len(value)) if key == "damaged_shards" else str(value))
-        Console().print(table)
-    for problem in damaged.values():  # plain lines (no wrapping): one per shard, easy to grep
-        typer.echo(problem, err=True)
-    if damaged:
-        raise fail(f"{len(damaged)} of {info['shards']} shards of {path} are damaged", code=1)

@@ -484,10 +484,17 @@ def run(config: ServeConfig) -> None:
         f"mem serve: {start}\npublishing on {server.pub_endpoint}, control on {server.control_endpoint}",
         flush=True,
     )
+    started = time.monotonic()
     try:
         server.run()
     except KeyboardInterrupt:
         server.stop()
+    if server.model.loading:  # stopped (Ctrl-C, --duration) while the model was still loading: say so
+        why = f"did not load: {server._error}" if server._error else "was still loading"
+        print(
+            f"mem serve: stopped {time.monotonic() - started:.1f} s after the start; the model {config.model} {why}",
+            flush=True,
+        )
     lat = [x for _, x in server.latencies]
     p95 = f", p95 latency {np.percentile(lat, 95) * 1e3:.1f} ms" if lat else ""
     print(f"mem serve: {server.frames} predictions, {server.skipped_windows} skipped windows{p95}", flush=True)
