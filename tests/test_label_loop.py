@@ -205,3 +205,45 @@ def test_label_windows_in_the_viewer_train_and_the_new_model_takes_over(qtbot, t
         window.close()
         client.close()
         server.stop()
+
+
+def test_train_without_a_pretraining_run_says_why_in_the_label_panel_until_the_next_capture(qtbot, tmp_path):
+    """A real server with no model and no --pretrain: Train is refused, and the reason stays where the user pressed
+    it (once, whole), while the controls that need a model are greyed out saying why."""
+    config = ServeConfig(
+        model=None,
+        pub="tcp://127.0.0.1:*",
+        control="tcp://127.0.0.1:*",
+        labels=tmp_path / "labels",
+        classes=CLASSES,
+        stats_interval_s=0.2,
+    )
+    if os.environ.get("MEM_SNAPSHOT_DIR"):  # screenshots look like mem view
+        QtWidgets.QApplication.instance().setStyle("Fusion")
+        QtWidgets.QApplication.instance().setPalette(dark_palette())
+    server = LiveServer(config, source=SimulatorSource(CAMERA, speed=1.0)).start()
+    client = LiveClient(server.pub_endpoint)
+    window = ViewerWindow(client)
+    qtbot.addWidget(window)
+    window.show()
+    try:
+        panel = window.labels
+        wait_until(qtbot, lambda: panel.isVisible() and panel.frame is not None, 30, "a labelling panel and a picture")
+        wait_until(qtbot, lambda: window.accumulation.isVisible(), 30, "the accumulation controls")
+        for control in (window.input_box, window.accumulation.reset):
+            assert not control.isEnabled() and control.toolTip().startswith("No model")
+        qtbot.keyClick(window, "1")
+        wait_until(qtbot, lambda: window.flashes == 1, 10, "the capture's flash")
+        qtbot.mouseClick(panel.train, QtCore.Qt.MouseButton.LeftButton)
+        wait_until(qtbot, lambda: panel.error.isVisible(), 10, "the refusal")
+        assert panel.error.text().startswith("train: no pretraining run to finetune: start mem serve with --pretrain")
+        qtbot.wait(1000)  # stats keep coming
+        assert panel.error.isVisible() and window.statusBar().currentMessage() == ""
+        snapshot(window, "label-panel-error.png")
+        qtbot.keyClick(window, "2")  # the next action
+        wait_until(qtbot, lambda: window.flashes == 2, 10, "the second capture's flash")
+        assert not panel.error.isVisible() and panel.counts == {"disc": 1, "cross": 1}
+    finally:
+        window.close()
+        client.close()
+        server.stop()

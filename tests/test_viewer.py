@@ -815,3 +815,37 @@ def test_a_viewer_that_hears_no_server_says_which_to_start(qtbot, monkeypatch):
         "tcp://10.0.0.5:5557"
     )
     assert "`mem serve` (" in viewer_window.no_server_text("tcp://127.0.0.1:5557")  # the default needs no --pub
+
+
+def test_pictures_that_stop_while_the_server_runs_are_marked_unless_the_replay_is_paused(
+    qtbot, publisher, client, monkeypatch
+):
+    from app.viewer import window as viewer_window
+
+    monkeypatch.setattr(viewer_window, "STALE_S", 0.5)
+    socket, _ = publisher
+    window = ViewerWindow(client)
+    qtbot.addWidget(window)
+    image = np.ones((2, 8, 8), np.float32)
+    playing = {**FILE_SOURCE, "replay": {**REPLAY, "playing": True}}
+    paused = {**FILE_SOURCE, "replay": {**REPLAY, "playing": False}}
+    seq = 0
+    while window.frames_shown == 0:
+        assert seq < WAIT_MS / 50, "the viewer never drew the stream"
+        socket.send_multipart(encode("sensor", seq, {"sensor": image}, session="S", sensor=[8, 8], binning=1))
+        socket.send_multipart(encode("stats", seq, session="S", source=playing))
+        seq += 1
+        qtbot.wait(50)
+    deadline = time.monotonic() + WAIT_MS / 1000
+    while not window.view.stale:  # stats go on, pictures do not: a camera whose scene went still
+        assert time.monotonic() < deadline, "the picture was never marked"
+        socket.send_multipart(encode("stats", seq, session="S", source=playing, events_per_s=0.0))
+        seq += 1
+        qtbot.wait(100)
+    assert window.view_state()["notice"].startswith("no new events for ")
+    assert window.status_labels["events"].text() == "0 ev/s"  # the server's rate is live: shown, not blanked
+    for _ in range(3):  # paused: a still picture is what the user asked for
+        socket.send_multipart(encode("stats", seq, session="S", source=paused))
+        seq += 1
+        qtbot.wait(300)
+    assert not window.view.stale and window.view_state()["notice"] is None
