@@ -175,6 +175,7 @@ def test_label_windows_in_the_viewer_train_and_the_new_model_takes_over(qtbot, t
 
         # the new model classifies the live stream; on held-out simulated windows of the same camera it is scored
         qtbot.wait(5000)
+        snapshot(window, "label-switch.png")  # (before the scoring below holds up the GUI thread)
         live = []
         for frame in range(server.windows - 150, server.windows + 1):
             with contextlib.suppress(LabelError):
@@ -191,7 +192,6 @@ def test_label_windows_in_the_viewer_train_and_the_new_model_takes_over(qtbot, t
             f"{1 / len(CLASSES):.0%}); live {sum(live) / len(live):.0%} of {len(live)} windows; held-out captures "
             f"{panel.training['val_top1']:.0%}"
         )
-        snapshot(window, "label-switch.png")
         assert min(held_out.label_counts().get(name, 0) for name in CLASSES) >= 20  # every class, several scenes
         assert scored["n"] == len(held_out)
         captured = collections.defaultdict(list)

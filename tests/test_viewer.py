@@ -849,3 +849,17 @@ def test_pictures_that_stop_while_the_server_runs_are_marked_unless_the_replay_i
         seq += 1
         qtbot.wait(300)
     assert not window.view.stale and window.view_state()["notice"] is None
+
+
+def test_messages_waiting_while_the_gui_thread_was_busy_are_not_a_stopped_stream(qtbot, publisher, client, monkeypatch):
+    from app.viewer import window as viewer_window
+
+    monkeypatch.setattr(viewer_window, "STALE_S", 0.5)
+    socket, _ = publisher
+    window = ViewerWindow(client)
+    qtbot.addWidget(window)
+    wait_until_connected(qtbot, socket, client)
+    socket.send_multipart(encode("stats", 1, session="S", events_per_s=2.5e6))
+    time.sleep(0.8)  # a long frame: nothing drained meanwhile
+    window.update_status()
+    assert not window.view.stale and window.status_labels["events"].text() == "2.50 Mev/s"

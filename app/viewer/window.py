@@ -380,8 +380,8 @@ class ViewerWindow(QtWidgets.QMainWindow):
 
     def update_status(self) -> None:
         """Refresh the status bar and the picture's notice (runs on a timer)."""
+        stopped = self._update_notice()  # (may draw what waited: the stats read below are the newest)
         labels, stats = self.status_labels, self.last_stats
-        stopped = self._update_notice()
         labels["link"].setText(self._link_text())
         labels["view"].setText(self._view_text())
         labels["fps"].setText(f"{self.display_fps:.0f} fps")
@@ -403,9 +403,11 @@ class ViewerWindow(QtWidgets.QMainWindow):
     def _update_notice(self) -> bool:
         """Say over the picture when there is no server yet, when the server stopped sending (the picture is stale:
         True) and when the pictures stopped while the server runs (no events, not paused)."""
-        now = time.monotonic()
         if self.client is None:
             return False
+        if not time.monotonic() - self.last_message < STALE_S:  # (nan: none yet)
+            self.client.drain()  # messages waiting while the GUI thread was busy are not a stream that stopped
+        now = time.monotonic()
         if not np.isfinite(self.last_message):
             if now - self._opened >= NO_SERVER_S:
                 text = no_server_text(self.client.endpoint)
@@ -523,6 +525,8 @@ class ViewerWindow(QtWidgets.QMainWindow):
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         self.update_status()
+        # lay out what changed (a longer status text) before the picture is taken, not at the next event loop turn
+        QtWidgets.QApplication.sendPostedEvents(None, QtCore.QEvent.Type.LayoutRequest)
         if not self.grab().save(str(path)):
             raise OSError(f"could not write the snapshot {path}")
         state = self.view_state()
