@@ -196,3 +196,13 @@ def test_a_recording_folder_of_a_path_longer_than_a_text_field_reaches_the_viewe
     shown = stats["recording"]["root"]
     assert len(str(root)) > limits.MAX_TEXT and len(shown) == limits.MAX_TEXT
     assert shown.startswith("\u2026") and str(root).endswith(shown[1:])
+
+
+def test_a_labels_folder_of_a_path_longer_than_a_text_field_reaches_the_viewer_by_its_end(tmp_path):
+    from app.live.labelling import LabelDesk
+
+    root = tmp_path.joinpath(*(f"{k}" + "d" * 250 for k in range(5)), "labels")  # ~1,300 characters
+    labels, training = LabelDesk(root, root.parent / "label-runs", epochs=5).state(["car"])
+    stats = protocol.decode_stats(protocol.decode(protocol.encode("stats", 0, labels=labels, training=training)))
+    assert len(str(root)) > limits.MAX_TEXT and stats["labels"]["root"] == limits.fit_path(root)
+    assert stats["labels"]["root"].endswith("d" * 200 + "/labels")

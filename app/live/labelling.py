@@ -25,6 +25,7 @@ import numpy as np
 
 from mem_core.corpus import Corpus, CorpusError, labels_problem
 from mem_core.events import SensorSize
+from mem_core.limits import MAX_TEXT, fit_path
 from recorders.base import RecorderError
 from recorders.capture import LabelledCaptures
 
@@ -145,8 +146,8 @@ class TrainingJob:
             "epoch": self.epoch,
             "epochs": self.epochs,
             "val_top1": self.val_top1,
-            "run": str(self.out),
-            "message": self.message,
+            "run": fit_path(self.out),
+            "message": None if self.message is None else self.message[:MAX_TEXT],
         }
 
     def cancel(self) -> None:
@@ -303,12 +304,12 @@ class LabelDesk:
         classes = list(self.classes or model_classes or [])
         classes += [name for name in sorted(counts) if name not in classes]  # captured under a name typed in
         labels = {
-            "root": str(self.root),
+            "root": fit_path(self.root),
             "classes": classes,
             "counts": counts,
             "captures": self.captures_taken,
             "last": self.last,
-            "error": self.error,
+            "error": None if self.error is None else self.error[:MAX_TEXT],
         }
         training = self.job.state() if self.job is not None else {"state": "idle", "epoch": 0, "epochs": self.epochs}
         return labels, training
