@@ -863,3 +863,17 @@ def test_messages_waiting_while_the_gui_thread_was_busy_are_not_a_stopped_stream
     time.sleep(0.8)  # a long frame: nothing drained meanwhile
     window.update_status()
     assert not window.view.stale and window.status_labels["events"].text() == "2.50 Mev/s"
+
+
+def test_a_window_whose_client_was_closed_keeps_its_status_without_errors(qtbot, monkeypatch):
+    from app.viewer import window as viewer_window
+
+    monkeypatch.setattr(viewer_window, "STALE_S", 0.0)
+    client = LiveClient("tcp://127.0.0.1:9")
+    window = ViewerWindow(client)
+    qtbot.addWidget(window)
+    window.apply({"stats": stats()})
+    client.close()  # as `mem view` and the tests do before the window goes
+    window.update_status()
+    qtbot.wait(300)  # its timer fires: no error in the event loop
+    assert window.view.stale

@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from app.cli.options import JsonOpt, fail
+from app.units import event_rate
 
 MAX_ROWS = 50  # recordings listed in a corpus's table (--json lists all)
 BLANK = "\u2013"
@@ -75,12 +76,8 @@ def seconds(value: float | None) -> str:
 
 
 def rate(per_s: float | None) -> str:
-    """``2.50 Mev/s``, ``35.2 kev/s``, ``120 ev/s``."""
-    if per_s is None:
-        return BLANK
-    if per_s >= 1e6:
-        return f"{per_s / 1e6:.2f} Mev/s"
-    return f"{per_s / 1e3:.1f} kev/s" if per_s >= 1e3 else f"{per_s:.0f} ev/s"
+    """``2.50 Mev/s`` (``–`` when unknown: no events, or all at one time)."""
+    return BLANK if per_s is None else event_rate(per_s)
 
 
 def sensor(height: int, width: int) -> str:

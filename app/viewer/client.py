@@ -86,7 +86,9 @@ class LiveClient(QtCore.QObject):
         return self.tracker.missed + self.malformed
 
     def drain(self) -> None:
-        """Read every waiting message, keep the newest per topic, emit them once."""
+        """Read every waiting message, keep the newest per topic, emit them once (nothing once closed)."""
+        if self._sub.closed:
+            return
         newest: dict[str, Message] = {}
         for _ in range(MAX_DRAIN):
             try:

@@ -15,6 +15,7 @@ import numpy as np
 from PySide6 import QtCore, QtGui, QtWidgets
 
 from app.config import ServeConfig, ViewConfig
+from app.units import event_rate
 from app.viewer.client import LiveClient
 from app.viewer.widgets import (
     HOTKEY_CLASSES,
@@ -557,13 +558,6 @@ def no_server_text(endpoint: str) -> str:
     if endpoint.startswith("tcp://") and host not in ("127.0.0.1", "localhost", "[::1]"):
         start = f"start `mem serve --pub tcp://0.0.0.0:{port}` on {host}"
     return f"no server at {endpoint}: {start} (--source camera, sim or a file; --model RUN for predictions)"
-
-
-def event_rate(per_s: float) -> str:
-    """``2.50 Mev/s``, ``35.2 kev/s``, ``120 ev/s``."""
-    if per_s >= 1e6:
-        return f"{per_s / 1e6:.2f} Mev/s"
-    return f"{per_s / 1e3:.1f} kev/s" if per_s >= 1e3 else f"{per_s:.0f} ev/s"
 
 
 def run(config: ViewConfig) -> int:
