@@ -114,6 +114,13 @@ def test_inspect_of_a_folder_lists_its_event_files_and_caps_what_it_reads(tmp_pa
     ]
 
 
+def test_inspect_of_a_folder_without_event_files_says_what_it_looked_for(tmp_path):
+    (tmp_path / "notes.txt").write_text("not events")
+    result = CliRunner().invoke(app, ["inspect", str(tmp_path)], env={"COLUMNS": "200"})
+    assert result.exit_code == 2
+    assert f"error: {tmp_path}: neither a corpus (no manifest.json) nor a folder of event files (.dat," in result.output
+
+
 def test_inspect_of_a_corpus_tables_sensors_labels_and_each_recording_on_its_own_clock(tmp_path):
     """Two recordings whose clocks start 1000 s apart: 3 s of events in all, not a 1002 s time range."""
     n_cars, n_mnist = SensorSize(100, 120), SensorSize(34, 34)

@@ -47,9 +47,13 @@ def inspect(
     elif (path / "manifest.json").exists():
         _inspect_corpus(path, as_json, verify)
     else:
-        from recorders.inventory import describe_folder
+        from recorders.inventory import EVENT_SUFFIXES, describe_folder
 
         info = describe_folder(path)
+        if not info["event_files"]:
+            raise fail(
+                f"{path}: neither a corpus (no manifest.json) nor a folder of event files ({', '.join(EVENT_SUFFIXES)})"
+            )
         for row in info["files"]:
             row.update(_span(row))
         _print(info, as_json, lambda console: _print_folder(console, info))
