@@ -321,10 +321,6 @@ class FlashFrame(QtWidgets.QWidget):
         self._timer.setSingleShot(True)
         self._timer.timeout.connect(lambda: self._light(False))
 
-    @property
-    def lit(self) -> bool:
-        return self.autoFillBackground()
-
     def flash(self) -> None:
         """Light the frame for ``FLASH_MS`` (again from now when it is lit)."""
         self._light(True)
