@@ -215,6 +215,8 @@ class CorpusWriter:
                 self._next_segment()
             room = min(self.shard_max_events - self._shard_events(), _BUFFER_EVENTS - self._buffered)
             part = events[done : done + room]
+            if self._buffered and not self._fits(self._buffered + part.size):
+                self._commit()  # keep what the disk takes before buffering what it may not (a small disk)
             for c in COLUMNS:
                 self._buffer[c][self._buffered : self._buffered + part.size] = part[c]
             self._buffered += part.size
@@ -448,6 +450,10 @@ class CorpusWriter:
         # The manifest points only at committed data either way.
         self._file, self._datasets = None, {}
         return error
+
+    def _fits(self, n: int) -> bool:
+        """Whether ``n`` events (uncompressed, plus 1 MiB of HDF5 metadata) fit above ``min_free_bytes``."""
+        return shutil.disk_usage(self.root).free - n * EVENT_DTYPE.itemsize - (1 << 20) >= self.min_free_bytes
 
     def _check_space(self, pending_bytes: int) -> None:
         """Stop with CorpusFullError before a write that the disk (or ``ulimit -f``) cannot take."""
