@@ -1,4 +1,5 @@
-"""``mem ingest``: turn event files (or a dataset's layout, with its labels) into a pretraining corpus.
+"""``mem ingest``: turn event files (or a dataset's layout, with its labels, or another corpus) into a pretraining
+corpus.
 
 Reader processes (``workers``) decode files; this process is the single corpus writer and appends each file as one
 recording, in a fixed order. A bad file (truncated, garbage, empty, unknown format) never stops the run: it is
@@ -7,6 +8,10 @@ disk does stop it (everything committed stays). ``IngestReport.failure`` says wh
 input path that gave nothing to ingest (missing, no event files, not the dataset's layout), no file that could be
 read at all, or a stop. Re-running skips files already ingested, recognised by the source
 path, size and mtime kept in each recording's metadata.
+
+A corpus given as an input (a folder with a manifest, such as ``mem record`` or ``mem serve`` writes) gives one item
+per recording (each segment of a long session): its events, sensor, label and metadata are kept, its name becomes
+``<corpus folder>:<name>`` (``/`` of a segment's name as ``:``), and re-running recognises it by corpus and name.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from mem_core.corpus import MANIFEST, Corpus, CorpusFullError, CorpusWriter, prepare_corpus_dir
+from mem_core.corpus import MANIFEST, Corpus, CorpusError, CorpusFullError, CorpusWriter, prepare_corpus_dir
 from mem_core.events import SensorSize
 from mem_core.io import EventFileError, read_events
 from recorders.base import RecorderError
@@ -46,6 +51,9 @@ class IngestItem:
     label: str | None = None
     split: str | None = None
     sensor: SensorSize | None = None  # the dataset's sensor: events off it are dropped (as training does)
+    recording: int | None = None  # a recording of the corpus at ``path`` (an input corpus), else None
+    metadata: dict[str, Any] = field(default_factory=dict, compare=False)  # kept from an input corpus's recording
+    source_key: tuple[str, int, int] | None = None  # an input corpus's recording: (corpus::name, events, 0)
 
 
 @dataclass
@@ -117,6 +125,11 @@ def collect(config: IngestConfig) -> tuple[list[IngestItem], list[dict[str, Any]
             items.append(IngestItem(root, root.name))
         elif not root.is_dir():  # a FIFO would block its reader, a device never end
             failed.append({"path": str(root), "reason": "not a regular file or a folder"})
+        elif (root / MANIFEST).exists():
+            try:
+                items += _corpus_items(root, out)
+            except (RecorderError, CorpusError) as e:
+                failed.append({"path": str(root), "reason": str(e).removeprefix(f"{root}: ")})
         else:
             found = [
                 IngestItem(path, _name_for(path, root))
@@ -127,6 +140,30 @@ def collect(config: IngestConfig) -> tuple[list[IngestItem], list[dict[str, Any]
                 failed.append({"path": str(root), "reason": f"no event files ({', '.join(EVENT_SUFFIXES)}) in it"})
             items += found
     return items, failed
+
+
+def _corpus_items(root: Path, out: Path) -> list[IngestItem]:
+    """One item per recording of the corpus at ``root``, with its label and metadata."""
+    if root.resolve() == out:
+        raise RecorderError("is the output corpus: ingest it into another folder")
+    recordings = Corpus(root).recordings
+    if not recordings:
+        raise RecorderError("the corpus holds no recordings")
+    base, where = root.resolve().name or "root", str(root.resolve())
+    return [
+        IngestItem(
+            root,
+            f"{base}:{r.name.replace('/', ':')}",
+            label=None if r.label is None else str(r.label),
+            split=r.metadata.get("split"),
+            sensor=r.sensor,
+            recording=i,
+            metadata=dict(r.metadata),
+            source_key=(f"{where}::{r.name}", r.n_events, 0),
+        )
+        for i, r in enumerate(recordings)
+        if r.n_events > 0
+    ]
 
 
 def _dataset_items(dataset: str, root: Path) -> list[IngestItem]:
@@ -150,6 +187,18 @@ def _dataset_items(dataset: str, root: Path) -> list[IngestItem]:
     if not items:
         raise RecorderError(f"no {dataset} samples under {root} ({'; '.join(problems)})")
     return items
+
+
+def read_item(item: IngestItem) -> tuple[np.ndarray, SensorSize] | str:
+    """Decode one item (in a worker): a file (``read_file``) or a recording of an input corpus."""
+    if item.recording is None:
+        return read_file(item.path, item.sensor)
+    try:
+        return Corpus(item.path).events(item.recording), item.sensor
+    except CorpusError as e:
+        return str(e)
+    except Exception as e:  # as for a file: reported with the recording, never a stop
+        return f"{type(e).__name__}: {e}"
 
 
 def read_file(path: Path, sensor: SensorSize | None = None) -> tuple[np.ndarray, SensorSize] | str:
@@ -199,12 +248,12 @@ class _Decoder:
 
     def _submit(self, n: int) -> None:
         for item in itertools.islice(self._items, n):
-            self._pending.append((item, self._pool.submit(read_file, item.path, item.sensor)))
+            self._pending.append((item, self._pool.submit(read_item, item)))
 
     def __iter__(self) -> Iterator[tuple[IngestItem, tuple[np.ndarray, SensorSize] | str]]:
         if self._pool is None:
             for item in self._items:
-                yield item, read_file(item.path, item.sensor)
+                yield item, read_item(item)
             return
         while self._pending:
             item, future = self._pending.popleft()
@@ -281,7 +330,7 @@ def run(config: IngestConfig) -> IngestReport:
     todo = []
     for item in items:
         try:
-            key = _file_key(item.path)
+            key = item.source_key or _file_key(item.path)
         except OSError as e:
             report.failed.append({"path": str(item.path), "reason": f"cannot stat: {e.strerror}"})
             continue
@@ -320,10 +369,11 @@ def _add(writer: CorpusWriter, item: IngestItem, key, decoded, names: set[str], 
     events, sensor = decoded
     path, size, mtime_ns = key
     metadata = {
+        **item.metadata,
         "source_path": path,
         "source_size": size,
         "source_mtime_ns": mtime_ns,
-        "format": item.path.suffix.lower().lstrip("."),
+        "format": "corpus" if item.recording is not None else item.path.suffix.lower().lstrip("."),
         **({"split": item.split} if item.split else {}),
     }
     name = _unique(item.name, names)

@@ -216,6 +216,29 @@ def mem(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
+def test_a_recorded_corpus_is_ingested_recording_by_recording_with_labels_and_metadata(tmp_path, events_factory):
+    from mem_core.corpus import CorpusWriter
+
+    recorded, sensor = tmp_path / "session", SensorSize(32, 48)
+    with CorpusWriter(recorded, shard_max_events=3000) as writer:  # one long session cut into two segments
+        writer.add_recording("walk", events_factory(5000, sensor, seed=1), sensor, metadata={"camera": "sim"})
+        writer.add_recording("cap-1", events_factory(400, sensor, seed=2), sensor, label="car", metadata={"k": 1})
+    source = Corpus(recorded)
+    out = tmp_path / "merged"
+    report = ingest([recorded], out)
+    assert report.ok and report.events == 5400
+    merged = Corpus(out)
+    assert [r.name for r in merged.recordings] == [f"session:{r.name.replace('/', ':')}" for r in source.recordings]
+    for i, (got, want) in enumerate(zip(merged.recordings, source.recordings, strict=True)):
+        assert got.label == want.label and got.sensor == want.sensor
+        assert got.metadata["format"] == "corpus" and all(got.metadata[k] == v for k, v in want.metadata.items())
+        np.testing.assert_array_equal(merged.events(i), source.events(i))
+    again = ingest([recorded], out)  # recognised by corpus and recording name
+    assert again.ingested == [] and len(again.skipped) == len(source.recordings)
+    into_itself = ingest([out], out)
+    assert into_itself.failure() == f"{out}: is the output corpus: ingest it into another folder"
+
+
 def test_cli_lists_bad_files_and_exits_nonzero_only_with_strict(mixed_folder, tmp_path):
     folder, _, bad = mixed_folder
     out = tmp_path / "corpus"
