@@ -136,15 +136,19 @@ class Replay(LiveSource):
         self._shots.append((k, window))
         return int(window["t"][0]) + self._shifts[k] - self.t_first
 
-    def step(self, events: int, span_us: int | None) -> None:
+    def step(self, events: int, span_us: int | None) -> int | None:
         """Deliver next, paused or not, the window of up to ``events`` events spanning less than ``span_us`` (None: any
         span) that starts at the position; the replay goes on after it. Nothing at the end of a replay that does not
-        loop."""
+        loop.
+
+        Returns the position (us after the first event) of the window's last event, or None when there is none.
+        """
         if self._next >= self.segments[self._k].n_events and not self._advance():
-            return
+            return None
         window = self._first(self._k, self._next, events, span_us)
         self._shots.append((self._k, window))
         self._next += window.size
+        return int(window["t"][-1]) + self._shifts[self._k] - self.t_first
 
     # ---- the stream ----------------------------------------------------------------------------------------
 

@@ -193,6 +193,14 @@ def test_speed_pause_seek_and_accumulation_set_in_the_viewer_change_what_the_ser
         replay.seek.setValue(round(1000 * target / paused["duration_s"]))
         position = reply_to(replay.seek.sliderReleased.emit, "seek")["source"]["replay"]["position_s"]
         assert abs(position - target) < 0.002 and replay.seek.value() == round(1000 * position / paused["duration_s"])
+        while tap.poll(300):  # the window the seek drew
+            tap.recv_multipart()
+        stepped = reply_to(replay.step.click, "step")["source"]["replay"]  # one window on, still paused
+        assert not stepped["playing"] and stepped["position_s"] > position
+        assert tap.poll(START_S * 1000), "no prediction for the stepped window"
+        shown = decode(tap.recv_multipart()).header["window"]["position_s"]
+        assert position < shown <= stepped["position_s"] + 1e-6, (position, shown, stepped)
+        position = stepped["position_s"]
         played_at = time.time()
         reply_to(replay.play.click, "play")
         first = preds_after(tap, played_at, 0.0)[0].header["window"]["position_s"]

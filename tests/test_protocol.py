@@ -130,7 +130,11 @@ def test_control_requests_round_trip_and_are_checked():
         ("speed", {"value": 0}, "speed: value: must be greater than 0"),
         ("speed", {"value": True}, "number"),
         ("seek", {"position_s": -1.0}, "seek: position_s: must be greater than or equal to 0"),
-        ("seek", {"position_s": 1e308}, "seek: position_s: must be less than or equal to"),  # in microseconds, an int() overflow in the control thread
+        (
+            "seek",
+            {"position_s": 1e308},
+            "seek: position_s: must be less than or equal to",
+        ),  # in microseconds, an int() overflow in the control thread
         ("record_start", {"name": "a/b"}, "name"),
         ("window", {"ms": 50.0}, "window: events"),
         ("window", {"events": 0}, "window: events"),
@@ -279,7 +283,12 @@ SENSOR_FIELDS = {"sensor": [100, 120], "binning": 1}
         ("pred", {"mask": MASK}, {"task": "segmentation", "classes": []}, "classes"),
         ("pred", {"probs": PROBS}, {"task": "classification", "classes": ["a", "b", "c"]}, "probs"),
         ("pred", {"probs": PROBS * np.nan}, {"task": "classification", "classes": CLASSES}, "probs"),
-        ("pred", {"probs": PROBS}, {"task": "classification", "classes": CLASSES, "top_k": [{"id": "1"}]}, "top_k.0.id"),
+        (
+            "pred",
+            {"probs": PROBS},
+            {"task": "classification", "classes": CLASSES, "top_k": [{"id": "1"}]},
+            "top_k.0.id",
+        ),
         ("pred", {"probs": PROBS}, {"task": "classification", "classes": CLASSES, "top_k": TOP_K * 2}, "top_k"),
         ("pred", {"probs": PROBS}, {"task": "detection", "classes": CLASSES}, "task"),
         ("stats", {}, {"events_per_s": "fast"}, "events_per_s"),

@@ -34,7 +34,14 @@ RECORD_OPTIONS = {
     "min_free_bytes": MIN_FREE,
 }
 INGEST_OPTIONS = {
-    "paths": Converted(typer.Argument(help="Event files, folders (searched recursively) or corpora (each recording kept with its label)."), list[Path], tuple, list),
+    "paths": Converted(
+        typer.Argument(
+            help="Event files, folders (searched recursively) or corpora (each recording kept with its label)."
+        ),
+        list[Path],
+        tuple,
+        list,
+    ),
     "out": typer.Option("--out", help="Corpus directory (created, or appended to)."),
     "dataset": typer.Option(
         "--dataset", help="Read PATHS as this dataset's layout and keep labels: ncars, nmnist, ..."

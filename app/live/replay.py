@@ -46,7 +46,7 @@ class Replayable(Protocol):
 
     def preview(self, events: int, span_us: int | None) -> int: ...
 
-    def step(self, events: int, span_us: int | None) -> None: ...
+    def step(self, events: int, span_us: int | None) -> int | None: ...
 
 
 class ReplayController:
@@ -136,7 +136,9 @@ class ReplayController:
             source.speed = args["value"]
         elif command == "step":
             source.pause()
-            source.step(*self._window_span())
+            end = source.step(*self._window_span())
+            if end is not None:  # the reply shows where the stepped window ends, before the reader delivers it
+                self.position_us = end
         else:
             position = min(int(args["position_s"] * 1e6), self._duration_us())
             source.seek(position)

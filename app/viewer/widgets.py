@@ -527,25 +527,29 @@ def control_grid(
 
 
 class ReplayControls(QtWidgets.QGroupBox):
-    """Play / pause, speed and seek for a replayed file. Emits ``command(name, args)``."""
+    """Play / pause, one window forward, speed and seek for a replayed file or corpus. Emits
+    ``command(name, args)``."""
 
     command = QtCore.Signal(str, object)
     SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 
     def __init__(self, parent: QtWidgets.QWidget | None = None) -> None:
-        super().__init__("File replay", parent)
+        super().__init__("Replay", parent)
         self.play = QtWidgets.QPushButton("Pause")
+        self.step = QtWidgets.QPushButton("Step")
+        self.step.setToolTip("Pause and show the next window of the replay")
         self.speed = QtWidgets.QComboBox()
         self.speed.addItems([f"{s:g}x" for s in self.SPEEDS])
         self.speed.setCurrentIndex(self.SPEEDS.index(1.0))
         self.seek = QtWidgets.QSlider(QtCore.Qt.Orientation.Horizontal)
         self.seek.setRange(0, 1000)
         self.position = QtWidgets.QLabel("0.00 / 0.00 s")
-        control_grid(self, (self.play, self.speed, self.position), self.seek)
+        control_grid(self, (self.play, self.step, self.speed, self.position), self.seek)
         self.playing = True
         self.duration_s = 0.0
         self._seeking_until = 0.0  # monotonic: until then the slider shows where the user dropped it
         self.play.clicked.connect(self._toggle)
+        self.step.clicked.connect(lambda: self.command.emit("step", {}))
         self.speed.activated.connect(lambda i: self.command.emit("speed", {"value": self.SPEEDS[i]}))
         self.seek.sliderReleased.connect(self._seek)
 
