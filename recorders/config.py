@@ -49,6 +49,7 @@ class IngestConfig:
     progress: bool = True  # progress bar on stderr (only when it is a terminal)
     min_free_bytes: int = 256 << 20
     flush_interval_s: float = 1.0  # commit (shard + manifest) at least this often
+    follow_links: bool = False  # read HDF5 data a file keeps elsewhere (``mem_core.io.read_events``)
 
     def __post_init__(self) -> None:
         check_ranges(self, {"workers": Interval(1), "flush_interval_s": AT_LEAST_0, "min_free_bytes": AT_LEAST_0})

@@ -189,10 +189,10 @@ def _dataset_items(dataset: str, root: Path) -> list[IngestItem]:
     return items
 
 
-def read_item(item: IngestItem) -> tuple[np.ndarray, SensorSize] | str:
+def read_item(item: IngestItem, follow_links: bool = False) -> tuple[np.ndarray, SensorSize] | str:
     """Decode one item (in a worker): a file (``read_file``) or a recording of an input corpus."""
     if item.recording is None:
-        return read_file(item.path, item.sensor)
+        return read_file(item.path, item.sensor, follow_links)
     try:
         return Corpus(item.path).events(item.recording), item.sensor
     except CorpusError as e:
@@ -201,13 +201,16 @@ def read_item(item: IngestItem) -> tuple[np.ndarray, SensorSize] | str:
         return f"{type(e).__name__}: {e}"
 
 
-def read_file(path: Path, sensor: SensorSize | None = None) -> tuple[np.ndarray, SensorSize] | str:
+def read_file(
+    path: Path, sensor: SensorSize | None = None, follow_links: bool = False
+) -> tuple[np.ndarray, SensorSize] | str:
     """Decode one file (in a worker): the events and sensor, or the reason it cannot be read.
 
-    With ``sensor`` (a dataset's), events outside it are dropped and the recording gets that sensor.
+    With ``sensor`` (a dataset's), events outside it are dropped and the recording gets that sensor;
+    ``follow_links`` as for ``mem_core.io.read_events``.
     """
     try:
-        events, file_sensor = read_events(path)
+        events, file_sensor = read_events(path, follow_links=follow_links)
     except EventFileError as e:
         return e.reason
     # A reader bug on a strange file must not stop a long ingest either: report it with the file instead.
@@ -231,8 +234,8 @@ class _Decoder:
     the imported modules (no second start-up of numba/h5py) and nothing else of interest.
     """
 
-    def __init__(self, items: list[IngestItem], workers: int) -> None:
-        self._items, self._workers = iter(items), workers
+    def __init__(self, items: list[IngestItem], workers: int, follow_links: bool = False) -> None:
+        self._items, self._workers, self._follow = iter(items), workers, follow_links
         self._pool: ProcessPoolExecutor | None = None
         self._pending: deque[tuple[IngestItem, Future]] = deque()
 
@@ -248,12 +251,12 @@ class _Decoder:
 
     def _submit(self, n: int) -> None:
         for item in itertools.islice(self._items, n):
-            self._pending.append((item, self._pool.submit(read_item, item)))
+            self._pending.append((item, self._pool.submit(read_item, item, self._follow)))
 
     def __iter__(self) -> Iterator[tuple[IngestItem, tuple[np.ndarray, SensorSize] | str]]:
         if self._pool is None:
             for item in self._items:
-                yield item, read_item(item)
+                yield item, read_item(item, self._follow)
             return
         while self._pending:
             item, future = self._pending.popleft()
@@ -341,7 +344,7 @@ def run(config: IngestConfig) -> IngestReport:
             todo.append((item, key))
     provenance = {"tool": "mem ingest", "paths": [str(p) for p in config.paths], "dataset": config.dataset}
     with (
-        _Decoder([item for item, _ in todo], config.workers) as decoded,
+        _Decoder([item for item, _ in todo], config.workers, config.follow_links) as decoded,
         CorpusWriter(
             config.out,
             provenance=provenance,

@@ -26,12 +26,16 @@ def event_files(root: Path) -> list[Path]:
 
 
 def describe_folder(
-    root: str | os.PathLike, *, max_files: int | None = None, max_file_bytes: int | None = None
+    root: str | os.PathLike,
+    *,
+    max_files: int | None = None,
+    max_file_bytes: int | None = None,
+    follow_links: bool = False,
 ) -> dict[str, Any]:
     """``{"root", "event_files", "files", "not_described", "max_file_bytes"}``: each of the first ``max_files``
     (default ``MAX_FILES``) event files as ``describe`` gives it plus ``path`` (relative to ``root``), ``bytes`` and
     ``format``; ``"decoded": False`` for a file over ``max_file_bytes`` (default ``MAX_FILE_BYTES``), ``"error"`` for
-    one that cannot be read."""
+    one that cannot be read; ``follow_links`` as for ``mem_core.io.read_events``."""
     root = Path(root)
     max_files = MAX_FILES if max_files is None else max_files
     max_file_bytes = MAX_FILE_BYTES if max_file_bytes is None else max_file_bytes
@@ -44,7 +48,7 @@ def describe_folder(
             row["format"] = detect_format(path)  # from the first bytes
             row["decoded"] = row["bytes"] <= max_file_bytes
             if row["decoded"]:
-                row.update(describe(path))
+                row.update(describe(path, follow_links=follow_links))
         except EventFileError as e:
             row["error"] = e.reason
         except OSError as e:  # a link to nowhere, a file removed while listed

@@ -3,6 +3,7 @@ read another file, hang on a special file or allocate beyond what it stores."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -322,3 +323,33 @@ def test_inspect_of_a_path_longer_than_the_system_allows_is_one_line(tmp_path):
     result = CliRunner().invoke(app, ["inspect", str(tmp_path / ("a" * 5000))])
     assert isinstance(result.exception, EventFileError)  # what `mem` prints as one line, not an OSError traceback
     assert "File name too long" in str(result.exception)
+
+
+def test_inspect_and_ingest_read_a_file_that_keeps_data_elsewhere_only_when_asked(tmp_path):
+    from typer.testing import CliRunner
+
+    from app.cli import app
+    from mem_core.corpus import Corpus
+    from recorders.config import IngestConfig
+    from recorders.ingest import run
+
+    def soft(group, name, dtype):
+        group.file.create_dataset("elsewhere", data=np.arange(N).astype(dtype))
+        group[name] = h5py.SoftLink("/elsewhere")
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    path = write_dsec(folder / "events.h5", {"t": soft})
+    refused = CliRunner().invoke(app, ["inspect", str(path)])
+    assert isinstance(refused.exception, EventFileError) and "--follow-links reads it" in str(refused.exception)
+    shown = CliRunner().invoke(app, ["inspect", str(path), "--json", "--follow-links"])
+    assert shown.exit_code == 0 and json.loads(shown.output)["events"] == N
+    listed = CliRunner().invoke(app, ["inspect", str(folder), "--json"])
+    assert "soft link" in json.loads(listed.output)["files"][0]["error"]
+
+    def ingest(out, **kwargs):
+        return run(IngestConfig(paths=(folder,), out=out, progress=False, min_free_bytes=0, **kwargs))
+
+    assert "soft link" in ingest(tmp_path / "plain").failed[0]["reason"]
+    assert ingest(tmp_path / "linked", follow_links=True).ok
+    np.testing.assert_array_equal(Corpus(tmp_path / "linked").events(0)["t"], np.arange(N))

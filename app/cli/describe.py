@@ -30,6 +30,13 @@ def inspect(
     verify: Annotated[
         bool, typer.Option("--verify", help="Corpus: read every event and check it (shards are always opened).")
     ] = False,
+    follow_links: Annotated[
+        bool,
+        typer.Option(
+            "--follow-links",
+            help="Also read HDF5 data a file keeps elsewhere (soft and external links, external storage, virtual datasets), refused by default: such a file can name any file on the machine.",
+        ),
+    ] = False,
 ) -> None:
     """Describe an event file (format, sensor, events, ON/OFF, start, end, duration, event rate), the event files
     of a folder, or a corpus (its recordings, sensors and labels).
@@ -41,7 +48,7 @@ def inspect(
     if not os.path.isdir(path):  # never raises: an over-long path is then refused by the reader in one line
         from mem_core.io import describe
 
-        info = describe(path)
+        info = describe(path, follow_links=follow_links)
         info.update(_span(info))
         _print(info, as_json, lambda console: _print_file(console, str(path), info))
     elif (path / "manifest.json").exists():
@@ -49,7 +56,7 @@ def inspect(
     else:
         from recorders.inventory import EVENT_SUFFIXES, describe_folder
 
-        info = describe_folder(path)
+        info = describe_folder(path, follow_links=follow_links)
         if not info["event_files"]:
             raise fail(
                 f"{path}: neither a corpus (no manifest.json) nor a folder of event files ({', '.join(EVENT_SUFFIXES)})"

@@ -48,6 +48,10 @@ INGEST_OPTIONS = {
     ),
     "workers": typer.Option("--workers", help="Reader processes (1 = read in this process)."),
     "min_free_bytes": MIN_FREE,
+    "follow_links": typer.Option(
+        "--follow-links",
+        help="Also read HDF5 data a file keeps elsewhere (soft and external links, external storage, virtual datasets), refused by default: such a file can name any file on the machine.",
+    ),
 }
 
 

@@ -125,7 +125,7 @@ def read_dsec(path: Path, *, follow_links: bool = False) -> EventFile:
             t_offset = 0 if offset is None else int(np.asarray(offset[()]).reshape(-1)[0])
             attrs = {k: int(group.attrs[k]) for k in ("width", "height") if k in group.attrs}
     except LayoutError as e:
-        raise EventFileError(path, f"refused: {e}") from None
+        raise EventFileError(path, f"refused: {e} (--follow-links reads it)") from None
     except NotRegularFile as e:
         raise EventFileError(path, str(e)) from None
     except _DECODE_ERRORS as e:
