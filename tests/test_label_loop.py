@@ -31,14 +31,16 @@ pytestmark = pytest.mark.slow  # labelling, training and a model switch in the l
 
 CLASSES = ("disc", "cross", "triangle")  # a 3-class camera: chance is 33 %
 CAMERA = replace(task_config(seed=21), classes=CLASSES, scene_us=1_000_000)
-UNSEEN_S = 40  # seconds of the same camera that nobody captured: about 40 one-second scenes
+UNSEEN_S = 120  # seconds of the same camera that nobody captured: about 120 one-second scenes
 UNSEEN_EVERY = 10  # a held-out window at every 10th 10 ms batch: 10 per scene
-# Chance is 1/3. The held-out windows come in scenes of ~10 that look alike, so the sample that counts is the ~40
-# scenes: one binomial sigma over 40 is about 7.5 points. Ten captures per class from ten scenes scored 67 % to 76 %
-# in six runs here (fifteen per class: 76 % and 67 %, no better for 40 s more); the bar sits about 2.7 sigma below
-# and 2.2 above chance. A full CI run once read 45 % (and 0 % live), which this spread does not explain: the
-# failure message says what the model confused and what it was trained on. (Ten captures of one scene, or the first
-# epoch to reach 100 % on the 3 held-out captures, scored 44 % to 53 %: the two mistakes this test rules out.)
+# Checked exactly: every capture holds what was on screen under the class the user pressed (the simulator's ground
+# truth), and the model trained on them classifies its own captures (MIN_FIT). Checked statistically: top-1 on
+# held-out windows. Chance is 1/3; the windows come in scenes of ~10 that look alike, so the sample that counts is
+# the ~120 scenes (one binomial sigma: about 4.3 points). Ten captures per class from ten scenes scored 67 % to 76 %
+# on 40 scenes in six runs here; MIN_TOP1 sits about 4 sigma below the lowest of them and 4 above chance, so neither
+# a working loop nor one that learned nothing crosses it by luck. Two runs on 40 scenes under heavy load read 45 %
+# and 41 %: the failure message says what the model confused and what it was trained on.
+MIN_FIT = 0.9
 MIN_TOP1 = 0.5
 PER_CLASS = 10
 CAPTURE_S = 150.0  # one capture per one-second scene
@@ -161,9 +163,10 @@ def test_label_windows_in_the_viewer_train_and_the_new_model_takes_over(qtbot, t
         wait_until(qtbot, lambda: sum(panel.counts.values()) == PER_CLASS * 3 - 1, 10, "undo")
         corpus = Corpus(tmp_path / "labels")
         assert len(corpus.recordings) == PER_CLASS * 3 - 1
-        stored = corpus.recordings[0]
-        assert stored.label in CLASSES and stored.sensor == camera.sensor
-        assert stored.metadata["truth"] == [stored.label] and stored.n_events == stored.metadata["window"]["events"]
+        for stored in corpus.recordings:  # the window on screen, under the class pressed for it
+            assert stored.label in CLASSES and stored.sensor == camera.sensor
+            assert stored.metadata["truth"] == [stored.label], (stored.name, stored.metadata)
+            assert stored.n_events == stored.metadata["window"]["events"]
 
         qtbot.mouseClick(panel.train, QtCore.Qt.MouseButton.LeftButton)
         wait_until(qtbot, lambda: panel.training.get("state") in ("done", "failed"), TRAIN_S, "training")
@@ -197,7 +200,9 @@ def test_label_windows_in_the_viewer_train_and_the_new_model_takes_over(qtbot, t
         captured = collections.defaultdict(list)
         for stored in corpus.recordings:
             captured[stored.label].append(stored.n_events)
-        assert scored["top1"] >= MIN_TOP1, (  # what a flake needs to be understood
+        fit = evaluate_run(tmp_path / "label-runs" / "label-001" / "export", "corpus", tmp_path / "labels", "all")
+        assert fit["top1"] >= MIN_FIT, f"the model classifies {fit['top1']:.0%} of its own captures"
+        assert scored["top1"] >= MIN_TOP1, (  # what a failure needs to be understood
             f"held-out top-1 {scored['top1']:.0%}, confusion {scored.get('confusion')}, classes {scored['classes']}; "
             f"live {sum(live)}/{len(live)}; training {panel.training}; events per capture {dict(captured)}"
         )
