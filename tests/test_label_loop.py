@@ -103,6 +103,20 @@ def wait_until(qtbot, condition, timeout_s: float, what: str) -> None:
         qtbot.wait(50)
 
 
+def serve_and_view(qtbot, config: ServeConfig, source, **server_options) -> tuple[LiveServer, LiveClient, ViewerWindow]:
+    """A started server on ``source`` and a shown viewer connected to it (dark like mem view when screenshots are
+    taken)."""
+    if os.environ.get("MEM_SNAPSHOT_DIR"):  # screenshots look like mem view
+        QtWidgets.QApplication.instance().setStyle("Fusion")
+        QtWidgets.QApplication.instance().setPalette(dark_palette())
+    server = LiveServer(config, source=source, **server_options).start()
+    client = LiveClient(server.pub_endpoint)
+    window = ViewerWindow(client)
+    qtbot.addWidget(window)
+    window.show()
+    return server, client, window
+
+
 def test_label_windows_in_the_viewer_train_and_the_new_model_takes_over(qtbot, tmp_path, pretrain_run):
     camera = CAMERA
     source = SimulatorSource(camera, speed=1.0)
@@ -116,14 +130,7 @@ def test_label_windows_in_the_viewer_train_and_the_new_model_takes_over(qtbot, t
         train_epochs=150,
         stats_interval_s=0.2,
     )
-    if os.environ.get("MEM_SNAPSHOT_DIR"):  # screenshots look like mem view
-        QtWidgets.QApplication.instance().setStyle("Fusion")
-        QtWidgets.QApplication.instance().setPalette(dark_palette())
-    server = LiveServer(config, source=source, torch_threads=1).start()
-    client = LiveClient(server.pub_endpoint)
-    window = ViewerWindow(client)
-    qtbot.addWidget(window)
-    window.show()
+    server, client, window = serve_and_view(qtbot, config, source, torch_threads=1)
     try:
         panel = window.labels
         wait_until(qtbot, lambda: panel.isVisible() and panel.frame is not None, 30, "a labelling panel and a picture")
@@ -223,14 +230,7 @@ def test_train_without_a_pretraining_run_says_why_in_the_label_panel_until_the_n
         classes=CLASSES,
         stats_interval_s=0.2,
     )
-    if os.environ.get("MEM_SNAPSHOT_DIR"):  # screenshots look like mem view
-        QtWidgets.QApplication.instance().setStyle("Fusion")
-        QtWidgets.QApplication.instance().setPalette(dark_palette())
-    server = LiveServer(config, source=SimulatorSource(CAMERA, speed=1.0)).start()
-    client = LiveClient(server.pub_endpoint)
-    window = ViewerWindow(client)
-    qtbot.addWidget(window)
-    window.show()
+    server, client, window = serve_and_view(qtbot, config, SimulatorSource(CAMERA, speed=1.0))
     try:
         panel = window.labels
         wait_until(qtbot, lambda: panel.isVisible() and panel.frame is not None, 30, "a labelling panel and a picture")

@@ -151,6 +151,17 @@ def preds_after(tap, since: float, seconds: float) -> list:
     return preds
 
 
+def view(qtbot, endpoint: str) -> tuple[LiveClient, ViewerWindow, list[dict]]:
+    """A shown viewer on ``endpoint``, its client, and the control replies it receives (as they come)."""
+    client = LiveClient(endpoint)
+    window = ViewerWindow(client)
+    qtbot.addWidget(window)
+    window.show()
+    replies: list[dict] = []
+    client.control_reply.connect(replies.append)
+    return client, window, replies
+
+
 @pytest.mark.slow
 def test_speed_pause_seek_and_accumulation_set_in_the_viewer_change_what_the_server_publishes(qtbot, data_dir, export):
     """Viewer -> control socket -> ``mem serve`` -> published frames, checked at a separate subscriber."""
@@ -158,12 +169,7 @@ def test_speed_pause_seek_and_accumulation_set_in_the_viewer_change_what_the_ser
     with mem_serve(export, recording) as endpoint, contextlib.closing(zmq.Context.instance().socket(zmq.SUB)) as tap:
         tap.setsockopt(zmq.SUBSCRIBE, b"pred")
         tap.connect(endpoint)
-        client = LiveClient(endpoint)
-        window = ViewerWindow(client)
-        qtbot.addWidget(window)
-        window.show()
-        replies: list[dict] = []
-        client.control_reply.connect(replies.append)
+        client, window, replies = view(qtbot, endpoint)
         qtbot.waitUntil(lambda: window.replay.isVisible() and window.frames_shown > 0, timeout=START_S * 1000)
         qtbot.waitUntil(lambda: client.send_control("state"), timeout=START_S * 1000)  # the control link is up
         qtbot.waitUntil(lambda: bool(replies), timeout=START_S * 1000)
@@ -235,12 +241,7 @@ def test_view_names_the_corpus_recording_it_replays_and_redraws_a_seek_while_pau
         writer.add_recording("left", left, sensor)
         writer.add_recording("right", right, sensor)
     with mem_serve(export, root) as endpoint:
-        client = LiveClient(endpoint)
-        window = ViewerWindow(client)
-        qtbot.addWidget(window)
-        window.show()
-        replies: list[dict] = []
-        client.control_reply.connect(replies.append)
+        client, window, replies = view(qtbot, endpoint)
         for recording in ("left", "right"):
             qtbot.waitUntil(lambda r=recording: f"source corpus (lab/{r}, 48 x 32)" in window.header.text(),
                             timeout=START_S * 1000)  # fmt: skip

@@ -18,24 +18,14 @@ from mem_core.train.runtime import setup_runtime, teardown_runtime
 from mem_core.train.segment import evaluate_segmenter
 
 
-def evaluate_run(
-    run_path: Path | str,
-    dataset: str,
-    data: Path | str | None,
-    split: str,
-    *,
-    batch_size: int = 64,
-    num_workers: int = 0,
-    device: str = "auto",
-) -> dict[str, Any]:
-    """Metrics of a run's best model on ``split``: classification top1 / n / confusion, or mIoU / mAcc / aAcc / n.
+def evaluate_run(run_path: Path | str, dataset: str, data: Path | str | None, split: str, **options) -> dict[str, Any]:
+    """Metrics of a run's best model on ``split``: classification top1 / n / confusion, or mIoU / mAcc / aAcc / n;
+    ``options`` as for ``evaluate_runs`` (batch size, loader workers, device).
 
     Under torchrun every process evaluates its share and the metrics are summed: each sample counts once. A run
     trained on the same dataset with a split file of its own (``data.split_file``) is evaluated on that split.
     """
-    (result,) = evaluate_runs(
-        [run_path], dataset, data, split, batch_size=batch_size, num_workers=num_workers, device=device
-    )
+    (result,) = evaluate_runs([run_path], dataset, data, split, **options)
     return result
 
 
