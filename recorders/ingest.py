@@ -16,6 +16,7 @@ per recording (each segment of a long session): its events, sensor, label and me
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import multiprocessing
@@ -194,11 +195,17 @@ def read_item(item: IngestItem, follow_links: bool = False) -> tuple[np.ndarray,
     if item.recording is None:
         return read_file(item.path, item.sensor, follow_links)
     try:
-        return Corpus(item.path).events(item.recording), item.sensor
+        return _input_corpus(item.path).events(item.recording), item.sensor
     except CorpusError as e:
         return str(e)
     except Exception as e:  # as for a file: reported with the recording, never a stop
         return f"{type(e).__name__}: {e}"
+
+
+@functools.lru_cache(maxsize=4)
+def _input_corpus(path: Path) -> Corpus:
+    """An input corpus opened once per process (its manifest parsed once, not once per recording)."""
+    return Corpus(path)
 
 
 def read_file(
@@ -363,6 +370,8 @@ def run(config: IngestConfig) -> IngestReport:
                 progress.advance(report.events)
         except CorpusFullError as e:
             report.stopped = str(e)
+        finally:
+            _input_corpus.cache_clear()  # a later run reads the input corpora as they are then
     report.seconds = time.perf_counter() - t0
     report.report_path = str(_write_report(config.out, report, started))
     return report

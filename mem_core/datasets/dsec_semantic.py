@@ -12,8 +12,8 @@ from PIL import Image
 
 from mem_core.datasets.base import DatasetError, EventSource, require_dir
 from mem_core.events import SensorSize, make_events
-from mem_core.io.base import NotRegularFile, check_regular, os_problem
-from mem_core.io.hdf5 import FIELDS, LayoutError, check_datasets, member
+from mem_core.io.base import EventFileError, check_regular, os_problem
+from mem_core.io.hdf5 import LayoutError, dsec_columns
 
 DSEC_CLASSES = [
     "background",
@@ -55,7 +55,7 @@ class DsecSemanticSource(EventSource):
         if not self.items:
             raise DatasetError(f"{split_dir}: no DSEC-Semantic sequences")
         self.labels = np.full(len(self.items), -1, dtype=np.int64)
-        self._files: dict[Path, tuple[dict[str, h5py.Dataset], h5py.Dataset, int]] = {}
+        self._files: dict[Path, tuple[dict[str, h5py.Dataset], int]] = {}
         self._pid = os.getpid()
 
     def _h5(self, path: Path):
@@ -70,7 +70,8 @@ class DsecSemanticSource(EventSource):
 
     def load(self, index: int) -> np.ndarray:
         path, _, t_label = self.items[index]
-        ev, ms_to_idx, t_offset = self._h5(path)  # ms_to_idx[k]: index of the first event with t >= k ms
+        ev, t_offset = self._h5(path)
+        ms_to_idx = ev["ms_to_idx"]  # ms_to_idx[k]: index of the first event with t >= k ms
         t1 = t_label - t_offset
         t0 = t1 - DSEC_WINDOW_US
         lo_ms = min(max(t0 // 1000, 0), len(ms_to_idx) - 1)
@@ -87,33 +88,20 @@ class DsecSemanticSource(EventSource):
         return label[: self.sensor.height, : self.sensor.width].astype(np.uint8)
 
 
-def _open_events(path: Path) -> tuple[dict[str, h5py.Dataset], h5py.Dataset, int]:
+def _open_events(path: Path) -> tuple[dict[str, h5py.Dataset], int]:
     """The ``events/{x,y,t,p}`` and ``ms_to_idx`` datasets and ``t_offset`` of a sequence's ``events.h5``, checked
-    as ``mem_core.io.hdf5.read_dsec`` checks a file before reading it: a regular file, no links or data outside it,
-    chunks and declared sizes it can hold."""
+    as ``read_dsec`` checks a file (``mem_core.io.hdf5.dsec_columns``), kept open to read windows from."""
     try:
         check_regular(path)  # h5py opens the file by name: a FIFO would block it
-        f = h5py.File(path, "r")
-        group = member(f, "events")
-        found = {k: member(group, k) for k in FIELDS} if isinstance(group, h5py.Group) else {}
-        ms_to_idx, offset = member(f, "ms_to_idx"), member(f, "t_offset")
-        datasets = {f"events/{k}": ds for k, ds in found.items() if isinstance(ds, h5py.Dataset)}
-        if len(datasets) != len(FIELDS) or not isinstance(ms_to_idx, h5py.Dataset):
-            raise DatasetError(f"{path}: not a DSEC events file: needs events/{{x,y,t,p}} and ms_to_idx datasets")
-        if offset is not None and (not isinstance(offset, h5py.Dataset) or offset.size != 1):
-            raise DatasetError(f"{path}: t_offset must be one integer, got {offset!r}")
-        extra = {"ms_to_idx": ms_to_idx} | ({} if offset is None else {"t_offset": offset})
-        check_datasets(datasets | extra, path.stat().st_size)
-        t_offset = 0 if offset is None else int(np.asarray(offset[()]).reshape(-1)[0])
+        return dsec_columns(h5py.File(path, "r"), path, also=("ms_to_idx",))
+    except EventFileError as e:
+        raise DatasetError(str(e)) from None
     except LayoutError as e:
         raise DatasetError(f"{path}: refused: {e}") from None
-    except NotRegularFile as e:
-        raise DatasetError(f"{path}: {e}") from None
-    except OSError as e:
+    except OSError as e:  # NotRegularFile included
         raise DatasetError(f"{path}: {os_problem(e)}") from None
     except (KeyError, ValueError, TypeError, RuntimeError) as e:
         raise DatasetError(f"{path}: corrupt HDF5 file ({type(e).__name__}: {e})") from None
-    return {k: found[k] for k in FIELDS}, ms_to_idx, t_offset
 
 
 def dsec_semantic(root, split: str) -> EventSource:

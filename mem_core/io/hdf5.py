@@ -112,17 +112,9 @@ def read_dsec(path: Path, *, follow_links: bool = False) -> EventFile:
     try:
         check_regular(path)  # h5py opens the file by name
         with h5py.File(path, "r") as f:
-            group = member(f, "events", follow_links=follow_links)
-            is_group = isinstance(group, h5py.Group)
-            found = {k: member(group, k, follow_links=follow_links) for k in FIELDS} if is_group else {}
-            if not all(isinstance(found.get(k), h5py.Dataset) for k in FIELDS):
-                top = sorted(f.keys())[:8]
-                raise EventFileError(path, f"not a DSEC events file: no events/{{x,y,t,p}} datasets (top level: {top})")
-            datasets = {f"events/{k}": found[k] for k in FIELDS}
-            offset = member(f, "t_offset", follow_links=follow_links)
-            _check_columns(path, datasets, offset, follow_links)
-            columns = {k: ds[()] for k, ds in zip(FIELDS, datasets.values(), strict=True)}
-            t_offset = 0 if offset is None else int(np.asarray(offset[()]).reshape(-1)[0])
+            datasets, t_offset = dsec_columns(f, path, follow_links=follow_links)
+            columns = {k: ds[()] for k, ds in datasets.items()}
+            group = f["events"]
             attrs = {k: int(group.attrs[k]) for k in ("width", "height") if k in group.attrs}
     except LayoutError as e:
         raise EventFileError(path, f"refused: {e} (--follow-links reads it)") from None
@@ -150,10 +142,36 @@ def read_dsec(path: Path, *, follow_links: bool = False) -> EventFile:
     return EventFile(events, DSEC_SENSOR if fits else inferred)
 
 
+def dsec_columns(
+    f: h5py.File, path: Path, *, follow_links: bool = False, also: tuple[str, ...] = ()
+) -> tuple[dict[str, h5py.Dataset], int]:
+    """The ``events/{x,y,t,p}`` datasets of an open DSEC file (keyed ``x``, ``y``, ``t``, ``p``, then each of
+    ``also``, top-level datasets it must hold, such as ``ms_to_idx``) and its ``t_offset`` (0 without one), checked
+    before any event is read: links, storage, chunks, declared sizes, shapes and types. ``EventFileError`` for a
+    file of another layout, ``LayoutError`` for one that must not be read as stored."""
+    group = member(f, "events", follow_links=follow_links)
+    is_group = isinstance(group, h5py.Group)
+    found = {k: member(group, k, follow_links=follow_links) for k in FIELDS} if is_group else {}
+    found |= {k: member(f, k, follow_links=follow_links) for k in also}
+    if not all(isinstance(found.get(k), h5py.Dataset) for k in (*FIELDS, *also)):
+        top = sorted(f.keys())[:8]
+        wanted = "events/{x,y,t,p}" + "".join(f" and {k}" for k in also)
+        raise EventFileError(path, f"not a DSEC events file: no {wanted} datasets (top level: {top})")
+    offset = member(f, "t_offset", follow_links=follow_links)
+    _check_columns(path, {f"events/{k}": found[k] for k in FIELDS}, offset, follow_links, {k: found[k] for k in also})
+    t_offset = 0 if offset is None else int(np.asarray(offset[()]).reshape(-1)[0])
+    return found, t_offset
+
+
 def _check_columns(
-    path: Path, datasets: dict[str, h5py.Dataset], offset: h5py.Dataset | None, follow_links: bool
+    path: Path,
+    datasets: dict[str, h5py.Dataset],
+    offset: h5py.Dataset | None,
+    follow_links: bool,
+    others: dict[str, h5py.Dataset] | None = None,
 ) -> None:
-    """Shapes, types, layout and declared sizes of ``events/{x,y,t,p}`` and ``t_offset``, before anything is read."""
+    """Shapes, types, layout and declared sizes of ``events/{x,y,t,p}`` and ``t_offset`` (layout and declared sizes
+    of ``others`` too), before anything is read."""
     sizes = {k: ds.shape for k, ds in datasets.items()}
     if any(ds.ndim != 1 for ds in datasets.values()) or len({ds.size for ds in datasets.values()}) != 1:
         raise EventFileError(path, f"corrupt: events/x, y, t, p must be 1-D of equal length, got shapes {sizes}")
@@ -164,7 +182,7 @@ def _check_columns(
         if not isinstance(offset, h5py.Dataset) or offset.size != 1 or not np.issubdtype(offset.dtype, np.integer):
             raise EventFileError(path, f"corrupt: t_offset must be one integer, got {offset!r}")
         datasets = {**datasets, "t_offset": offset}
-    check_datasets(datasets, path.stat().st_size, follow_links=follow_links)
+    check_datasets(datasets | (others or {}), path.stat().st_size, follow_links=follow_links)
 
 
 def write_dsec(path: Path, events: np.ndarray, sensor: SensorSize) -> None:
