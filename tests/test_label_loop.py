@@ -104,13 +104,23 @@ def wait_until(qtbot, condition, timeout_s: float, what: str) -> None:
         qtbot.wait(50)
 
 
-def serve_and_view(qtbot, config: ServeConfig, source, **server_options) -> tuple[LiveServer, LiveClient, ViewerWindow]:
-    """A started server on ``source`` and a shown viewer connected to it (dark like mem view when screenshots are
-    taken)."""
+def serve_and_view(
+    qtbot, tmp_path, source, torch_threads: int | None = None, **config
+) -> tuple[LiveServer, LiveClient, ViewerWindow]:
+    """A started server without a model on ``source``, labelling into ``tmp_path/labels`` (``config``: more
+    ``ServeConfig`` fields), and a shown viewer connected to it (dark like mem view when screenshots are taken)."""
+    config = ServeConfig(
+        model=None,
+        pub="tcp://127.0.0.1:*",
+        control="tcp://127.0.0.1:*",
+        labels=tmp_path / "labels",
+        stats_interval_s=0.2,
+        **config,
+    )
     if os.environ.get("MEM_SNAPSHOT_DIR"):  # screenshots look like mem view
         QtWidgets.QApplication.instance().setStyle("Fusion")
         QtWidgets.QApplication.instance().setPalette(dark_palette())
-    server = LiveServer(config, source=source, **server_options).start()
+    server = LiveServer(config, source=source, torch_threads=torch_threads).start()
     client = LiveClient(server.pub_endpoint)
     window = ViewerWindow(client)
     qtbot.addWidget(window)
@@ -121,17 +131,10 @@ def serve_and_view(qtbot, config: ServeConfig, source, **server_options) -> tupl
 def test_label_windows_in_the_viewer_train_and_the_new_model_takes_over(qtbot, tmp_path, pretrain_run):
     camera = CAMERA
     source = SimulatorSource(camera, speed=1.0)
-    config = ServeConfig(
-        model=None,
-        pub="tcp://127.0.0.1:*",
-        control="tcp://127.0.0.1:*",
-        labels=tmp_path / "labels",
-        pretrain=pretrain_run,
-        train_out=tmp_path / "label-runs",
+    server, client, window = serve_and_view(
+        qtbot, tmp_path, source, torch_threads=1, pretrain=pretrain_run, train_out=tmp_path / "label-runs",
         train_epochs=150,
-        stats_interval_s=0.2,
-    )
-    server, client, window = serve_and_view(qtbot, config, source, torch_threads=1)
+    )  # fmt: skip
     try:
         panel = window.labels
         wait_until(qtbot, lambda: panel.isVisible() and panel.frame is not None, 30, "a labelling panel and a picture")
@@ -223,15 +226,7 @@ def test_label_windows_in_the_viewer_train_and_the_new_model_takes_over(qtbot, t
 def test_train_without_a_pretraining_run_says_why_in_the_label_panel_until_the_next_capture(qtbot, tmp_path):
     """A real server with no model and no --pretrain: Train is refused, and the reason stays where the user pressed
     it (once, whole), while the controls that need a model are greyed out saying why."""
-    config = ServeConfig(
-        model=None,
-        pub="tcp://127.0.0.1:*",
-        control="tcp://127.0.0.1:*",
-        labels=tmp_path / "labels",
-        classes=CLASSES,
-        stats_interval_s=0.2,
-    )
-    server, client, window = serve_and_view(qtbot, config, SimulatorSource(CAMERA, speed=1.0))
+    server, client, window = serve_and_view(qtbot, tmp_path, SimulatorSource(CAMERA, speed=1.0), classes=CLASSES)
     try:
         panel = window.labels
         wait_until(qtbot, lambda: panel.isVisible() and panel.frame is not None, 30, "a labelling panel and a picture")

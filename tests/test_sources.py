@@ -36,6 +36,18 @@ from recorders.zmq_source import ZmqEventSource
 SIM = SimulatorConfig(sensor=SensorSize(64, 80), n_objects=1, size_range=(0.2, 0.25), noise_rate_hz=0.2, seed=3)
 
 
+def mem_record(source: str, out: Path, *options: str) -> Corpus:
+    """``mem record --source SOURCE --out OUT OPTIONS`` as a user starts it; the corpus it wrote, opened."""
+    r = subprocess.run(
+        [sys.executable, "-m", "app.cli", "record", "--source", source, "--out", str(out), *options],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    return Corpus(out)
+
+
 def concat(batches: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(batches) if batches else np.empty(0, dtype=EVENT_DTYPE)
 
@@ -460,15 +472,7 @@ def test_a_seek_to_the_start_while_paused_delivers_the_first_window(corpus):
 
 def test_mem_record_records_a_replayed_corpus_and_refuses_itself_and_mixed_sensors(corpus, tmp_path, events_factory):
     root, recordings = corpus
-    copy = tmp_path / "copy"
-    r = subprocess.run(
-        [sys.executable, "-m", "app.cli", "record", "--source", str(root), "--out", str(copy), "--speed", "0"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
-    with Corpus(copy) as recorded:
+    with mem_record(str(root), tmp_path / "copy", "--speed", "0") as recorded:
         (info,) = recorded.recordings
         assert info.metadata["kind"] == "corpus" and info.metadata["source"] == str(root)
         events = recorded.events(0)
@@ -595,17 +599,9 @@ def test_dv_network_source_names_the_endpoint_when_nothing_serves_it():
 
 def test_mem_record_records_a_dv_network_stream(tmp_path):
     port = free_port()
-    out = tmp_path / "corpus"
     with dv_writer(port):
-        source = f"dv+tcp://127.0.0.1:{port}"
-        r = subprocess.run(
-            [sys.executable, "-m", "app.cli", "record", "--source", source, "--out", str(out), "--duration", "1.5"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-    assert r.returncode == 0, r.stderr[-2000:]
-    with Corpus(out) as corpus:
+        corpus = mem_record(f"dv+tcp://127.0.0.1:{port}", tmp_path / "corpus", "--duration", "1.5")
+    with corpus:
         (recording,) = corpus.recordings
         assert recording.metadata["kind"] == "dv-network"
         events = corpus.events(0)
