@@ -140,6 +140,7 @@ class CorpusWriter:
             self._check_space(reserve)
             with open(self._reserve, "wb") as f:
                 os.posix_fallocate(f.fileno(), 0, reserve)
+            self._free_seen = shutil.disk_usage(self.root).free
             self._write_manifest()
         except BaseException:
             self._reserve.unlink(missing_ok=True)
@@ -452,12 +453,14 @@ class CorpusWriter:
         return error
 
     def _fits(self, n: int) -> bool:
-        """Whether ``n`` events (uncompressed, plus 1 MiB of HDF5 metadata) fit above ``min_free_bytes``."""
-        return shutil.disk_usage(self.root).free - n * EVENT_DTYPE.itemsize - (1 << 20) >= self.min_free_bytes
+        """Whether ``n`` events (uncompressed, plus 1 MiB of HDF5 metadata) fit above ``min_free_bytes``, by the free
+        space seen at the last check less what was written since (no disk query on the append path)."""
+        return self._free_seen - n * EVENT_DTYPE.itemsize - (1 << 20) >= self.min_free_bytes
 
     def _check_space(self, pending_bytes: int) -> None:
         """Stop with CorpusFullError before a write that the disk (or ``ulimit -f``) cannot take."""
         free = shutil.disk_usage(self.root).free
+        self._free_seen = free - pending_bytes  # at most what the write takes (it compresses)
         file_limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
         if self._file is not None and file_limit != resource.RLIM_INFINITY:
             path = self.root / self._shard_entry["file"]
