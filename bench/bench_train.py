@@ -53,6 +53,7 @@ from mem_core.train.stage import Stage
 from mem_core.train.tokenizer import TokenizerStage
 
 SENSOR = SensorSize(480, 640)  # N-ImageNet's by default (--sensor): every preset resizes it to its input
+STAGES = ("tokenizer", "pretrain", "finetune")
 CPU_BATCH = 64  # the largest default batch on a CPU, where the paper presets' GPU batches take minutes per step
 
 
@@ -274,14 +275,18 @@ def main(
     sensor: SensorSize = SENSOR,
     events: int | None = None,
     sync_check: bool = False,
+    stages: tuple[str, ...] = STAGES,
+    loader: bool = True,
 ) -> list[dict]:
-    """Run every stage's step and the loader on windows of ``events`` events (default: the preset's ``n_max``) on
-    ``sensor``; print the table, write JSON rows if ``json_path``; return the rows. ``sync_check``: on a GPU, count
-    the host waits of one step per stage (module docstring)."""
+    """Run each of ``stages``' steps and (``loader``) the loader on windows of ``events`` events (default: the
+    preset's ``n_max``) on ``sensor``; print the table, write JSON rows if ``json_path``; return the rows.
+    ``sync_check``: on a GPU, count the host waits of one step per stage (module docstring)."""
+    if unknown := [s for s in stages if s not in STAGES]:
+        raise ValueError(f"unknown stage {unknown[0]!r}: the stages are {', '.join(STAGES)}")
     dev = setup_runtime(device).device
     overrides = [f"device={dev.type}", f"compile={str(compile_model).lower()}", "data.num_workers=0"]
     configs = {}
-    for stage in ("tokenizer", "pretrain", "finetune"):
+    for stage in STAGES:
         cfg = stage_config(stage, preset=preset, overrides=overrides)
         batch = batch_size or (cfg.batch_size if dev.type == "cuda" else min(cfg.batch_size, CPU_BATCH))
         configs[stage] = dataclasses.replace(cfg, batch_size=batch)
@@ -295,15 +300,12 @@ def main(
             DiscreteVAE(TokenizerStage.configure(configs["tokenizer"]).model), Path(tmp) / "tok"
         )
         common = {"sensor": sensor, "events": events, "sync_check": sync_check}
-        measured["tokenizer"] = bench_stage(
-            TokenizerStage, configs["tokenizer"], runs["tokenizer"], steps, warmup, profile, **common
-        )
-        measured["pretrain"] = bench_stage(
-            PretrainStage, configs["pretrain"], runs["pretrain"], steps, warmup, profile, **common, tokenizer=tokenizer
-        )
-        measured["finetune"] = bench_stage(
-            FinetuneStage, configs["finetune"], runs["finetune"], steps, warmup, profile, **common
-        )
+        inputs = {"pretrain": {"tokenizer": tokenizer}}
+        for stage, stage_cls in zip(STAGES, (TokenizerStage, PretrainStage, FinetuneStage), strict=True):
+            if stage in stages:
+                measured[stage] = bench_stage(
+                    stage_cls, configs[stage], runs[stage], steps, warmup, profile, **common, **inputs.get(stage, {})
+                )
     # what the windows were (a step's histogram costs grow with the events and the sensor): a stage's own n_max
     # unless --events, which can differ between stages
     size = f"{sensor.width}x{sensor.height}"
@@ -311,7 +313,7 @@ def main(
     trained_workers = loader_workers(stage_config("finetune", preset=preset).data.num_workers)  # what training starts
     loader_rates = {
         workers: bench_loader(configs["finetune"], workers, sensor=sensor, events=loader_events)
-        for workers in dict.fromkeys((trained_workers, os.cpu_count() or 1))
+        for workers in (dict.fromkeys((trained_workers, os.cpu_count() or 1)) if loader else ())
     }
     rows = []
 
@@ -329,16 +331,18 @@ def main(
             row(f"{stage} peak GPU memory reserved", r["reserved_gib"], "GiB", b, n)
         if "syncs" in r:
             row(f"{stage}: host waits in one step", len(r["syncs"]), "", b, n, where=r["syncs"])
-        row(
-            f"{stage}: loader ({trained_workers} workers) / step rate",
-            loader_rates[trained_workers] / r["images_per_s"],
-            "x",
-            b,
-            n,
-        )
-    pretrain = configs["pretrain"]
-    masks_ms = bench_masks(pretrain)
-    row("pretrain masks, training process", masks_ms, "ms", pretrain.batch_size, measured["pretrain"]["events"])
+        if loader:
+            row(
+                f"{stage}: loader ({trained_workers} workers) / step rate",
+                loader_rates[trained_workers] / r["images_per_s"],
+                "x",
+                b,
+                n,
+            )
+    if "pretrain" in measured:
+        pretrain = configs["pretrain"]
+        masks_ms = bench_masks(pretrain)
+        row("pretrain masks, training process", masks_ms, "ms", pretrain.batch_size, measured["pretrain"]["events"])
     for workers, rate in loader_rates.items():
         name = f"data loader, {workers} workers" if workers == trained_workers else f"loader ceiling, {workers} workers"
         row(name, rate, "samples/s", None, loader_events)

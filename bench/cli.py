@@ -85,6 +85,10 @@ def train(
             help="On a GPU, run one more step of each stage in CUDA's sync debug mode and list where the host waited.",
         ),
     ] = False,
+    stages: Annotated[
+        str, typer.Option("--stages", help="Comma-separated stages to time: tokenizer, pretrain, finetune.")
+    ] = "tokenizer,pretrain,finetune",
+    loader: Annotated[bool, typer.Option("--loader/--no-loader", help="Also measure the training DataLoader.")] = True,
 ) -> None:
     """Training steps per second of the tokenizer, pretraining and finetuning, peak GPU memory, loader rate."""
     from mem_core.events import SensorSize, sensor_problem
@@ -100,6 +104,11 @@ def train(
         raise typer.BadParameter(problem, param_hint="--sensor")
     from bench import bench_train
 
+    chosen = tuple(s.strip() for s in stages.split(",") if s.strip())
+    if not chosen or any(s not in bench_train.STAGES for s in chosen):
+        raise typer.BadParameter(
+            f"{stages!r}: name one or more of {', '.join(bench_train.STAGES)}", param_hint="--stages"
+        )
     bench_train.main(
         json_path,
         preset,
@@ -111,6 +120,8 @@ def train(
         sensor=size,
         events=events,
         sync_check=sync_check,
+        stages=chosen,
+        loader=loader,
     )
 
 

@@ -1,34 +1,35 @@
 #!/usr/bin/env bash
-# The GPU checklist in one command, for a lent GPU machine (the device tool) or any CUDA machine:
-#   1. mem bench train at a paper preset's sizes and batches (eager, FlexAttention), with a torch.profiler table per
-#      stage
-#   2. the host waits of one step per stage (torch.cuda.set_sync_debug_mode("warn"), bench_train's sync_check): each
-#      listed with the MEM code that caused it; a step should have none
-#   3. mem bench train again with SDPA's attention (MEM_FLEX_ATTENTION=0), to compare with step 1
-#   4. every paper preset's first steps on CUDA (tests/test_train.py's CUDA cases: RandAugment, crop, EMA, ...),
+# The GPU checklist in one command, for a lent GPU machine (the device tool) or any CUDA machine, sized for one call
+# of under 10 minutes (about 9 with every step at its limit):
+#   1. mem bench train at a paper preset's sizes and batches (FlexAttention), with a torch.profiler table per stage
+#      and the host waits of one more step per stage (torch.cuda.set_sync_debug_mode("warn")): each listed with the
+#      MEM code that caused it; a step should have none
+#   2. pretraining and finetuning again with SDPA's attention (MEM_FLEX_ATTENTION=0), to compare with step 1
+#   3. every paper preset's first steps on CUDA (tests/test_train.py's CUDA cases: RandAugment, crop, EMA, ...),
 #      compiled FlexAttention against SDPA, outputs and gradients (tests/test_scale.py), and the GPU's histograms
 #      against the CPU's (tests/test_representation.py)
-#   5. mem bench live with the paper's ViT-B/16 on CUDA, without the Qt viewer (the machine has no Qt), then the
-#      server alone again under a 3 Mev/s source (what the in-process 30 Mev/s source costs the latency)
-#   6. mem bench train with torch.compile
+#   4. mem bench live with the paper's ViT-B/16 on CUDA, without the Qt viewer (the machine has no Qt)
+#   5. the same server under a 3 Mev/s source (what the in-process 30 Mev/s source costs the latency); off by default
+#   6. finetuning with torch.compile
 # Each step has its own time limit, so a slow one cannot take the others' time. Logs, JSON and profiles are packed
 # after every step into $OUT/gpu-checklist.tgz (one file: the device tool returns at most 8).
 #
-# On the device tool's machines (python3 with torch, timm, h5py, numba, rich, typer; no hdf5plugin, lz4, zstandard
-# or pyzmq), the missing packages travel unpacked in .dev/site.tgz (see docs/BENCHMARKS.md, "GPU").
-# Environment: PRESET (paper-ncars), DEVICE (cuda), LIVE_MODEL (vit-b), PY (python3), LIMITS in seconds per step
-# in the order above ("180 120 180 120 120 60 150"; 0 skips a step).
+# On the device tool's machines (python3 with torch, timm, h5py, numba, rich, typer; no hdf5plugin, lz4, zstandard,
+# pyzmq or pydantic), the missing packages travel unpacked in .dev/site.tgz (see docs/BENCHMARKS.md, "GPU").
+# Environment: PRESET (paper-ncars), DEVICE (cuda), LIVE_MODEL (vit-b), LIVE_STARTS (1), PY (python3), LIMITS in
+# seconds per step in the order above ("180 80 100 90 0 90"; 0 skips a step).
 set -u
 OUT=${OUT:-out/gpu-checklist}
 PRESET=${PRESET:-paper-ncars}
 DEVICE=${DEVICE:-cuda}
 LIVE_MODEL=${LIVE_MODEL:-vit-b}
+LIVE_STARTS=${LIVE_STARTS:-1}
 PY=${PY:-python3}
-read -r L_TRAIN L_SYNCS L_SDPA L_TESTS L_LIVE L_LIVE_LOW L_COMPILE <<<"${LIMITS:-180 120 180 120 120 60 150}"
+read -r L_TRAIN L_SDPA L_TESTS L_LIVE L_LIVE_LOW L_COMPILE <<<"${LIMITS:-180 80 100 90 0 90}"
 WORK=$(mktemp -d)
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 QT_QPA_PLATFORM=offscreen
-if ! $PY -c 'import hdf5plugin, lz4.frame, zstandard, zmq, timm.models.beit as b, inspect; assert "use_fc_norm" in inspect.signature(b.Beit).parameters' 2>/dev/null && [ -f .dev/site.tgz ]; then
+if ! $PY -c 'import hdf5plugin, lz4.frame, zstandard, zmq, pydantic, timm.models.beit as b, inspect; assert "use_fc_norm" in inspect.signature(b.Beit).parameters' 2>/dev/null && [ -f .dev/site.tgz ]; then
   mkdir -p /tmp/site && tar xzf .dev/site.tgz -C /tmp/site && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 
@@ -54,16 +55,16 @@ timm.__version__, "numpy", numpy.__version__, "cuda", torch.cuda.is_available() 
 } >"$WORK/machine.txt" 2>&1
 cat "$WORK/machine.txt"
 
-step train-eager "$L_TRAIN" $PY "${BENCH[@]}" train --device "$DEVICE" --preset "$PRESET" --json "$WORK/train-eager.json" \
-  --profile "$WORK/profile"
-step syncs "$L_SYNCS" $PY "${BENCH[@]}" train --json "$WORK/syncs.json" --preset "$PRESET" --device "$DEVICE" --steps 1 --sync-check
+step train "$L_TRAIN" $PY "${BENCH[@]}" train --device "$DEVICE" --preset "$PRESET" --json "$WORK/train.json" \
+  --profile "$WORK/profile" --sync-check
 step train-sdpa "$L_SDPA" env MEM_FLEX_ATTENTION=0 $PY "${BENCH[@]}" train --device "$DEVICE" --preset "$PRESET" \
-  --json "$WORK/train-sdpa.json"
+  --stages pretrain,finetune --no-loader --json "$WORK/train-sdpa.json"
 step tests-cuda "$L_TESTS" $PY -m pytest -q -p no:cacheprovider tests/test_train.py tests/test_scale.py \
   tests/test_representation.py -k "(paper_preset_runs_its_code_paths and cuda) or generator_drives or on_a_gpu"
-step live "$L_LIVE" $PY "${BENCH[@]}" live --model "$LIVE_MODEL" --device "$DEVICE" --no-viewer --json "$WORK/live.json"
+step live "$L_LIVE" $PY "${BENCH[@]}" live --model "$LIVE_MODEL" --device "$DEVICE" --no-viewer --starts "$LIVE_STARTS" \
+  --json "$WORK/live.json"
 step live-3mev "$L_LIVE_LOW" $PY "${BENCH[@]}" live --model "$LIVE_MODEL" --device "$DEVICE" --no-viewer --starts 0 \
   --rate 3 --json "$WORK/live-3mev.json"
 step train-compile "$L_COMPILE" $PY "${BENCH[@]}" train --device "$DEVICE" --preset "$PRESET" --compile \
-  --json "$WORK/train-compile.json"
+  --stages finetune --no-loader --json "$WORK/train-compile.json"
 echo "=== packed into $OUT/gpu-checklist.tgz"

@@ -178,6 +178,12 @@ def test_bench_train_measures_every_stage_and_the_loader(tmp_path):
         assert rows[f"{stage} images/s"]["value"] > 0 and rows[f"{stage} step"]["batch"] == 4
     assert [row["value"] > 0 for name, row in rows.items() if name.startswith("data loader")] == [True]
     assert {(row["sensor"], row["events"]) for row in rows.values()} == {("120x100", 3000)}  # N-Cars-sized windows
+    r = mem("bench", "train", *args, "--stages", "finetune", "--no-loader", "--json", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [row["name"] for row in json.loads(out.read_text())] == ["finetune images/s", "finetune step"]
+    r = mem("bench", "train", "--stages", "finetune,distill")
+    message = " ".join(r.stderr.replace("│", " ").split())  # the error panel wraps its text
+    assert r.returncode == 2 and "name one or more of tokenizer, pretrain, finetune" in message
     r = mem("bench", "train", "--sensor", "120by100")
     message = " ".join(r.stderr.replace("│", " ").split())  # the error panel wraps its text
     assert r.returncode == 2 and "'120by100' is not WIDTHxHEIGHT in pixels, e.g. 120x100" in message
