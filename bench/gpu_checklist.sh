@@ -16,8 +16,8 @@
 #
 # On the device tool's machines (python3 with torch, timm, h5py, numba, rich, typer; no hdf5plugin, lz4, zstandard,
 # pyzmq or pydantic), the missing packages travel unpacked in .dev/site.tgz (see docs/BENCHMARKS.md, "GPU").
-# Environment: PRESET (paper-ncars), DEVICE (cuda), LIVE_MODEL (vit-b), LIVE_STARTS (1), PY (python3), LIMITS in
-# seconds per step in the order above ("180 80 100 90 0 90"; 0 skips a step).
+# Environment: PRESET (paper-ncars), DEVICE (cuda), LIVE_MODEL (vit-b), LIVE_STARTS (1), PY (python3), TESTS (step 3's
+# pytest -k), LIMITS in seconds per step in the order above ("180 80 100 90 0 90"; 0 skips a step).
 set -u
 OUT=${OUT:-out/gpu-checklist}
 PRESET=${PRESET:-paper-ncars}
@@ -25,6 +25,7 @@ DEVICE=${DEVICE:-cuda}
 LIVE_MODEL=${LIVE_MODEL:-vit-b}
 LIVE_STARTS=${LIVE_STARTS:-1}
 PY=${PY:-python3}
+TESTS=${TESTS:-(paper_preset_runs_its_code_paths and cuda) or generator_drives or on_a_gpu}
 read -r L_TRAIN L_SDPA L_TESTS L_LIVE L_LIVE_LOW L_COMPILE <<<"${LIMITS:-180 80 100 90 0 90}"
 WORK=$(mktemp -d)
 mkdir -p "$OUT"
@@ -60,7 +61,7 @@ step train "$L_TRAIN" $PY "${BENCH[@]}" train --device "$DEVICE" --preset "$PRES
 step train-sdpa "$L_SDPA" env MEM_FLEX_ATTENTION=0 $PY "${BENCH[@]}" train --device "$DEVICE" --preset "$PRESET" \
   --stages pretrain,finetune --no-loader --json "$WORK/train-sdpa.json"
 step tests-cuda "$L_TESTS" $PY -m pytest -q -p no:cacheprovider tests/test_train.py tests/test_scale.py \
-  tests/test_representation.py -k "(paper_preset_runs_its_code_paths and cuda) or generator_drives or on_a_gpu"
+  tests/test_representation.py -k "$TESTS"
 step live "$L_LIVE" $PY "${BENCH[@]}" live --model "$LIVE_MODEL" --device "$DEVICE" --no-viewer --starts "$LIVE_STARTS" \
   --json "$WORK/live.json"
 step live-3mev "$L_LIVE_LOW" $PY "${BENCH[@]}" live --model "$LIVE_MODEL" --device "$DEVICE" --no-viewer --starts 0 \

@@ -164,9 +164,10 @@ def kernel(monkeypatch):
     return choose
 
 
-def biased_vit() -> MEMViT:
+def biased_vit(embed_dim: int = 64, num_heads: int = 4) -> MEMViT:
     torch.manual_seed(0)
-    vit = MEMViT(ViTConfig(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, drop_path=0.0)).train()
+    config = ViTConfig(img_size=32, patch_size=8, embed_dim=embed_dim, depth=2, num_heads=num_heads, drop_path=0.0)
+    vit = MEMViT(config).train()
     for block in vit.blocks:  # a relative position bias that matters (timm starts it at zero)
         torch.nn.init.normal_(block.attn.relative_position_bias_table, std=0.5)
     return vit
@@ -197,6 +198,10 @@ def test_flex_attention_gives_timms_outputs_and_gradients(kernel):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_on_a_gpu_compiled_flex_attention_gives_sdpas_outputs_and_gradients(monkeypatch):
+    """In fp32 (IEEE products on both sides: TF32 would round flex's and not SDPA's) and, with ViT-B's heads of 64,
+    under the bf16 autocast of a training step, where inductor's default Hopper tiles did not fit shared memory."""
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(attention, "_flex_failed", False)
     vit = biased_vit().cuda()
     flex = copy.deepcopy(vit)
     monkeypatch.setattr(attention, "FLEX_ATTENTION", False)  # MEM_FLEX_ATTENTION=0: SDPA
@@ -207,6 +212,71 @@ def test_on_a_gpu_compiled_flex_attention_gives_sdpas_outputs_and_gradients(monk
     torch.testing.assert_close(out, reference, rtol=1e-3, atol=1e-3)
     for name, grad in grads.items():
         torch.testing.assert_close(grad, reference_grads[name], rtol=1e-3, atol=1e-3, msg=name)
+
+    vit = biased_vit(embed_dim=128, num_heads=2).cuda()  # heads of 64
+    flex = copy.deepcopy(vit)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        monkeypatch.setattr(attention, "FLEX_ATTENTION", False)
+        reference, reference_grads = features_and_gradients(vit, "cuda")
+        monkeypatch.setattr(attention, "FLEX_ATTENTION", True)
+        out, grads = features_and_gradients(flex, "cuda")
+    assert not attention._flex_failed and all(block.attn.flex for block in flex.blocks)
+    assert out.dtype == reference.dtype
+
+    def relative(a, b):
+        return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+    assert relative(out, reference) < 2e-2
+    for name, grad in grads.items():
+        assert relative(grad, reference_grads[name]) < 5e-2, name
+
+
+def test_flex_attention_runs_in_the_autocast_dtype_with_tiles_of_its_own(monkeypatch):
+    """As SDPA's autocast rule does, flex computes in the autocast dtype whatever its inputs' dtype, and it never
+    runs on inductor's default tiles (too large for a Hopper block's shared memory at heads of 64)."""
+    seen = []
+    real = attention.flex_attention
+
+    def spy(q, k, v, **kwargs):
+        seen.append(((q.dtype, k.dtype, v.dtype), kwargs["kernel_options"]))
+        return real(q, k, v, **kwargs)
+
+    monkeypatch.setattr(attention, "flex_attention", spy)
+    q, k, v = (torch.randn(2, 2, 17, 64, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    bias = torch.randn(2, 17, 17)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = attention._sdpa_as_flex(q, k, v, attn_mask=bias)
+        reference = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    [(dtypes, options)] = seen
+    assert dtypes == (torch.bfloat16,) * 3 and out.dtype == reference.dtype == torch.bfloat16
+    assert options["fwd_BLOCK_M"] * options["fwd_BLOCK_N"] <= 64 * 64
+    assert ((out.float() - reference.float()).norm() / reference.float().norm()).item() < 2e-2
+
+
+def test_a_gpu_where_flex_does_not_compile_trains_on_sdpa(monkeypatch, caplog):
+    """A compilation failure of flex (inductor's "No valid triton configs", say) costs the run its speed-up, not the
+    run: the call returns SDPA's result, the process warns once, and every later call takes SDPA."""
+    from types import SimpleNamespace
+
+    def refuse():
+        def compiled(*args, **kwargs):
+            inner = RuntimeError("No valid triton configs. OutOfMemoryError: out of resource: shared memory")
+            raise torch._dynamo.exc.BackendCompilerFailed(refuse, inner, None)
+
+        return compiled
+
+    monkeypatch.setattr(attention, "_flex_failed", False)
+    monkeypatch.setattr(attention, "_runs_as_traced", lambda device: False)  # as on a GPU, outside a compiled model
+    monkeypatch.setattr(attention, "_compiled_flex_attention", refuse)
+    on_gpu = SimpleNamespace(device=torch.device("cuda"))
+    assert attention.attention_kernel(on_gpu) == "flex"
+    q, k, v = (torch.randn(2, 2, 17, 16, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    bias = torch.randn(2, 17, 17)
+    with caplog.at_level("WARNING", logger=attention.__name__):
+        out = attention._sdpa_as_flex(q, k, v, attn_mask=bias)
+    torch.testing.assert_close(out, torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias))
+    assert "FlexAttention did not compile on this GPU (RuntimeError: No valid triton configs" in caplog.text
+    assert attention.attention_kernel(on_gpu) == "sdpa"
 
 
 def test_gpu_training_steps_take_flex_attention_and_inference_keeps_sdpa(monkeypatch):

@@ -7,6 +7,12 @@ gradient of every sample, (B, heads, N, N), before it is summed. FlexAttention a
 kept whole: within it, ``BeitAttention`` hands the SDPA call to ``flex_attention`` (a torch function mode), so the
 projections, the bias and the dropout stay timm's.
 
+The kernel's tiles are chosen here, not left to inductor's defaults: on Hopper its default forward tile for a head of
+64 (128 x 128, 3 stages) asks for 240 KiB of shared memory, more than the 227 KiB a block may have, and the
+compilation fails ("No valid triton configs"). ViT tokens (197 at 224 x 224) fill 64 x 64 tiles with no more padding
+than 128 x 128 ones. Should flex still fail to compile, the process warns once and keeps SDPA, which computes the same
+function, rather than stopping a training run.
+
 Set ``MEM_FLEX_ATTENTION=0`` to keep SDPA in GPU training steps (to compare the two); timm's ``TIMM_FUSED_ATTN=0``
 still turns both off.
 """
@@ -14,6 +20,7 @@ still turns both off.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from typing import Literal
 
@@ -30,6 +37,17 @@ from mem_core.errors import MemError
 
 Kernel = Literal["plain", "sdpa", "flex"]
 FLEX_ATTENTION = os.environ.get("MEM_FLEX_ATTENTION", "1") != "0"
+# flex's tiles (forward; backward's two passes): within a Hopper block's shared memory at heads of 64 in bf16
+FLEX_KERNEL_OPTIONS = {
+    "fwd_BLOCK_M": 64,
+    "fwd_BLOCK_N": 64,
+    "bwd_BLOCK_M1": 64,
+    "bwd_BLOCK_N1": 64,
+    "bwd_BLOCK_M2": 64,
+    "bwd_BLOCK_N2": 64,
+    "bwd_num_stages": 2,
+}
+log = logging.getLogger(__name__)
 
 
 def attention_kernel(x: torch.Tensor) -> Kernel:
@@ -47,7 +65,7 @@ def attention_kernel(x: torch.Tensor) -> Kernel:
         return "plain"
     if x.device.type == "cpu":
         return "plain" if torch.is_grad_enabled() or torch.is_autocast_enabled("cpu") else "sdpa"
-    if x.device.type == "cuda" and torch.is_grad_enabled() and FLEX_ATTENTION:
+    if x.device.type == "cuda" and torch.is_grad_enabled() and FLEX_ATTENTION and not _flex_failed:
         return "flex"
     return "sdpa"
 
@@ -111,6 +129,9 @@ def _sdpa_as_flex(
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **options
         )
+    if torch.is_autocast_enabled(q.device.type):  # as SDPA's autocast rule casts its inputs
+        dtype = torch.get_autocast_dtype(q.device.type)
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     bias = attn_mask.view((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))  # (B or 1, heads or 1, N, N)
     per_sample, per_head = bias.shape[0] > 1, bias.shape[1] > 1
 
@@ -118,15 +139,35 @@ def _sdpa_as_flex(
     def add_bias(score, b, h, q_idx, kv_idx):
         return score + bias[b if per_sample else 0, h if per_head else 0, q_idx, kv_idx]
 
-    return _flex_attention(q.device)(q, k, v, score_mod=add_bias, scale=scale)
+    options = {"score_mod": add_bias, "scale": scale, "kernel_options": FLEX_KERNEL_OPTIONS}
+    if _runs_as_traced(q.device):
+        return flex_attention(q, k, v, **options)
+    try:  # on its own on a GPU: compiled (uncompiled it computes the whole score matrix)
+        return _compiled_flex_attention()(q, k, v, **options)
+    except torch._dynamo.exc.BackendCompilerFailed as e:  # inductor's errors included
+        _give_up_flex(e)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)
 
 
-def _flex_attention(device: torch.device):
-    """``flex_attention`` as the call should run it: traced into the graph of a compiled model, compiled on its own
-    on a GPU otherwise (uncompiled it computes the whole score matrix), and as it is on a CPU (tests)."""
-    if torch.compiler.is_compiling() or device.type == "cpu":
-        return flex_attention
-    return _compiled_flex_attention()
+def _runs_as_traced(device: torch.device) -> bool:
+    """``flex_attention`` runs as it is: traced into the graph of a compiled model, or on a CPU (the tests)."""
+    return torch.compiler.is_compiling() or device.type == "cpu"
+
+
+_flex_failed = False
+
+
+def _give_up_flex(error: Exception) -> None:
+    """Flex did not compile on this GPU: every later attention call of the process takes SDPA (warned once)."""
+    global _flex_failed
+    _flex_failed = True
+    cause = getattr(error, "inner_exception", error)
+    message = str(cause).strip().splitlines()
+    log.warning(
+        "FlexAttention did not compile on this GPU (%s: %s); training keeps SDPA",
+        type(cause).__name__,
+        message[0] if message else "no message",
+    )
 
 
 @functools.cache
