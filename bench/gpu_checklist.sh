@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # The GPU checklist in one command, for a lent GPU machine (the device tool) or any CUDA machine, sized for one call
 # of under 10 minutes (about 9 with every step at its limit):
-#   1. mem bench train at a paper preset's sizes and batches (FlexAttention), with a torch.profiler table per stage
+#   1. mem bench train at a paper preset's sizes and batches (SDPA), with a torch.profiler table per stage
 #      and the host waits of one more step per stage (torch.cuda.set_sync_debug_mode("warn")): each listed with the
 #      MEM code that caused it; a step should have none
-#   2. pretraining and finetuning again with SDPA's attention (MEM_FLEX_ATTENTION=0), to compare with step 1
+#   2. pretraining and finetuning again with FlexAttention (MEM_FLEX_ATTENTION=1), to compare with step 1
 #   3. every paper preset's first steps on CUDA (tests/test_train.py's CUDA cases: RandAugment, crop, EMA, ...),
 #      compiled FlexAttention against SDPA, outputs and gradients (tests/test_scale.py), and the GPU's histograms
 #      against the CPU's (tests/test_representation.py)
 #   4. mem bench live with the paper's ViT-B/16 on CUDA, without the Qt viewer (the machine has no Qt)
 #   5. the same server under a 3 Mev/s source (what the in-process 30 Mev/s source costs the latency); off by default
-#   6. finetuning with torch.compile
+#   6. finetuning with torch.compile (SDPA)
 # Each step has its own time limit, so a slow one cannot take the others' time. Logs, JSON and profiles are packed
 # after every step into $OUT/gpu-checklist.tgz (one file: the device tool returns at most 8).
 #
@@ -26,7 +26,7 @@ LIVE_MODEL=${LIVE_MODEL:-vit-b}
 LIVE_STARTS=${LIVE_STARTS:-1}
 PY=${PY:-python3}
 TESTS=${TESTS:-(paper_preset_runs_its_code_paths and cuda) or generator_drives or on_a_gpu}
-read -r L_TRAIN L_SDPA L_TESTS L_LIVE L_LIVE_LOW L_COMPILE <<<"${LIMITS:-180 80 100 90 0 90}"
+read -r L_TRAIN L_FLEX L_TESTS L_LIVE L_LIVE_LOW L_COMPILE <<<"${LIMITS:-180 80 100 90 0 90}"
 WORK=$(mktemp -d)
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 QT_QPA_PLATFORM=offscreen
@@ -58,8 +58,8 @@ cat "$WORK/machine.txt"
 
 step train "$L_TRAIN" $PY "${BENCH[@]}" train --device "$DEVICE" --preset "$PRESET" --json "$WORK/train.json" \
   --profile "$WORK/profile" --sync-check
-step train-sdpa "$L_SDPA" env MEM_FLEX_ATTENTION=0 $PY "${BENCH[@]}" train --device "$DEVICE" --preset "$PRESET" \
-  --stages pretrain,finetune --no-loader --json "$WORK/train-sdpa.json"
+step train-flex "$L_FLEX" env MEM_FLEX_ATTENTION=1 $PY "${BENCH[@]}" train --device "$DEVICE" --preset "$PRESET" \
+  --stages pretrain,finetune --no-loader --json "$WORK/train-flex.json"
 step tests-cuda "$L_TESTS" $PY -m pytest -q -p no:cacheprovider tests/test_train.py tests/test_scale.py \
   tests/test_representation.py -k "$TESTS"
 step live "$L_LIVE" $PY "${BENCH[@]}" live --model "$LIVE_MODEL" --device "$DEVICE" --no-viewer --starts "$LIVE_STARTS" \

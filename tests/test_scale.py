@@ -266,6 +266,7 @@ def test_a_gpu_where_flex_does_not_compile_trains_on_sdpa(monkeypatch, caplog):
         return compiled
 
     monkeypatch.setattr(attention, "_flex_failed", False)
+    monkeypatch.setattr(attention, "FLEX_ATTENTION", True)  # MEM_FLEX_ATTENTION=1
     monkeypatch.setattr(attention, "_runs_as_traced", lambda device: False)  # as on a GPU, outside a compiled model
     monkeypatch.setattr(attention, "_compiled_flex_attention", refuse)
     on_gpu = SimpleNamespace(device=torch.device("cuda"))
@@ -279,17 +280,25 @@ def test_a_gpu_where_flex_does_not_compile_trains_on_sdpa(monkeypatch, caplog):
     assert attention.attention_kernel(on_gpu) == "sdpa"
 
 
-def test_gpu_training_steps_take_flex_attention_and_inference_keeps_sdpa(monkeypatch):
-    from types import SimpleNamespace
+def test_gpu_training_steps_take_sdpa_unless_the_user_asks_for_flex():
+    """SDPA by default (faster than flex at the paper's sizes on an H200); MEM_FLEX_ATTENTION=1 makes a GPU training
+    step take flex, and inference keeps SDPA; TIMM_FUSED_ATTN=0 turns both off."""
+    probe = (
+        "import torch; from types import SimpleNamespace; from mem_core.models import attention\n"
+        "x = SimpleNamespace(device=torch.device('cuda'))\n"  # the choice reads the tokens' device only
+        "with torch.no_grad(): inference = attention.attention_kernel(x)\n"
+        "print(attention.attention_kernel(x), inference)"
+    )
 
-    on_gpu = SimpleNamespace(device=torch.device("cuda"))  # the choice reads the tokens' device only
-    assert attention.attention_kernel(on_gpu) == "flex"
-    with torch.no_grad():
-        assert attention.attention_kernel(on_gpu) == "sdpa"
-    monkeypatch.setattr(attention, "FLEX_ATTENTION", False)  # MEM_FLEX_ATTENTION=0
-    assert attention.attention_kernel(on_gpu) == "sdpa"
-    monkeypatch.setattr("timm.layers.config._USE_FUSED_ATTN", 0)  # TIMM_FUSED_ATTN=0
-    assert attention.attention_kernel(on_gpu) == "plain"
+    def kernels(**env) -> str:
+        env = {k: v for k, v in os.environ.items() if k not in ("MEM_FLEX_ATTENTION", "TIMM_FUSED_ATTN")} | env
+        r = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return r.stdout.strip()
+
+    assert kernels() == "sdpa sdpa"
+    assert kernels(MEM_FLEX_ATTENTION="1") == "flex sdpa"
+    assert kernels(MEM_FLEX_ATTENTION="1", TIMM_FUSED_ATTN="0") == "plain plain"
 
 
 @pytest.mark.slow  # torch.compile traces the whole ViT

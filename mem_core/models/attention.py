@@ -3,18 +3,18 @@
 timm's BEiT attention adds its relative position bias to the scores as SDPA's float ``attn_mask``. With a float mask
 SDPA cannot take its flash kernel: on a GPU it takes the memory-efficient one, whose backward writes the bias
 gradient of every sample, (B, heads, N, N), before it is summed. FlexAttention adds the bias inside its fused kernel
-(a ``score_mod`` reading the bias) and sums the bias gradient there, so a GPU training step runs it. timm's forward is
-kept whole: within it, ``BeitAttention`` hands the SDPA call to ``flex_attention`` (a torch function mode), so the
-projections, the bias and the dropout stay timm's.
+(a ``score_mod`` reading the bias) and sums the bias gradient there, with atomic adds of every sample into the one
+(heads, N, N) bias. On an H200 that makes it the slower of the two at the paper's sizes (ViT-B/16, 224 x 224, bf16):
+pretraining 1,289 against 1,472 img/s, finetuning 1,640 against 1,922 (docs/BENCHMARKS.md): flex's backward alone
+takes 12.6 ms a block at batch 1024. So GPU training steps take SDPA, and ``MEM_FLEX_ATTENTION=1`` takes flex
+(to compare the two, or on a GPU where it wins). timm's forward is kept whole: within it, ``BeitAttention`` hands the
+SDPA call to ``flex_attention`` (a torch function mode), so the projections, the bias and the dropout stay timm's.
 
-The kernel's tiles are chosen here, not left to inductor's defaults: on Hopper its default forward tile for a head of
-64 (128 x 128, 3 stages) asks for 240 KiB of shared memory, more than the 227 KiB a block may have, and the
-compilation fails ("No valid triton configs"). ViT tokens (197 at 224 x 224) fill 64 x 64 tiles with no more padding
-than 128 x 128 ones. Should flex still fail to compile, the process warns once and keeps SDPA, which computes the same
-function, rather than stopping a training run.
-
-Set ``MEM_FLEX_ATTENTION=0`` to keep SDPA in GPU training steps (to compare the two); timm's ``TIMM_FUSED_ATTN=0``
-still turns both off.
+Flex's tiles are chosen here, not left to inductor's defaults: on Hopper its default forward tile for a head of 64
+(128 x 128, 3 stages) asks for 240 KiB of shared memory, more than the 227 KiB a block may have, and the compilation
+fails ("No valid triton configs"). ViT tokens (197 at 224 x 224) fill 64 x 64 tiles with no more padding than
+128 x 128 ones. Should flex still fail to compile, the process warns once and keeps SDPA, which computes the same
+function, rather than stopping a training run. timm's ``TIMM_FUSED_ATTN=0`` turns SDPA and flex off.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from mem_core.adapters import set_fused_attention
 from mem_core.errors import MemError
 
 Kernel = Literal["plain", "sdpa", "flex"]
-FLEX_ATTENTION = os.environ.get("MEM_FLEX_ATTENTION", "1") != "0"
+FLEX_ATTENTION = os.environ.get("MEM_FLEX_ATTENTION", "0") == "1"  # GPU training steps on flex: opt-in
 # flex's tiles (forward; backward's two passes): within a Hopper block's shared memory at heads of 64 in bf16
 FLEX_KERNEL_OPTIONS = {
     "fwd_BLOCK_M": 64,
@@ -57,8 +57,9 @@ def attention_kernel(x: torch.Tensor) -> Kernel:
       There SDPA with an additive mask takes a path twice as slow as the plain product, forward and backward, and
       its bf16 backward without one is 6 times slower: a cpu-small finetuning epoch on one core takes 16.5 s
       instead of 19.1 s.
-    - ``flex``: a training step on a GPU (autograd recording), see the module docstring.
-    - ``sdpa`` everywhere else: inference on a GPU, fp32 inference on a CPU (validation, ``mem evaluate``, the live
+    - ``flex``: a training step on a GPU (autograd recording) with ``MEM_FLEX_ATTENTION=1``, see the module
+      docstring.
+    - ``sdpa`` everywhere else: a GPU's training steps and inference, fp32 inference on a CPU (validation, ``mem evaluate``, the live
       server: on 2 threads one window of ViT-B takes 1.0-1.1 ms a block against 1.1-2.1 ms), docs/BENCHMARKS.md.
     """
     if not use_fused_attn():
