@@ -46,6 +46,8 @@ def window(qtbot):
     w = ViewerWindow()
     qtbot.addWidget(w)
     w.show()
+    w.activateWindow()  # its shortcuts (the number keys) act in the active window only
+    qtbot.waitUntil(w.isActiveWindow, timeout=10_000)
     return w
 
 

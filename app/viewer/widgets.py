@@ -710,6 +710,7 @@ class LabelPanel(QtWidgets.QGroupBox):
         self.names = QtWidgets.QLineEdit()
         self.names.setPlaceholderText("class names, comma-separated (Enter)")
         self.names.editingFinished.connect(self._names_edited)
+        self.names.returnPressed.connect(self.names.clearFocus)  # Enter: the number keys capture again
         self.buttons: list[QtWidgets.QPushButton] = []
         self._buttons_layout = QtWidgets.QGridLayout()
         self.undo = QtWidgets.QPushButton("Undo last (Ctrl+Z)")

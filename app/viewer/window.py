@@ -569,6 +569,7 @@ def run(config: ViewConfig) -> int:
     client = LiveClient(config.connect)
     window = ViewerWindow(client)
     window.show()
+    window.activateWindow()  # the number keys capture from the start (where the window manager allows it)
 
     if config.quit_after_s is not None:
         QtCore.QTimer.singleShot(round(config.quit_after_s * 1000), app.quit)
