@@ -28,6 +28,17 @@ def mem(*args: str) -> subprocess.CompletedProcess:
     return result
 
 
+def mem_in_process(monkeypatch, capsys, *args: str) -> tuple[int, str]:
+    """``mem ARGS`` run in this process (an argument error needs no interpreter of its own): exit status, stderr."""
+    from app.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["mem", *args])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    return exit_info.value.code, capsys.readouterr().err
+
+
 def sets(*settings: str) -> list[str]:
     return [arg for s in settings for arg in ("--set", s)]
 
@@ -79,7 +90,7 @@ def test_bad_arguments_are_one_clear_line(tmp_path, args, message, monkeypatch, 
     assert not (tmp_path / "X").exists()  # nothing started
 
 
-def test_pretrain_method_comes_from_the_config_unless_given(tmp_path):
+def test_pretrain_method_comes_from_the_config_unless_given(tmp_path, monkeypatch, capsys):
     config = tmp_path / "emae.toml"
     config.write_text(
         '[vit]\nabs_pos_emb = true\nrel_pos_bias = false\n[pretrain]\nmethod = "emae"\nemae_decoder = [32, 1, 2]\n'
@@ -88,8 +99,10 @@ def test_pretrain_method_comes_from_the_config_unless_given(tmp_path):
     r = mem("pretrain", "--out", str(tmp_path / "pre"), *args)  # eMAE needs no tokenizer
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads((tmp_path / "pre" / "config.json").read_text())["config"]["method"] == "emae"
-    r = mem("pretrain", "--out", str(tmp_path / "mem"), "--method", "mem", *args)
-    assert r.returncode == 2 and "needs --tokenizer" in r.stderr  # the option still wins over the file
+    code, err = mem_in_process(
+        monkeypatch, capsys, "pretrain", "--out", str(tmp_path / "mem"), "--method", "mem", *args
+    )
+    assert code == 2 and "needs --tokenizer" in err  # the option still wins over the file
 
 
 def test_every_option_help_reaches_the_user_whole(monkeypatch, capsys):
@@ -168,7 +181,7 @@ def test_command_defaults_are_the_config_dataclasses_defaults():
     assert checked >= 20
 
 
-def test_bench_train_measures_every_stage_and_the_loader(tmp_path):
+def test_bench_train_measures_every_stage_and_the_loader(tmp_path, monkeypatch, capsys):
     out = tmp_path / "train.json"
     args = ("--preset", "cpu-tiny", "--steps", "1", "--batch-size", "4", "--sensor", "120x100", "--events", "3000")
     r = mem("bench", "train", *args, "--json", str(out))
@@ -181,12 +194,14 @@ def test_bench_train_measures_every_stage_and_the_loader(tmp_path):
     r = mem("bench", "train", *args, "--stages", "finetune", "--no-loader", "--json", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     assert [row["name"] for row in json.loads(out.read_text())] == ["finetune images/s", "finetune step"]
-    r = mem("bench", "train", "--stages", "finetune,distill")
-    message = " ".join(r.stderr.replace("│", " ").split())  # the error panel wraps its text
-    assert r.returncode == 2 and "name one or more of tokenizer, pretrain, finetune" in message
-    r = mem("bench", "train", "--sensor", "120by100")
-    message = " ".join(r.stderr.replace("│", " ").split())  # the error panel wraps its text
-    assert r.returncode == 2 and "'120by100' is not WIDTHxHEIGHT in pixels, e.g. 120x100" in message
+
+    for bad, expected in (
+        (["--stages", "finetune,distill"], "name one or more of tokenizer, pretrain, finetune"),
+        (["--sensor", "120by100"], "'120by100' is not WIDTHxHEIGHT in pixels, e.g. 120x100"),
+    ):
+        code, err = mem_in_process(monkeypatch, capsys, "bench", "train", *bad)
+        message = " ".join(err.replace("│", " ").split())  # the error panel wraps its text
+        assert code == 2 and expected in message
 
 
 def test_bench_cnn_reference_trains_on_the_finetuning_label_subset(tmp_path):

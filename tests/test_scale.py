@@ -280,25 +280,36 @@ def test_a_gpu_where_flex_does_not_compile_trains_on_sdpa(monkeypatch, caplog):
     assert attention.attention_kernel(on_gpu) == "sdpa"
 
 
-def test_gpu_training_steps_take_sdpa_unless_the_user_asks_for_flex():
+def test_gpu_training_steps_take_sdpa_unless_the_user_asks_for_flex(monkeypatch):
     """SDPA by default (faster than flex at the paper's sizes on an H200); MEM_FLEX_ATTENTION=1 makes a GPU training
     step take flex, and inference keeps SDPA; TIMM_FUSED_ATTN=0 turns both off."""
+    from types import SimpleNamespace
+
+    import timm.layers.config
+
+    def kernels() -> str:
+        x = SimpleNamespace(device=torch.device("cuda"))  # the choice reads the tokens' device only
+        with torch.no_grad():
+            inference = attention.attention_kernel(x)
+        return f"{attention.attention_kernel(x)} {inference}"
+
+    # the variable as a user sets it, read where the module is imported (one interpreter: 5 s)
     probe = (
         "import torch; from types import SimpleNamespace; from mem_core.models import attention\n"
-        "x = SimpleNamespace(device=torch.device('cuda'))\n"  # the choice reads the tokens' device only
+        "x = SimpleNamespace(device=torch.device('cuda'))\n"
         "with torch.no_grad(): inference = attention.attention_kernel(x)\n"
         "print(attention.attention_kernel(x), inference)"
     )
+    env = {k: v for k, v in os.environ.items() if k != "TIMM_FUSED_ATTN"} | {"MEM_FLEX_ATTENTION": "1"}
+    r = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "flex sdpa"
 
-    def kernels(**env) -> str:
-        env = {k: v for k, v in os.environ.items() if k not in ("MEM_FLEX_ATTENTION", "TIMM_FUSED_ATTN")} | env
-        r = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
-        assert r.returncode == 0, r.stderr[-2000:]
-        return r.stdout.strip()
-
+    monkeypatch.setattr(attention, "FLEX_ATTENTION", False)  # the variable unset
     assert kernels() == "sdpa sdpa"
-    assert kernels(MEM_FLEX_ATTENTION="1") == "flex sdpa"
-    assert kernels(MEM_FLEX_ATTENTION="1", TIMM_FUSED_ATTN="0") == "plain plain"
+    monkeypatch.setattr(attention, "FLEX_ATTENTION", True)
+    monkeypatch.setattr(timm.layers.config, "_USE_FUSED_ATTN", 0)  # what TIMM_FUSED_ATTN=0 sets when timm is imported
+    assert kernels() == "plain plain"
 
 
 @pytest.mark.slow  # torch.compile traces the whole ViT
