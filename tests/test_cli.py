@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -153,6 +154,7 @@ def test_serve_started_in_the_background_stops_on_a_signal(signum, tmp_path):
         stderr=subprocess.STDOUT,
         text=True,
         cwd=tmp_path,
+        env={**os.environ, "PYTHONFAULTHANDLER": "1"},  # SIGABRT prints where every thread is
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),  # what `&` does
     )
     try:
@@ -163,7 +165,12 @@ def test_serve_started_in_the_background_stops_on_a_signal(signum, tmp_path):
             lines.append(line)
         time.sleep(0.5)
         server.send_signal(signum)
-        out, _ = server.communicate(timeout=30)
+        try:
+            out, _ = server.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.send_signal(signal.SIGABRT)
+            stuck, _ = server.communicate(timeout=10)
+            pytest.fail(f"mem serve did not stop within 30 s of signal {signum}:\n{''.join(lines)}{stuck[-8000:]}")
     finally:
         server.kill()
     assert server.returncode == 0, out
