@@ -129,6 +129,7 @@ def serve_and_view(
     return server, client, window
 
 
+@pytest.mark.timeout(600)  # about 2 minutes on 2 idle cores; training slows most when they are shared
 def test_label_windows_in_the_viewer_train_and_the_new_model_takes_over(qtbot, tmp_path, pretrain_run):
     camera = CAMERA
     source = SimulatorSource(camera, speed=2.0)  # a scene lasts half a second: time enough to look and press
