@@ -36,8 +36,8 @@ UNSEEN_EVERY = 10  # a held-out window at every 10th 10 ms batch: 10 per scene
 # truth), and the model trained on them classifies its own captures well above chance (MIN_FIT; 86 % measured: it
 # trains on augmented windows). Checked statistically: top-1 on held-out windows. Chance is 1/3; the windows come in
 # scenes of ~10 that look alike, so the sample that counts is the ~120 scenes (one binomial sigma: about 4.3
-# points). Ten captures per class from ten scenes scored 67 % to 76 % on 40 scenes in six runs here and 78 % to 82 %
-# on 120 in four; MIN_TOP1 sits about 4 sigma below the lowest of them and 4 above chance, so neither a working loop
+# points). Ten captures per class from ten scenes scored 67 % to 76 % on 40 scenes in six runs here and 70 % to 82 %
+# on 120 in six; MIN_TOP1 sits about 4 sigma below the lowest of them and 4 above chance, so neither a working loop
 # nor one that learned nothing crosses it by luck. Two runs on 40 scenes under heavy load read 45 % and 41 %: the failure message
 # says what the model confused and what it was trained on.
 MIN_FIT = 0.6

@@ -791,6 +791,28 @@ def test_train_says_what_is_missing_before_it_starts(export, tmp_path):
     assert not (tmp_path / "label-runs").exists()
 
 
+@pytest.mark.parametrize(("cpus", "user", "threads"), [(2, None, "1"), (16, None, "15"), (1, None, "1"), (2, "2", "2")])
+def test_a_training_run_leaves_a_core_to_the_live_stream_unless_the_user_chose(
+    tmp_path, monkeypatch, cpus, user, threads
+):
+    """Torch's threads on every core stall each other while the server runs (Train took 5x longer under load): the
+    child trains on one core fewer, or on the OMP_NUM_THREADS the user set."""
+    import sys
+
+    from app.live.labelling import TRAIN_LOG, TrainingJob
+
+    monkeypatch.setattr("os.cpu_count", lambda: cpus)
+    if user is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", user)
+    job = TrainingJob(tmp_path / "labels", tmp_path / "pretrain", tmp_path / "run", 1, on_done=lambda export: None)
+    probe = "import os; print('threads', os.environ.get('OMP_NUM_THREADS'))"  # what torch reads at its start
+    monkeypatch.setattr(job, "command", lambda: [sys.executable, "-c", probe])
+    job.start()._thread.join(30)
+    assert (tmp_path / "run" / TRAIN_LOG).read_text().split() == ["threads", threads]
+
+
 def test_without_a_model_the_server_streams_sensor_views_to_label(tmp_path):
     with (
         serving(None, SimulatorSource(task_config()), labels=tmp_path / "labels") as server,

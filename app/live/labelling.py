@@ -129,6 +129,9 @@ class TrainingJob:
         self.out.mkdir(parents=True, exist_ok=True)
         log = (self.out / TRAIN_LOG).open("wb")
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TERM": "dumb"}
+        # one core stays with the live stream (unless the user chose): torch's threads on every core would stall
+        # each other whenever the server runs, and the stream would stutter
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) - 1)))
         try:
             self._process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env)
         finally:
