@@ -38,8 +38,8 @@ UNSEEN_EVERY = 10  # a held-out window at every 10th 10 ms batch: 10 per scene
 # scenes of ~10 that look alike, so the sample that counts is the ~120 scenes (one binomial sigma: about 4.3
 # points). Ten captures per class from ten scenes scored 67 % to 76 % on 40 scenes in six runs here and 70 % to 82 %
 # on 120 in six; MIN_TOP1 sits about 4 sigma below the lowest of them and 4 above chance, so neither a working loop
-# nor one that learned nothing crosses it by luck. Two runs on 40 scenes under heavy load read 45 % and 41 %: the failure message
-# says what the model confused and what it was trained on.
+# nor one that learned nothing crosses it by luck. Two runs on 40 scenes under heavy load read 45 % and 41 %: the
+# failure message says what the model confused and what it was trained on.
 MIN_FIT = 0.6
 MIN_TOP1 = 0.5
 PER_CLASS = 10
@@ -129,7 +129,7 @@ def serve_and_view(
     return server, client, window
 
 
-@pytest.mark.timeout(600)  # about 2 minutes on 2 idle cores; training slows most when they are shared
+@pytest.mark.timeout(600)  # about 1.5 minutes on 2 idle cores; longer where they are shared
 def test_label_windows_in_the_viewer_train_and_the_new_model_takes_over(qtbot, tmp_path, pretrain_run):
     camera = CAMERA
     source = SimulatorSource(camera, speed=2.0)  # a scene lasts half a second: time enough to look and press

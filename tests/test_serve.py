@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import sys
 import threading
 import time
 
@@ -797,8 +798,6 @@ def test_a_training_run_leaves_a_core_to_the_live_stream_unless_the_user_chose(
 ):
     """Torch's threads on every core stall each other while the server runs (Train took 5x longer under load): the
     child trains on one core fewer, or on the OMP_NUM_THREADS the user set."""
-    import sys
-
     from app.live.labelling import TRAIN_LOG, TrainingJob
 
     monkeypatch.setattr("os.cpu_count", lambda: cpus)
@@ -809,7 +808,11 @@ def test_a_training_run_leaves_a_core_to_the_live_stream_unless_the_user_chose(
     job = TrainingJob(tmp_path / "labels", tmp_path / "pretrain", tmp_path / "run", 1, on_done=lambda export: None)
     probe = "import os; print('threads', os.environ.get('OMP_NUM_THREADS'))"  # what torch reads at its start
     monkeypatch.setattr(job, "command", lambda: [sys.executable, "-c", probe])
-    job.start()._thread.join(30)
+    job.start()
+    deadline = time.monotonic() + 30
+    while job.running and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert job.state()["state"] == "done"
     assert (tmp_path / "run" / TRAIN_LOG).read_text().split() == ["threads", threads]
 
 
