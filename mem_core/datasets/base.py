@@ -11,6 +11,7 @@ import numpy as np
 from mem_core.errors import MemError
 from mem_core.events import SensorSize, window_start
 from mem_core.io import read_events
+from mem_core.io.evz import EXTENSION as PACKED
 
 
 class DatasetError(MemError, ValueError):
@@ -64,10 +65,27 @@ class FileSource(EventSource):
 
 
 def sorted_files(folder: Path, suffixes: tuple[str, ...]) -> list[Path]:
-    """The files of ``folder`` with one of ``suffixes``, in numeric order (``2.bin`` before ``10.bin``): sample ids
-    follow recording order, which the validation carve-out relies on (``datasets.splits``)."""
-    found = (p for p in folder.iterdir() if p.suffix.lower() in suffixes and p.is_file())
-    return sorted(found, key=lambda p: [int(s) if s.isdigit() else s for s in re.split(r"(\d+)", p.name)])
+    """The files of ``folder`` with one of ``suffixes`` or packed as ``.evz`` (``mem_core.io.pack``), in numeric
+    order (``2.bin`` before ``10.bin``): sample ids follow recording order, which the validation carve-out relies on
+    (``datasets.splits``). A packed file sorts as if named with ``suffixes[0]``, so a packed folder lists its samples
+    in the original's order. ``DatasetError`` when a sample is there both packed and not."""
+    found = [p for p in folder.iterdir() if p.suffix.lower() in (*suffixes, PACKED) and p.is_file()]
+    stems: dict[str, Path] = {}
+    for path in found:
+        if (twin := stems.setdefault(path.stem, path)) is not path:
+            raise DatasetError(f"{folder}: sample {path.stem!r} is there twice ({twin.name} and {path.name})")
+
+    def key(path: Path) -> list[int | str]:
+        name = path.stem + suffixes[0] if path.suffix.lower() == PACKED else path.name
+        return [int(s) if s.isdigit() else s for s in re.split(r"(\d+)", name)]
+
+    return sorted(found, key=key)
+
+
+def sample_file(path: Path) -> Path:
+    """``path``, or the ``.evz`` packed from it when only that exists (split and list files name the original)."""
+    packed = path.with_suffix(PACKED)
+    return packed if not path.exists() and packed.exists() else path
 
 
 def require_dir(path: Path, what: str) -> Path:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mem_core.datasets.base import DatasetError, EventSource, FileSource, require_dir, sorted_files
+from mem_core.datasets.base import DatasetError, EventSource, FileSource, require_dir, sample_file, sorted_files
 from mem_core.datasets.splits import SPLIT_SEED, VAL_FRACTION, block_split, stratified_split
 from mem_core.events import SensorSize
 
@@ -71,6 +71,6 @@ def ncaltech101(root: Path, split: str, split_file: Path | None = None) -> Event
         raise DatasetError(f"N-Caltech101 has splits train, val, test, not {split!r}")
     classes = sorted({cls for entries in table.values() for _, cls in entries})
     index = {c: i for i, c in enumerate(classes)}
-    files = [root / rel for rel, _ in table[split]]
+    files = [sample_file(root / rel) for rel, _ in table[split]]
     labels = [index[cls] for _, cls in table[split]]
     return FileSource("ncaltech101", files, labels, classes, NCALTECH_SENSOR)

@@ -1,4 +1,5 @@
-"""N-Cars (Sironi et al., CVPR 2018): 100 ms Prophesee ``.dat`` samples of cars and background, 120 x 100 ATIS."""
+"""N-Cars (Sironi et al., CVPR 2018): 100 ms Prophesee ``.dat`` samples (or ``.evz`` packed from them) of cars and
+background, 120 x 100 ATIS."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""N-MNIST (Orchard et al., 2015): saccade recordings of MNIST digits, 34 x 34 ATIS, ``.bin`` / ``.bs2`` files."""
+"""N-MNIST (Orchard et al., 2015): saccade recordings of MNIST digits, 34 x 34 ATIS, ``.bin`` / ``.bs2`` files (or
+``.evz`` packed from them)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 from mem_core.datasets.base import DatasetError, EventSource, FileSource, require_dir, sorted_files
 from mem_core.datasets.splits import carve
 from mem_core.events import SensorSize
+from mem_core.io.evz import EXTENSION as PACKED
 
 NMNIST_SENSOR = SensorSize(34, 34)
 
@@ -33,10 +35,11 @@ def nmnist(root: Path, split: str) -> EventSource:
                 continue
             sample, label = parts[0], int(parts[1])
             path = next(
-                (root / f"{sample}{ext}" for ext in (".bs2", ".bin") if (root / f"{sample}{ext}").exists()), None
+                (root / f"{sample}{ext}" for ext in (".bs2", ".bin", PACKED) if (root / f"{sample}{ext}").exists()),
+                None,
             )
             if path is None:
-                raise DatasetError(f"{lists[0]}: sample {sample} has no {sample}.bs2 or {sample}.bin in {root}")
+                raise DatasetError(f"{lists[0]}: sample {sample} has no {sample}.bs2, .bin or {PACKED} in {root}")
             files.append(path)
             labels.append(label)
     if split in ("train", "val"):

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from mem_core.events import SensorSize, sensor_problem, time_problem, validate_events
-from mem_core.io import aedat4, hdf5, nbin, npz, prophesee
+from mem_core.io import aedat4, evz, hdf5, nbin, npz, prophesee
 from mem_core.io.base import EventFile, EventFileError, open_regular, os_problem
 
 SNIFF_BYTES = 8192
@@ -54,6 +54,11 @@ def formats() -> list[str]:
     return [r.name for r in _READERS]
 
 
+def extensions() -> set[str]:
+    """The file extensions (lower case, with the dot) of the registered formats."""
+    return {e for r in _READERS for e in r.extensions}
+
+
 def _head(path: Path) -> bytes:
     """The first bytes of a regular file, ``b""`` for a directory (a store a plug-in may claim)."""
     if os.path.isdir(path):  # never raises (an over-long name is refused when the file is opened)
@@ -91,7 +96,7 @@ def read_events(path: str | os.PathLike, *, follow_links: bool = False) -> Event
     """Read a whole event file: ``(events, sensor)`` with ``EVENT_DTYPE`` events sorted by ``t``.
 
     Formats: N-MNIST / N-Caltech101 ``.bin``/``.bs2``, Prophesee ``.dat``, EVT 2.0 / 3.0 ``.raw``, AEDAT4,
-    N-ImageNet ``.npz``, DSEC ``.h5`` and any registered with ``register_reader``. Every failure (missing,
+    N-ImageNet ``.npz``, DSEC ``.h5``, MEM's packed ``.evz`` and any registered with ``register_reader``. Every failure (missing,
     empty, truncated, corrupt, unknown) raises ``EventFileError`` naming the path and the reason. A file that
     points to data outside itself (HDF5 external storage, soft or external links, virtual datasets) is refused
     unless ``follow_links``: it could name any file on the machine, a device or a FIFO.
@@ -148,11 +153,12 @@ _WRITERS: dict[str, Callable[[Path, np.ndarray, SensorSize], None]] = {
     ".npz": npz.write_npz,
     ".h5": hdf5.write_dsec,
     ".hdf5": hdf5.write_dsec,
+    evz.EXTENSION: evz.write_evz,
 }
 
 
 def write_events(path: str | os.PathLike, events: np.ndarray, sensor: SensorSize) -> Path:
-    """Write ``events`` recorded on ``sensor``; the format follows the extension (.bin/.bs2, .dat, .npz, .h5).
+    """Write ``events`` recorded on ``sensor``; the format follows the extension (.bin/.bs2, .dat, .npz, .h5, .evz).
 
     The file appears atomically (written beside it, then renamed). ``ValueError`` for an unknown extension,
     events that are not valid ``EVENT_DTYPE`` events on ``sensor``, or values the format cannot hold.
@@ -210,5 +216,6 @@ for _name, _sniff, _read, _ext, _linked in (
         functools.partial(hdf5.read_dsec, follow_links=True),
     ),
     ("aedat4", _has_magic(b"#!AER-DAT4"), aedat4.read_aedat4, (".aedat4",), None),
+    ("evz", _has_magic(evz.MAGIC), evz.read_evz, (evz.EXTENSION,), None),
 ):
     register_reader(_name, _sniff, _read, _ext, _linked)
