@@ -12,11 +12,27 @@ from __future__ import annotations
 import functools
 import json
 import reprlib
+import unicodedata
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, Field, StrictBool, StrictInt, StrictStr, TypeAdapter, ValidationError
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    TypeAdapter,
+    ValidationError,
+)
 
 from mem_core.limits import MAX_CLASS_NAME, MAX_CLASSES, MAX_LABEL_NAMES, MAX_TEXT
+
+
+def _nfc(name: Any) -> Any:
+    # one spelling per name, before its length is counted: "é" typed as one character and as "e" + a combining
+    # accent look the same and must be one class
+    return unicodedata.normalize("NFC", name) if isinstance(name, str) else name
 
 
 def _printable(name: str) -> str:
@@ -29,7 +45,11 @@ Text = Annotated[StrictStr, Field(max_length=MAX_TEXT)]
 Count = Annotated[StrictInt, Field(ge=0, le=(1 << 63) - 1)]
 NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Flag = StrictBool
-ClassName = Annotated[StrictStr, Field(min_length=1, max_length=MAX_CLASS_NAME), AfterValidator(_printable)]
+ClassName = Annotated[
+    Annotated[StrictStr, Field(min_length=1, max_length=MAX_CLASS_NAME)],
+    BeforeValidator(_nfc),
+    AfterValidator(_printable),
+]
 ClassNames = Annotated[list[ClassName], Field(min_length=1, max_length=MAX_CLASSES)]
 LabelNames = Annotated[list[ClassName], Field(max_length=MAX_LABEL_NAMES)]
 
@@ -69,14 +89,35 @@ def check_json_value(schema: Any, value: Any) -> Any:
         raise _first(exc) from None
 
 
-def class_names_problem(names: Any) -> str | None:
-    """Why ``names`` cannot be a model's or a labels corpus's classes (1 to ``MAX_CLASSES`` distinct printable names
-    of at most ``MAX_CLASS_NAME`` characters: what the live wire carries), or None."""
+def class_name(name: Any) -> str:
+    """``name`` as a class name, in its one Unicode spelling (NFC); ``SchemaError`` when it cannot be one."""
+    return check(ClassName, name)
+
+
+def class_names(names: Any) -> list[str]:
+    """``names`` as a model's or a labels corpus's classes, each in its one Unicode spelling (NFC): 1 to
+    ``MAX_CLASSES`` distinct printable names of at most ``MAX_CLASS_NAME`` characters (what the live wire carries);
+    ``SchemaError`` (where ``classes.K``) otherwise."""
     try:
-        check(ClassNames, names)
+        checked = check(ClassNames, names)
     except SchemaError as exc:
-        return f"classes{'.' if exc.where else ''}{exc.where}: {exc.reason}"
-    return "classes: names must be distinct" if len(set(names)) != len(names) else None
+        raise SchemaError(f"classes{'.' if exc.where else ''}{exc.where}", exc.reason) from None
+    seen: set[str] = set()
+    for k, name in enumerate(checked):
+        if name in seen:
+            alike = " (the same name in two Unicode spellings)" if names[k] not in names[:k] else ""
+            raise SchemaError("classes", f"names must be distinct, {short(name)} is there twice{alike}")
+        seen.add(name)
+    return checked
+
+
+def class_names_problem(names: Any) -> str | None:
+    """Why ``names`` cannot be classes (``class_names``), or None."""
+    try:
+        class_names(names)
+    except SchemaError as exc:
+        return str(exc)
+    return None
 
 
 _PHRASES = {  # pydantic's error types in the words MEM's errors use

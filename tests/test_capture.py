@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from mem_core.corpus import Corpus, CorpusError, CorpusWriter
+from mem_core.corpus import Corpus, CorpusError, CorpusWriter, snapshot_corpus
 from mem_core.events import SensorSize
 from recorders.base import RecorderError
 from recorders.capture import LabelledCaptures
@@ -45,6 +47,98 @@ def test_undo_takes_the_last_capture_out_and_a_new_session_continues(tmp_path, e
     assert Corpus(root).check(full=True) == {}
 
 
+def test_captures_after_an_undo_and_a_restart_get_names_of_their_own(tmp_path, events_factory):
+    """An undo leaves a gap in the names: a later session numbers its captures after the highest name, not after
+    the count, so its first capture does not collide with the last one kept."""
+    root = tmp_path / "labels"
+    with LabelledCaptures(root) as captures:
+        for k, label in enumerate(["car", "background"]):
+            captures.capture(events_factory(100, sensor=SENSOR, seed=k), SENSOR, label)
+        captures.undo()
+        captures.capture(events_factory(100, sensor=SENSOR, seed=2), SENSOR, "background")
+    with LabelledCaptures(root) as captures:
+        names = [captures.capture(events_factory(100, sensor=SENSOR, seed=3 + k), SENSOR, "car") for k in range(3)]
+        assert captures.counts() == {"background": 1, "car": 4}
+    corpus = Corpus(root)
+    assert [r.label for r in corpus.recordings] == ["car", "background", "car", "car", "car"]
+    assert len({r.name for r in corpus.recordings}) == 5 and set(names) <= {r.name for r in corpus.recordings}
+
+
+def test_a_snapshot_keeps_the_captures_of_its_moment_and_capturing_goes_on(tmp_path, events_factory):
+    root = tmp_path / "labels"
+    windows = [events_factory(100, sensor=SENSOR, seed=k) for k in range(3)]
+    with LabelledCaptures(root) as captures:
+        captures.capture(windows[0], SENSOR, "car")
+        captures.capture(windows[1], SENSOR, "background")
+        snap = captures.snapshot(tmp_path / "run" / "captures")
+        assert captures.undo() == "background"  # later undos and captures leave the snapshot alone
+        captures.capture(windows[2], SENSOR, "car")
+    assert [r.label for r in snap.recordings] == ["car", "background"]
+    assert snap.provenance[-1]["snapshot_of"] == str(root.resolve()) and snap.check(full=True) == {}
+    for k in range(2):
+        np.testing.assert_array_equal(snap.events(k), windows[k])
+    assert [r.label for r in Corpus(root).recordings] == ["car", "car"]
+    with pytest.raises(CorpusError, match="holds a corpus already"):
+        snapshot_corpus(root, tmp_path / "run" / "captures", provenance={})
+
+
+def test_a_labels_folder_moved_away_says_so_and_capturing_goes_on_once_it_is_back(tmp_path, events_factory):
+    root, away = tmp_path / "labels", tmp_path / "away"
+    windows = [events_factory(100, sensor=SENSOR, seed=k) for k in range(3)]
+    with LabelledCaptures(root) as captures:
+        captures.capture(windows[0], SENSOR, "car")
+        root.rename(away)
+        for _ in range(2):  # every try says what happened and what to do, never that a name exists
+            with pytest.raises(
+                RecorderError, match=r"capture of 'car' not stored: the labels folder .* is gone .* back"
+            ):
+                captures.capture(windows[1], SENSOR, "car")
+        assert captures.counts() == {"car": 1}
+        away.rename(root)
+        captures.capture(windows[1], SENSOR, "car")
+        assert captures.undo() == "car"
+        captures.capture(windows[2], SENSOR, "background")
+    corpus = Corpus(root)
+    assert [r.label for r in corpus.recordings] == ["car", "background"] and corpus.check(full=True) == {}
+    np.testing.assert_array_equal(corpus.events(1), windows[2])
+
+
+@pytest.mark.parametrize("code", [errno.EIO, errno.ENOSPC])
+def test_a_capture_the_disk_fails_to_take_is_not_stored_and_the_next_one_is(
+    tmp_path, events_factory, monkeypatch, code
+):
+    root = tmp_path / "labels"
+    windows = [events_factory(100, sensor=SENSOR, seed=k) for k in range(3)]
+    real = os.fsync
+
+    def failing(fd: int) -> None:  # a shard's fsync fails, as a disk's transient error would
+        if os.path.basename(os.readlink(f"/proc/self/fd/{fd}")).startswith("shard-"):
+            raise OSError(code, os.strerror(code))
+        real(fd)
+
+    with LabelledCaptures(root) as captures:
+        captures.capture(windows[0], SENSOR, "car")
+        monkeypatch.setattr(os, "fsync", failing)
+        with pytest.raises(RecorderError, match=rf"capture of 'car' not stored: .*{os.strerror(code)}.*writable again"):
+            captures.capture(windows[1], SENSOR, "car")
+        monkeypatch.undo()
+        assert captures.counts() == {"car": 1}
+        captures.capture(windows[2], SENSOR, "background")
+        assert captures.counts() == {"background": 1, "car": 1}
+    corpus = Corpus(root)
+    assert [r.label for r in corpus.recordings] == ["car", "background"]
+    for k, events in enumerate([windows[0], windows[2]]):
+        np.testing.assert_array_equal(corpus.events(k), events)
+
+
+def test_a_class_name_in_two_unicode_spellings_is_one_class(tmp_path, events_factory):
+    with LabelledCaptures(tmp_path / "labels") as captures:
+        captures.capture(events_factory(100, sensor=SENSOR), SENSOR, "caf\u00e9")  # é as one character
+        captures.capture(events_factory(100, sensor=SENSOR, seed=1), SENSOR, "cafe\u0301")  # e + combining accent
+        assert captures.counts() == {"caf\u00e9": 2}
+    assert Corpus(tmp_path / "labels").label_counts() == {"caf\u00e9": 2}
+
+
 @pytest.mark.parametrize(
     ("label", "why"),
     [("x" * 56, "at most 55 characters"), ("car\x1b[2J", "printable"), ("   ", "a capture needs a class name")],
@@ -68,11 +162,21 @@ def test_a_class_past_the_most_a_model_may_have_is_refused(tmp_path, events_fact
         assert captures.counts() == {"background": 1, "car": 2}
 
 
-def test_a_labelled_corpus_with_labels_no_model_could_carry_is_refused_on_opening(tmp_path, events_factory):
+@pytest.mark.parametrize(
+    ("labels", "why"),
+    [
+        (["x" * 80], r"classes.0: .*at most 55 characters"),
+        (["caf\u00e9", "cafe\u0301"], r"classes: .*'café' is there twice \(the same name in two Unicode spellings\)"),
+    ],
+)
+def test_a_labelled_corpus_with_labels_no_model_could_carry_is_refused_on_opening(
+    tmp_path, events_factory, labels, why
+):
     root = tmp_path / "labels"
     with CorpusWriter(root) as writer:  # written by another tool: the writer takes any label
-        writer.add_recording("r0", events_factory(100, sensor=SENSOR), SENSOR, label="x" * 80)
-    with pytest.raises(RecorderError, match=r"labels: the labelled corpus's classes.0: .*at most 55 characters"):
+        for k, label in enumerate(labels):
+            writer.add_recording(f"r{k}", events_factory(100, sensor=SENSOR), SENSOR, label=label)
+    with pytest.raises(RecorderError, match=rf"labels: the labelled corpus's {why}"):
         LabelledCaptures(root)
 
 

@@ -281,11 +281,62 @@ def test_failed_shard_write_surfaces_as_corpus_error(tmp_path, events_factory, m
     np.testing.assert_array_equal(Corpus(tmp_path).events(0), ev[:500])
 
 
+@pytest.mark.parametrize("code", [errno.EIO, errno.ENOSPC])
+def test_a_commit_whose_fsync_fails_stops_the_writer_and_keeps_what_was_committed(
+    tmp_path, events_factory, monkeypatch, code
+):
+    ev = events_factory(300)
+    w = CorpusWriter(tmp_path, flush_interval_s=0)
+    w.add_recording("a", ev[:100], SENSOR)
+    real = os.fsync
+
+    def failing(fd: int) -> None:  # a shard's fsync fails, as a disk's transient error would
+        if os.path.basename(os.readlink(f"/proc/self/fd/{fd}")).startswith("shard-"):
+            raise OSError(code, os.strerror(code))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", failing)
+    with pytest.raises(CorpusError, match=r"shard-00000\.h5: .*; events committed before are kept"):
+        w.add_recording("b", ev[100:200], SENSOR)
+    monkeypatch.undo()
+    with pytest.raises(CorpusError, match="stopped after an earlier error"):  # never half a commit later
+        w.add_recording("c", ev[200:], SENSOR)
+    w.close()
+    assert [r.name for r in Corpus(tmp_path).recordings] == ["a"]
+    with CorpusWriter(tmp_path) as w:  # what was not committed holds no name
+        w.add_recording("b", ev[100:200], SENSOR)
+    assert [r.name for r in Corpus(tmp_path).recordings] == ["a", "b"]
+
+
+def test_a_corpus_moved_away_under_its_writer_stops_it_and_is_whole_when_put_back(tmp_path, events_factory):
+    root, away = tmp_path / "c", tmp_path / "away"
+    ev = events_factory(200)
+    w = CorpusWriter(root, flush_interval_s=0)
+    w.add_recording("a", ev[:100], SENSOR)
+    root.rename(away)
+    with pytest.raises(CorpusError, match=re.escape(str(root)) + r".*No such file.*events committed before are kept"):
+        w.add_recording("b", ev[100:], SENSOR)
+    w.close()
+    away.rename(root)
+    with CorpusWriter(root) as w:  # the lock was let go of
+        w.add_recording("b", ev[100:], SENSOR)
+    c = Corpus(root)
+    assert [r.name for r in c.recordings] == ["a", "b"] and c.check(full=True) == {}
+    np.testing.assert_array_equal(c.events(1), ev[100:])
+
+
 def edit_manifest(root: Path, old: str, new: str) -> None:
     manifest = root / "manifest.json"
     text = manifest.read_text()
     assert text.count(old) == 1, old
     manifest.write_text(text.replace(old, new))
+
+
+def copy_recording(root: Path, **changes) -> None:
+    """A hand edit: the manifest's recording entry listed twice, the copy with ``changes``."""
+    manifest = json.loads((root / "manifest.json").read_text())
+    manifest["recordings"].append({**manifest["recordings"][0], **changes})
+    (root / "manifest.json").write_text(json.dumps(manifest))
 
 
 def _corpus_with_one_recording(root: Path, events: np.ndarray) -> None:
@@ -321,6 +372,11 @@ def _corpus_with_one_recording(root: Path, events: np.ndarray) -> None:
         ),
         (lambda root: edit_manifest(root, '"events": 100', '"events": 1e300'), "shard entry 0 is malformed: events"),
         (lambda root: edit_manifest(root, '"recordings": [', '"recordings": 7, "x": ['), "recordings must be a list"),
+        (copy_recording, "recording entry 1 is malformed: name 'a' is entry 0's too"),
+        (
+            lambda root: copy_recording(root, name="b"),
+            "entry 1 is malformed: segment 0 of session 'a' is entry 0's too",
+        ),
     ],
 )
 def test_damaged_manifest_is_a_clear_error(tmp_path, events_factory, damage, message):
@@ -329,6 +385,8 @@ def test_damaged_manifest_is_a_clear_error(tmp_path, events_factory, damage, mes
     with pytest.raises(CorpusError, match=message) as info:
         Corpus(tmp_path)
     assert "manifest.json" in str(info.value)
+    with pytest.raises(CorpusError):  # and never extended
+        CorpusWriter(tmp_path)
 
 
 @pytest.mark.parametrize(

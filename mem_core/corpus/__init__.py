@@ -1,15 +1,18 @@
 """The corpus: a directory of HDF5 event shards plus a JSON manifest, written while recording and read for training.
 
-``format`` describes the layout and the crash-safety rules, ``writer`` holds ``CorpusWriter``, ``reader`` ``Corpus``.
+``format`` describes the layout and the crash-safety rules, ``writer`` holds ``CorpusWriter``, ``reader`` ``Corpus``,
+``snapshot`` ``snapshot_corpus`` (the recordings of one moment, sharing the shards).
 """
 
 from mem_core.corpus.format import MANIFEST, MIN_PER_CLASS, CorpusError, CorpusFullError, RecordingInfo, labels_problem
 from mem_core.corpus.reader import Corpus
+from mem_core.corpus.snapshot import SNAPSHOT_OF, snapshot_corpus
 from mem_core.corpus.writer import CorpusWriter, prepare_corpus_dir
 
 __all__ = [
     "MANIFEST",
     "MIN_PER_CLASS",
+    "SNAPSHOT_OF",
     "Corpus",
     "CorpusError",
     "CorpusFullError",
@@ -17,4 +20,5 @@ __all__ = [
     "RecordingInfo",
     "labels_problem",
     "prepare_corpus_dir",
+    "snapshot_corpus",
 ]

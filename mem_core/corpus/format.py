@@ -34,7 +34,11 @@ Crash safety (measured on HDF5 2.0 / h5py 3.16, not assumed):
   stays half-closed and HDF5 segfaults at exit (seen with a file-size limit). So the writer keeps a ballast file
   (``.reserve``: 16 MiB, 1/32 of the free space on a disk with less than 512 MiB free, at least 1 MiB) and deletes it
   on such a failure, giving the shard room to close cleanly.
+- Any other failed write, fsync or look at the folder (EIO, the folder moved or deleted under the writer) stops the
+  writer with a ``CorpusError`` naming the file: what it had not committed is dropped with it, what it had stays. A
+  new writer on the folder (once it is back) goes on from the manifest on disk.
 - One writer at a time: an ``flock`` on ``.writer.lock`` (released by the kernel if the writer dies).
+- Recording names are unique, and so are the segments of a session: a manifest listing one twice is refused.
 
 Readers open HDF5 files lazily, per process (a handle opened before a fork is never used after it), so a
 ``Corpus`` can be handed to torch DataLoader workers.
@@ -42,7 +46,9 @@ Readers open HDF5 files lazily, per process (a handle opened before a fork is ne
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -118,6 +124,33 @@ def load_manifest(root: Path) -> dict[str, Any]:
     return manifest
 
 
+def write_manifest(root: Path, manifest: dict[str, Any]) -> None:
+    """Make ``manifest`` ``root``'s manifest, atomically and durably: tmp + fsync + ``os.replace`` + fsync of the
+    folder; an ``OSError`` leaves the previous manifest in place."""
+    path = root / MANIFEST
+    tmp = path.with_suffix(".json.tmp")
+    try:
+        with open(tmp, "w") as f:
+            json.dump(manifest, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_path(root)  # make the rename itself durable
+    except OSError:
+        with contextlib.suppress(OSError):  # (the folder may be gone)
+            tmp.unlink(missing_ok=True)
+        raise
+
+
+def fsync_path(path: Path) -> None:
+    """fsync a file or a folder by its path."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def parse_manifest(manifest: dict[str, Any], where: str) -> tuple[dict[str, ShardInfo], list[RecordingInfo]]:
     """The shards and recordings of a loaded manifest, every value checked (types, ranges, recordings inside the
     events their shard committed) before anything is sized from it."""
@@ -128,6 +161,15 @@ def parse_manifest(manifest: dict[str, Any], where: str) -> tuple[dict[str, Shar
     recordings = [
         recording_info(e, f"{where}: recording entry {k}", shards) for k, e in enumerate(manifest["recordings"])
     ]
+    # one entry per name and per segment of a session: a hand-edited copy would be read and replayed as one
+    first: dict[Any, int] = {}
+    for k, r in enumerate(recordings):
+        keys = [(r.name, f"name {r.name!r}")]
+        if r.session:
+            keys.append(((r.session, r.segment), f"segment {r.segment} of session {r.session!r}"))
+        for key, what in keys:
+            j = first.setdefault(key, k)
+            _require(j == k, f"{where}: recording entry {k}", f"{what} is entry {j}'s too (each must be unique)")
     return shards, recordings
 
 

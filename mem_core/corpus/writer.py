@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -10,6 +11,7 @@ import re
 import resource
 import shutil
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,8 +28,10 @@ from mem_core.corpus.format import (
     MANIFEST,
     CorpusError,
     CorpusFullError,
+    fsync_path,
     load_manifest,
     parse_manifest,
+    write_manifest,
 )
 from mem_core.events import EVENT_DTYPE, SensorSize, time_problem, validate_events
 
@@ -81,12 +85,16 @@ def prepare_corpus_dir(root: Path) -> None:
         raise CorpusError(f"{root}: cannot hold a corpus ({e.strerror or e})") from None
 
 
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
+def take_writer_lock(root: Path) -> int:
+    """The corpus ``root``'s writer lock (an ``flock`` on ``.writer.lock``, released by the kernel if its holder
+    dies), as a descriptor to ``os.close`` when done; ``CorpusError`` while another writer holds it."""
+    fd = os.open(root / ".writer.lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        os.fsync(fd)
-    finally:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
         os.close(fd)
+        raise CorpusError(f"{root}: another CorpusWriter has this corpus open") from None
+    return fd
 
 
 class CorpusWriter:
@@ -116,13 +124,8 @@ class CorpusWriter:
         self.shard_max_events = shard_max_events
         self.min_free_bytes = min_free_bytes
         prepare_corpus_dir(self.root)
-        self._lock_fd = os.open(self.root / ".writer.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        self._lock_fd = take_writer_lock(self.root)
         self._reserve = self.root / ".reserve"
-        try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self._lock_fd)
-            raise CorpusError(f"{self.root}: another CorpusWriter has this corpus open") from None
         self._file: h5py.File | None = None  # the shard being written, opened on first use
         # Its datasets stay open with it: a Dataset object dropped mid-write closes (and flushes) itself inside a
         # destructor, where h5py swallows a write error and leaves HDF5 in a state that segfaults later.
@@ -305,8 +308,10 @@ class CorpusWriter:
                 self._commit(seal=True)
         finally:
             self._closed = True
-            self._reserve.unlink(missing_ok=True)
-            os.close(self._lock_fd)
+            try:
+                self._reserve.unlink(missing_ok=True)
+            finally:
+                os.close(self._lock_fd)  # always: a lock left held would refuse the next writer of this process
 
     def _check_usable(self) -> None:
         if self._closed:
@@ -389,7 +394,7 @@ class CorpusWriter:
                 self._guard_h5(lambda: self._file.close())
                 self._file, self._datasets = None, {}
                 self._shard_entry["sealed"] = True
-            _fsync_path(self.root / self._shard_entry["file"])
+            self._guard_h5(lambda: fsync_path(self.root / self._shard_entry["file"]))  # (EIO, a folder gone)
             self._shard_entry["events"] = self._written
         self._write_manifest()
         self._last_commit = time.monotonic()
@@ -421,8 +426,8 @@ class CorpusWriter:
         self._guard_h5(write)
         self._written, self._buffered = end, 0
 
-    def _guard_h5(self, op) -> None:
-        """Run an HDF5 write; turn its failure into CorpusFullError/CorpusError and stop the writer."""
+    def _guard_h5(self, op: Callable[[], object]) -> None:
+        """Run a write to the shard; turn its failure into CorpusFullError/CorpusError and stop the writer."""
         try:
             op()
         except (OSError, RuntimeError) as e:  # h5py raises either for a failed HDF5 write
@@ -433,13 +438,16 @@ class CorpusWriter:
         code = _full_errno(exc)
         if code is None:
             return self._stop(CorpusError(f"{path}: write failed ({exc}); events committed before are kept"))
-        self._reserve.unlink(missing_ok=True)  # room for HDF5 to close the shard cleanly
-        free = shutil.disk_usage(self.root).free
+        with contextlib.suppress(OSError):  # (the folder itself may be gone)
+            self._reserve.unlink(missing_ok=True)  # room for HDF5 to close the shard cleanly
+        try:
+            free = f"{shutil.disk_usage(self.root).free} bytes free"
+        except OSError as e:
+            free = f"free space unknown ({e.strerror or e})"
         return self._stop(
             CorpusFullError(
                 code,
-                f"{path}: disk full ({os.strerror(code)}), {free} bytes free in {self.root}; "
-                "events committed before are kept",
+                f"{path}: disk full ({os.strerror(code)}), {free} in {self.root}; events committed before are kept",
             )
         )
 
@@ -458,13 +466,21 @@ class CorpusWriter:
         return self._free_seen - n * EVENT_DTYPE.itemsize - (1 << 20) >= self.min_free_bytes
 
     def _check_space(self, pending_bytes: int) -> None:
-        """Stop with CorpusFullError before a write that the disk (or ``ulimit -f``) cannot take."""
-        free = shutil.disk_usage(self.root).free
+        """Stop with CorpusFullError before a write that the disk (or ``ulimit -f``) cannot take, and with CorpusError
+        when the folder cannot be looked at (moved or deleted under the writer)."""
+        try:
+            free = shutil.disk_usage(self.root).free
+        except OSError as e:
+            raise self._fail(e, self.root) from e
         self._free_seen = free - pending_bytes  # at most what the write takes (it compresses)
         file_limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
         if self._file is not None and file_limit != resource.RLIM_INFINITY:
             path = self.root / self._shard_entry["file"]
-            if path.stat().st_size + pending_bytes + (1 << 20) > file_limit:  # 1 MiB for HDF5 metadata
+            try:
+                size = path.stat().st_size
+            except OSError as e:
+                raise self._fail(e, path) from e
+            if size + pending_bytes + (1 << 20) > file_limit:  # 1 MiB for HDF5 metadata
                 raise self._stop(
                     CorpusFullError(
                         errno.EFBIG,
@@ -482,15 +498,7 @@ class CorpusWriter:
             )
 
     def _write_manifest(self) -> None:
-        path = self.root / MANIFEST
-        tmp = path.with_suffix(".json.tmp")
         try:
-            with open(tmp, "w") as f:
-                json.dump(self._manifest, f, indent=1)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-            _fsync_path(self.root)  # make the rename itself durable
+            write_manifest(self.root, self._manifest)
         except OSError as e:
-            tmp.unlink(missing_ok=True)
-            raise self._fail(e, path) from e
+            raise self._fail(e, self.root / MANIFEST) from e
