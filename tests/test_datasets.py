@@ -14,6 +14,7 @@ from mem_core.corpus import CorpusError, CorpusWriter
 from mem_core.datasets import DatasetError, WindowDataset, collate_windows, label_subset, open_source
 from mem_core.events import SensorSize
 from mem_core.io import write_events
+from mem_core.io.pack import pack_folder
 from mem_core.representation import InputSpec
 
 SPEC = InputSpec(n_max=500, size=(32, 32))
@@ -222,6 +223,65 @@ def test_training_on_a_damaged_corpus_stops_at_once_unless_told_to_skip_bad_shar
     CliRunner().invoke(app, [*args, "--skip-bad", "--verify"])
     assert configs[0].data.skip_bad and configs[0].data.verify
     assert list(open_split(configs[0], "train").skipped) == ["shard-00001.h5"]
+
+
+def assert_same_samples(name: str, root: Path, packed: Path, split: str) -> None:
+    """The dataset ``name`` reads the same samples (files by stem, order, labels, events) from ``packed`` as from
+    ``root``."""
+    a, b = open_source(name, root, split), open_source(name, packed, split)
+    assert (a.classes, a.sensor, a.labels.tolist()) == (b.classes, b.sensor, b.labels.tolist())
+    assert [p.relative_to(root).with_suffix("") for p in a.files] == [
+        p.relative_to(packed).with_suffix("") for p in b.files
+    ]
+    assert all(p.suffix == ".evz" for p in b.files)
+    for i in range(len(a)):
+        np.testing.assert_array_equal(a.load(i), b.load(i))
+
+
+def test_a_packed_ncars_folder_reads_as_the_original(data_dir, tmp_path):
+    root = tmp_path / "ncars"
+    for split in ("train", "val", "test"):
+        for cls in ("cars", "background"):
+            (root / split / cls).mkdir(parents=True)
+            for real in sorted((data_dir / "ncars-dev" / split / cls).glob("*.dat"))[:4]:
+                (root / split / cls / real.name).symlink_to(real)
+    pack_folder(root, tmp_path / "packed", workers=1)
+    for split in ("train", "val", "test"):
+        assert_same_samples("ncars", root, tmp_path / "packed", split)
+
+
+def test_a_sample_both_packed_and_not_is_refused(tmp_path):
+    (tmp_path / "train" / "cars").mkdir(parents=True)
+    for suffix in (".dat", ".evz"):
+        write_events(tmp_path / "train" / "cars" / f"obj_1{suffix}", synthetic_events(10), SensorSize(100, 120))
+    (tmp_path / "train" / "background").mkdir()
+    with pytest.raises(DatasetError, match=r"sample 'obj_1' is there twice \(obj_1\.(dat|evz) and obj_1\.(evz|dat)\)"):
+        open_source("ncars", tmp_path, "train")
+
+
+def test_a_packed_nmnist_folder_reads_as_the_original(data_dir, tmp_path):
+    root = tmp_path / "nmnist"
+    root.mkdir()
+    lists = {"train12.txt": list(range(1, 13)), "test4.txt": list(range(60001, 60005))}
+    for name, ids in lists.items():
+        (root / name).write_text("#sample #class\n" + "".join(f"{i} {i % 10}\n" for i in ids))
+        for i in ids:
+            (root / f"{i}.bs2").symlink_to(data_dir / "nmnist-small" / f"{i}.bs2")
+    pack_folder(root, tmp_path / "packed", workers=1)
+    for split in ("train", "val", "test"):
+        assert_same_samples("nmnist", root, tmp_path / "packed", split)
+
+
+def test_a_packed_ncaltech101_folder_reads_as_the_original(tmp_path):
+    root, packed = tmp_path / "ncaltech", tmp_path / "packed"
+    make_ncaltech(root)
+    open_source("ncaltech101", root, "train")  # writes the split file, which the packed folder gets a copy of
+    pack_folder(root, packed, workers=1)
+    for split in ("train", "val", "test"):
+        assert_same_samples("ncaltech101", root, packed, split)
+    (packed / "mem-split.json").unlink()  # the split made anew from the packed files is the same
+    for split in ("train", "val", "test"):
+        assert_same_samples("ncaltech101", root, packed, split)
 
 
 def test_unknown_names_and_bad_roots_are_clear_errors(tmp_path):
