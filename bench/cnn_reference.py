@@ -1,11 +1,13 @@
 """A supervised CNN from scratch on exactly a preset's finetuning input (``mem bench cnn-reference``): the yardstick
 for what that input allows with these labels, against which MEM's ViT is read (docs/RESULTS.md, section 3).
 
-It is the finetuning stage with a timm CNN in place of the ViT: the same windows, event augmentations (shifts, flips,
-EventDrop when set), histograms, label subset, loaders, epoch loop, validation and best-epoch choice. Only the model
-and its optimiser settings differ: no layer decay (a CNN has no token blocks to decay over), AdamW at ``lr`` with
-betas (0.9, 0.999) and a cosine schedule after a 10 % warm-up. On a fraction of the labels it takes the steps of a
-run on all of them (``--epochs`` / fraction), as the label-efficiency experiment's finetuning runs do.
+It is the finetuning stage with ``arch`` set to a timm CNN (``mem_core.train.finetune.yardstick_config``, the
+label-efficiency experiment's yardstick arm): the same windows, event augmentations (shifts, flips, EventDrop when
+set), histograms, label subset, loaders, epoch loop, validation and best-epoch choice. Only the model and its
+optimiser settings differ: no layer decay (a CNN has no token blocks to decay over), AdamW at ``lr`` with betas
+(0.9, 0.999) and a cosine schedule after a 10 % warm-up. On a fraction of the labels it takes the steps of a run on
+all of them (``--epochs`` / fraction), as the label-efficiency experiment's finetuning runs do. The run directory it
+leaves (``--out``) is evaluated and exported like any finetuning run's.
 
 Run: ``uv run mem bench cnn-reference --dataset ncars --data path/to/n-cars --preset cpu-small
 --labels 1.0 --epochs 20 --json out.json``
@@ -13,37 +15,18 @@ Run: ``uv run mem bench cnn-reference --dataset ncars --data path/to/n-cars --pr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tempfile
 from pathlib import Path
 
-import timm
-import torch
 from rich.console import Console
 from rich.table import Table
 
 from mem_core.runs.rundir import RunDir
+from mem_core.train import finetune
 from mem_core.train.configs import stage_config
 from mem_core.train.experiment import equal_steps
-from mem_core.train.finetune import FinetuneStage
-from mem_core.train.stage import run_stage
-
-
-def cnn_stage(arch: str) -> type[FinetuneStage]:
-    """The finetuning stage, training the timm CNN ``arch`` from scratch instead of a ViT."""
-
-    class CNNStage(FinetuneStage):
-        layer_decay = None
-
-        @property
-        def description(self) -> str:
-            return arch
-
-        def build_model(self) -> torch.nn.Module:
-            spec = self.cfg.input
-            return timm.create_model(arch, in_chans=spec.in_chans, num_classes=len(self.classes), drop_path_rate=0.1)
-
-    return CNNStage
 
 
 def main(
@@ -63,10 +46,10 @@ def main(
     values = {"data.dataset": dataset, "data.labels": labels, "data.label_seed": seed, "seed": seed}
     if data is not None:
         values["data.path"] = str(data)
-    recipe = [f"epochs={epochs}", f"lr={lr}", "betas=[0.9, 0.999]", f"warmup_epochs={epochs / 10}", "eval_every=2"]
-    cfg = equal_steps(stage_config("finetune", preset=preset, values=values, overrides=recipe), labels)
+    base = stage_config("finetune", preset=preset, values=values, overrides=[f"epochs={epochs}", "eval_every=2"])
+    cfg = equal_steps(dataclasses.replace(finetune.yardstick_config(base, arch), lr=lr), labels)
     with tempfile.TemporaryDirectory(prefix="cnn-reference-") as scratch:
-        run = run_stage(cnn_stage(arch), cfg, out or Path(scratch) / "run")
+        run = finetune.run(cfg, out or Path(scratch) / "run")
         result = json.loads((run.path / "result.json").read_text())
         curve = [r for r in RunDir(run.path).metrics() if "val_top1" in r]
     console = Console()

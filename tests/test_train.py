@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from mem_core.configuration import ConfigError
+from mem_core.events import SensorSize
 from mem_core.runs.export import export_run, load_model, load_tokenizer
 from mem_core.runs.lineage import pretraining_run_of, source_run, tokenizer_of
 from mem_core.runs.rundir import RunDir, RunError, load_checkpoint
@@ -96,6 +97,48 @@ def test_finetune_evaluate_export_roundtrip(tmp_path, pretrain_run, tokenizer_ru
     x = torch.rand(2, 2, 32, 32)
     reference, _ = load_model(run.path)
     assert torch.allclose(model(x), reference(x))
+
+
+def test_a_cnn_run_evaluates_exports_and_serves_like_the_vit(tmp_path, pretrain_run):
+    """The yardstick CNN (``arch``) trains through the finetuning stage into a run that `mem evaluate`, `mem export`
+    and the live path's Predictor take like any other; it cannot start from a pretraining run or be probed."""
+    from mem_core.inference import Predictor
+
+    run = finetune.run(config("finetune", "arch=resnet10t"), tmp_path / "cnn")
+    result = json.loads((run.path / "result.json").read_text())
+    assert evaluate_run(run.path, "sim", None, "val")["top1"] == pytest.approx(result["top1"])
+    export_dir = export_run(run.path, tmp_path / "export")
+    model, meta = load_model(export_dir)
+    assert meta["arch"] == "resnet10t" and tokenizer_of(export_dir) is None
+    x = torch.rand(2, 2, 32, 32)
+    reference, _ = load_model(run.path)
+    assert torch.allclose(model(x), reference(x))
+    predictor = Predictor(export_dir)
+    out = predictor(predictor_window(), SensorSize(128, 128))
+    assert out.probs.shape == (5,) and out.tokens is None and out.stages_ms["model"] > 0
+    with pytest.raises(RunError, match="a pretraining run initialises a ViT; arch='resnet10t'"):
+        finetune.run(config("finetune", "arch=resnet10t"), tmp_path / "cnn-init", init=pretrain_run)
+    with pytest.raises(ConfigError, match="probe: a linear probe reads a pretrained ViT"):
+        config("finetune", "arch=resnet10t", "probe=true")
+
+
+def predictor_window() -> np.ndarray:
+    from mem_core.events import make_events
+
+    rng = np.random.default_rng(0)
+    n = 2000
+    return make_events(np.arange(n), rng.integers(0, 128, n), rng.integers(0, 128, n), rng.integers(0, 2, n))
+
+
+def test_a_time_limit_stops_a_run_after_the_epoch_that_passes_it(tmp_path):
+    """``time_limit_s`` ends a run at the first epoch boundary past the limit, validated and kept there, and the
+    result says the run was cut short (a budgeted GPU call reports what its caps cut)."""
+    run = finetune.run(config("finetune", "epochs=4", "eval_every=4", "time_limit_s=0.001"), tmp_path / "cut")
+    result = json.loads((run.path / "result.json").read_text())
+    assert result["cut_short"] and result["epochs_run"] == 1 and result["best_epoch"] == 0
+    assert [r["epoch"] for r in RunDir(run.path).metrics()] == [0] and "val_top1" in RunDir(run.path).metrics()[0]
+    whole = finetune.run(config("finetune", "epochs=2"), tmp_path / "whole")
+    assert not json.loads((whole.path / "result.json").read_text())["cut_short"]
 
 
 def test_a_malformed_lineage_link_is_an_error_naming_it(tmp_path):
@@ -388,12 +431,15 @@ def test_every_paper_preset_runs_its_code_paths_at_tiny_size(tmp_path, preset, d
     assert spec["randaug_ops"] == 2 and (preset != "paper-nimagenet" or spec["resize_to"] == [40, 52])
 
 
-def test_label_efficiency_experiment_reports_curves_and_both_columns_and_runs_in_parallel(
+def test_label_efficiency_experiment_scores_three_arms_on_test_and_runs_in_parallel(
     tmp_path, monkeypatch, capsys, request
 ):
+    """MEM, the same ViT from scratch and a CNN yardstick get the same labelled samples and steps; validation picks
+    each run's epoch and the data's test split scores the kept models, which is the headline of the table, the
+    plot and results.json; a user's `mem evaluate` of any run, the CNN's included, reads the same test figure."""
     import shutil
 
-    from mem_core.train.experiment import LabelEfficiencyConfig
+    from mem_core.train.experiment import TEST_SCORES, LabelEfficiencyConfig
     from mem_core.train.experiment import run as run_experiment
 
     monkeypatch.setattr("os.cpu_count", lambda: 2)  # two jobs of one torch thread each, as on a 2-core machine
@@ -403,23 +449,47 @@ def test_label_efficiency_experiment_reports_curves_and_both_columns_and_runs_in
     tiny = [*TINY_INPUT, "epochs=2", "batch_size=8", "data.max_samples=24"]
     tok = ["model.num_layers=3", "model.num_tokens=64", "model.hidden_dim=16", "model.codebook_dim=8"]
     overrides = {"all": tiny, "tokenizer": tok, "pretrain": TINY_VIT, "finetune": TINY_VIT}
-    cfg = LabelEfficiencyConfig(dataset="sim", out=str(tmp_path), fractions=(0.5, 1.0), seeds=(0,), overrides=overrides)
+    cfg = LabelEfficiencyConfig(
+        dataset="sim", out=str(tmp_path), fractions=(0.5, 1.0), seeds=(0,), overrides=overrides, yardstick="resnet10t"
+    )
     report = run_experiment(cfg)
-    assert report["plotted"] == "final"
+    assert report["headline"] == "test_top1" and report["test_samples"] == 300  # sim's test split, every sample
+    assert [(r["labels"], r["arm"]) for r in report["rows"]] == [
+        (f, arm) for f in (0.5, 1.0) for arm in ("mem", "scratch", "resnet10t")
+    ]
     for row in report["rows"]:  # equal steps: twice the epochs at half the labels, validated as often per sample
         assert row["epochs"] == (4 if row["labels"] == 0.5 else 2) and len(row["val_curve"]) == 2
-        assert row["val_curve"][-1][0] == row["epochs"] - 1
-        assert row["final_top1"] == row["val_curve"][-1][1] and row["best_top1"] >= row["final_top1"]
+        assert row["train_samples"] == 24 and not row["cut_short"]  # data.max_samples caps both fractions
+        assert row["val_final_top1"] == row["val_curve"][-1][1] and row["val_best_top1"] >= row["val_final_top1"]
+        scored = json.loads((Path(row["run"]) / TEST_SCORES).read_text())
+        assert scored["split"] == "test" and scored["top1"] == row["test_top1"] and scored["n"] == 300
+    cnn = next(r for r in report["rows"] if r["arm"] == "resnet10t")
+    assert json.loads((Path(cnn["run"]) / "config.json").read_text())["config"]["arch"] == "resnet10t"
+    arms = report["arms"]
+    assert set(arms) == {"mem", "scratch", "resnet10t"}
+    assert arms["mem"]["parameters"] == arms["scratch"]["parameters"] != arms["resnet10t"]["parameters"]
+    assert all(0 < a["cpu_ms_p50"] <= a["cpu_ms_p95"] for a in arms.values())
+    assert {(lead["labels"], lead["over"]) for lead in report["leads"]} == {
+        (f, arm) for f in (0.5, 1.0) for arm in ("scratch", "resnet10t")
+    }
+    summary = {(s["labels"], s["arm"]): s for s in report["summary"]}
+    assert summary[1.0, "mem"]["test_top1"]["mean"] == next(
+        r["test_top1"] for r in report["rows"] if (r["labels"], r["arm"]) == (1.0, "mem")
+    )
     table = (tmp_path / "results.md").read_text()
-    assert "top-1 final epoch" in table and "top-1 best epoch" in table and "per seed (final / best)" in table
+    for expected in ("**test top-1 (kept model)**", "val top-1 (kept model)", "MEM's lead", "CPU ms per live window"):
+        assert expected in table
     for png in ("label_efficiency.png", "val_curves.png"):
         assert (tmp_path / png).stat().st_size > 10_000
+    assert json.loads((tmp_path / "results.json").read_text())["headline"] == "test_top1"
 
-    # the command a user runs: the finished runs are reused, the table printed, the exit clean
+    # the command a user runs: the finished runs and their test scores are reused, the table printed, the exit clean
     args = ["experiment", "label-efficiency", "--dataset", "sim", "--out", str(tmp_path), "--fractions", "0.5,1.0"]
     args += [
         "--seeds",
         "0",
+        "--yardstick",
+        "resnet10t",
         *(a for stage, items in overrides.items() for item in items for a in ("--set", f"{stage}:{item}")),
     ]
     monkeypatch.setattr(sys, "argv", ["mem", *args])
@@ -429,21 +499,31 @@ def test_label_efficiency_experiment_reports_curves_and_both_columns_and_runs_in
         main()
     assert exit_info.value.code == 0, capsys.readouterr().err
     out = capsys.readouterr().out
-    assert "top-1 final epoch" in out and "per seed (final / best)" in out and "results:" in out
+    assert "test top-1 (kept model)" in out and "resnet10t" in out and "results:" in out
+
+    # `mem evaluate` scores the yardstick's run like any other
+    evaluate = ["mem", "evaluate", "--model", cnn["run"], "--dataset", "sim", "--split", "test", "--json"]
+    monkeypatch.setattr(sys, "argv", evaluate)
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    assert exit_info.value.code == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["top1"] == cnn["test_top1"]
 
     # --jobs 2: the finetuning runs again, two processes at a time, to the same curves (tokenizer, pretraining reused)
     for row in report["rows"]:
         shutil.rmtree(row["run"])
     in_parallel = run_experiment(dataclasses.replace(cfg, jobs=2))
-    assert [(r["run"], r["val_curve"]) for r in in_parallel["rows"]] == [
-        (r["run"], r["val_curve"]) for r in report["rows"]
+    assert [(r["run"], r["val_curve"], r["test_top1"]) for r in in_parallel["rows"]] == [
+        (r["run"], r["val_curve"], r["test_top1"]) for r in report["rows"]
     ]
     for row in in_parallel["rows"]:  # each run's output went to its own log
         log = (tmp_path / "logs" / f"{Path(row['run']).name}.log").read_text()
-        assert f"finetune epoch {row['epochs']}/{row['epochs']}" in log
+        assert f"epoch {row['epochs']}/{row['epochs']}" in log
     assert "finetune (all runs, wall clock)" in in_parallel["seconds"]
     with pytest.raises(ConfigError, match="jobs"):
         LabelEfficiencyConfig(jobs=0)
+    with pytest.raises(ConfigError, match="yardstick must be one of resnet10t, resnet18"):
+        LabelEfficiencyConfig(yardstick="vgg11")
 
 
 def test_a_shard_damaged_inside_its_data_stops_training_with_one_line_from_a_worker(tmp_path, events_factory):

@@ -190,9 +190,17 @@ def label_efficiency(
         int,
         typer.Option("--jobs", help="Finetuning runs at once, each in its own process (logs in OUT/logs)."),
     ] = _LE.jobs,
+    yardstick: Annotated[
+        str,
+        typer.Option(
+            "--yardstick",
+            help="The CNN trained from scratch as a third arm (resnet10t, resnet18, resnet34, resnet50) or none.",
+        ),
+    ] = _LE.yardstick,
 ) -> None:
-    """Pretrain without labels, then finetune MEM and scratch models per label fraction and seed; table + plot."""
-    from mem_core.train.experiment import markdown_table, run
+    """Pretrain without labels, then finetune MEM, the same ViT from scratch and a CNN yardstick per label fraction
+    and seed; validation picks each run's epoch, the data's test split (when it has one) scores the kept models."""
+    from mem_core.train.experiment import markdown_report, run
 
     overrides: dict[str, list[str]] = {}
     for item in set_ or []:
@@ -211,9 +219,10 @@ def label_efficiency(
             seeds=tuple(int(s) for s in seeds.split(",")),
             overrides=overrides,
             jobs=jobs,
+            yardstick=yardstick,
         )
     except ValueError as exc:
-        raise fail(f"--fractions/--seeds/--jobs: {exc}") from None
+        raise fail(f"--fractions/--seeds/--jobs/--yardstick: {exc}") from None
     report = run(cfg)
-    typer.echo(markdown_table(report["summary"], report["rows"]))
+    typer.echo(markdown_report(report))
     typer.echo(f"results: {out / 'results.json'}, plot: {out / 'label_efficiency.png'}")

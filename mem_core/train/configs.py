@@ -25,6 +25,7 @@ from mem_core.limits import (
     MAX_DEPTH,
     MAX_WIDTH,
 )
+from mem_core.models.cnn import VIT, Arch
 from mem_core.models.sizes import INPUT_RANGES, check_model_sizes
 from mem_core.models.tokenizer import TokenizerConfig
 from mem_core.models.vit import ViTConfig
@@ -69,6 +70,7 @@ STAGE_RANGES = {
     "warmup_steps": AT_LEAST_0,
     "grad_clip": AT_LEAST_0,
     "eval_every": AT_LEAST_1,
+    "time_limit_s": AT_LEAST_0,
     "layer_decay": Interval(0, 1, lo_open=True),
     "mask_ratio": Interval(0, 1, lo_open=True, hi_open=True),
     "mask_min_block": AT_LEAST_1,
@@ -106,6 +108,9 @@ class StageConfig:
     cpu_bf16: bool = False  # bf16 training steps on a CPU with native bf16 (AVX512-BF16, AMX); validation in fp32
     compile: bool = False  # torch.compile the model (GPU)
     eval_every: int = 1
+    # stop after the epoch that passes this many seconds of training (0: no limit), validated there; the result says
+    # the run was cut short (the schedule was set for ``epochs``)
+    time_limit_s: float = 0.0
     data: DataConfig = field(default_factory=DataConfig)
     input: InputSpec = field(default_factory=InputSpec)
 
@@ -153,6 +158,9 @@ class PretrainStageConfig(StageConfig):
 @dataclass
 class FinetuneStageConfig(StageConfig):
     model: ViTConfig = field(default_factory=ViTConfig)
+    # "vit": MEM's ViT of ``model``; a timm CNN name: that CNN from scratch on the same input (the yardstick), with
+    # ``model.drop_path`` as its drop path and no layer decay
+    arch: Arch = VIT
     lr: float = 5e-4
     betas: tuple[float, float] = (0.9, 0.95)
     layer_decay: float = 0.65
@@ -165,6 +173,11 @@ class FinetuneStageConfig(StageConfig):
     cutmix: float = 0.0  # the same for CutMix; with both on, each batch takes one of them (BEiT: 1.0)
     probe: bool = False  # linear probing: only the head's norm and linear layer train
     warmup_epochs: float = 5.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.probe and self.arch != VIT:
+            raise ConfigError(f"probe: a linear probe reads a pretrained ViT's features, arch={self.arch!r} has none")
 
 
 @dataclass

@@ -1,19 +1,25 @@
-"""Label efficiency: does masked event pretraining beat training from scratch when labels are few?
+"""Label efficiency: does masked event pretraining beat training from scratch, and the CNN a user would pick,
+when labels are few?
 
-One command runs the paper's central comparison on a dataset the user has: train the tokenizer and pretrain on
-the training split *without labels*, then finetune a MEM-initialised and a from-scratch model with the same
-recipe and budget for every label fraction and seed, evaluate both on the validation split, and write
-``results.json`` (every run's validation curve included), ``results.md`` (the table: final- and best-epoch top-1, and
-each seed), ``label_efficiency.png`` (final-epoch top-1 vs label fraction, both arms) and ``val_curves.png`` (every
-run's validation top-1 over its training budget).
+One command runs the paper's central comparison on a dataset the user has: train the tokenizer and pretrain on the
+training split *without labels*, then, for every label fraction and seed, finetune a MEM-initialised ViT, the same
+ViT from scratch and a yardstick CNN from scratch (timm's ResNet-18 by default) on the same labelled samples with
+the same number of steps and the same validations. The validation split picks each run's kept model (its best
+epoch); when the data has a ``test`` split, every kept model is then scored there once, and the test top-1 is the
+headline: validation was used to choose, so only the test split says how a model holds up on recordings nobody
+chose anything on (N-Cars' official test split was recorded apart from its training split). Without a test split
+the headline is the final epoch's validation top-1, which involves no choice made on validation data.
 
-The headline column is the **final epoch**: the best epoch is picked on the validation split itself, so it flatters
-every arm a little; the final epoch involves no choice made on validation data.
-Every stage is a normal run directory under ``out``; finished runs are reused, so an interrupted experiment
-continues where it stopped. With ``jobs`` > 1 the finetuning runs go ``jobs`` at a time, each in a process of its
-own with the machine's cores shared out as torch threads, its output in ``out/logs/<run>.log``: small models use
-two cores poorly from one process (the step's Python half runs on one), so on 2 cores two runs at once finish
-sooner than one after the other.
+It writes ``results.json`` (every run: validation curve, kept epoch, validation and test top-1; per arm the mean
+and spread over seeds, its parameters and CPU latency per live window; the leads over seeds), ``results.md`` (the
+tables), ``label_efficiency.png`` (the headline top-1 against the label fraction, per arm) and ``val_curves.png``
+(every run's validation top-1 over its training budget).
+
+Every stage is a normal run directory under ``out``; finished runs and their test scores are reused, so an
+interrupted experiment continues where it stopped. With ``jobs`` > 1 the finetuning runs go ``jobs`` at a time,
+each in a process of its own with the machine's cores shared out as torch threads, its output in
+``out/logs/<run>.log``: small models use two cores poorly from one process (the step's Python half runs on one),
+so on 2 cores two runs at once finish sooner than one after the other.
 """
 
 from __future__ import annotations
@@ -31,7 +37,12 @@ from typing import Any
 # This module is imported by the command line for the defaults of ``LabelEfficiencyConfig``: torch and the stages
 # are imported by ``run`` (every ``mem`` command would pay seconds for them otherwise).
 
-STAGE_OVERRIDES = ("tokenizer", "pretrain", "finetune", "all")  # the STAGE of --set STAGE:key=value
+MEM, SCRATCH = "mem", "scratch"
+# the STAGE of --set STAGE:key=value; "yardstick" applies to the CNN arm's finetuning config after "finetune"
+STAGE_OVERRIDES = ("tokenizer", "pretrain", "finetune", "yardstick", "all")
+NO_YARDSTICK = "none"
+LATENCY_WINDOWS = 100  # windows timed per arm for its latency (after a few untimed ones)
+TEST_SCORES = "eval-test.json"  # beside a run's result.json: its kept model's top-1 on the test split
 
 
 @dataclass
@@ -43,6 +54,9 @@ class LabelEfficiencyConfig:
     config_file: str | None = None
     fractions: tuple[float, ...] = (0.1, 1.0)
     seeds: tuple[int, ...] = (0, 1, 2)
+    # the CNN arm trained from scratch beside MEM and scratch (a timm name of ``mem_core.models.cnn.CNN_ARCHS``), or
+    # "none"
+    yardstick: str = "resnet18"
     # every finetuning run takes the same number of optimisation steps: the preset's epochs at 100 % labels,
     # epochs / fraction below (evaluating as often per sample seen)
     equal_steps: bool = True
@@ -51,12 +65,22 @@ class LabelEfficiencyConfig:
 
     def __post_init__(self) -> None:
         from mem_core.configuration import ConfigError, Interval, check_ranges
+        from mem_core.models.cnn import CNN_ARCHS
 
         check_ranges(self, {"jobs": Interval(1)})
         if not self.fractions or not all(0 < f <= 1 for f in self.fractions):
             raise ConfigError(f"fractions must be label fractions in (0, 1], got {self.fractions}")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ConfigError(f"seeds must be distinct and at least one, got {self.seeds}")
+        if self.yardstick != NO_YARDSTICK and self.yardstick not in CNN_ARCHS:
+            raise ConfigError(
+                f"yardstick must be one of {', '.join(CNN_ARCHS)} or {NO_YARDSTICK}, got {self.yardstick!r}"
+            )
+
+    @property
+    def arms(self) -> tuple[str, ...]:
+        """The arms of every (fraction, seed): MEM, scratch and the yardstick CNN (if any)."""
+        return (MEM, SCRATCH) if self.yardstick == NO_YARDSTICK else (MEM, SCRATCH, self.yardstick)
 
 
 def _stage_config(cfg: LabelEfficiencyConfig, stage: str, *extra: str):
@@ -65,6 +89,18 @@ def _stage_config(cfg: LabelEfficiencyConfig, stage: str, *extra: str):
     values = {"data.dataset": cfg.dataset, **({"data.path": cfg.data} if cfg.data else {})}
     overrides = [*cfg.overrides.get("all", []), *cfg.overrides.get(stage, []), *extra]
     return stage_config(stage, preset=cfg.preset, config_file=cfg.config_file, values=values, overrides=overrides)
+
+
+def finetune_config(cfg: LabelEfficiencyConfig, arm: str, fraction: float, seed: int):
+    """The finetuning config of one run: the preset's with the label fraction and seed, the yardstick's recipe for
+    the CNN arm (then its ``yardstick:`` overrides), stretched to equal steps."""
+    from mem_core.configuration import apply_overrides
+    from mem_core.train.finetune import yardstick_config
+
+    ft = _stage_config(cfg, "finetune", f"seed={seed}", f"data.labels={fraction}", f"data.label_seed={seed}")
+    if arm not in (MEM, SCRATCH):
+        ft = apply_overrides(yardstick_config(ft, arm), cfg.overrides.get("yardstick", []))
+    return equal_steps(ft, fraction) if cfg.equal_steps else ft
 
 
 def equal_steps(cfg, fraction: float):
@@ -82,7 +118,7 @@ def equal_steps(cfg, fraction: float):
 
 
 def run(cfg: LabelEfficiencyConfig) -> dict[str, Any]:
-    """Run (or continue) the whole experiment and return the results table."""
+    """Run (or continue) the whole experiment and return its report (what ``results.json`` holds)."""
     from mem_core.runs.rundir import RunDir, json_safe
     from mem_core.train import pretrain, tokenizer
 
@@ -107,21 +143,22 @@ def run(cfg: LabelEfficiencyConfig) -> dict[str, Any]:
             ),
         )
     runs = [
-        (out / f"finetune-{arm}-labels{fraction:g}-seed{seed}", arm, fraction, seed, init)
+        (out / f"finetune-{arm}-labels{fraction:g}-seed{seed}", arm, fraction, seed)
         for fraction in cfg.fractions
         for seed in cfg.seeds
-        for arm, init in (("mem", pre_path), ("scratch", None))
+        for arm in cfg.arms
     ]
-    pending = []
-    for path, arm, fraction, seed, init in runs:
-        if RunDir(path).finished:
-            continue
-        ft_cfg = _stage_config(cfg, "finetune", f"seed={seed}", f"data.labels={fraction}", f"data.label_seed={seed}")
-        pending.append((path, arm, equal_steps(ft_cfg, fraction) if cfg.equal_steps else ft_cfg, init))
+    pending = [
+        (path, arm, finetune_config(cfg, arm, fraction, seed), pre_path if arm == MEM else None)
+        for path, arm, fraction, seed in runs
+        if not RunDir(path).finished
+    ]
     if pending:
         timed("finetune (all runs, wall clock)", lambda: finetune_all(pending, cfg.jobs, out / "logs"))
+    paths = [path for path, *_ in runs]
+    test = timed("test split", lambda: score_on_test(cfg, paths))
     rows = []
-    for path, arm, fraction, seed, _ in runs:
+    for path, arm, fraction, seed in runs:
         result = json.loads((path / "result.json").read_text())
         curve = [[r["epoch"], r["val_top1"]] for r in RunDir(path).metrics() if "val_top1" in r]
         rows.append(
@@ -129,29 +166,92 @@ def run(cfg: LabelEfficiencyConfig) -> dict[str, Any]:
                 "arm": arm,
                 "labels": fraction,
                 "seed": seed,
-                "final_top1": curve[-1][1],
-                "best_top1": result["top1"],
+                "test_top1": test[path]["top1"] if test else None,
+                "val_best_top1": result["top1"],  # the kept model: the best epoch on val
+                "val_final_top1": curve[-1][1],
+                "best_epoch": result["best_epoch"],
                 "train_samples": result["train_samples"],
                 "epochs": curve[-1][0] + 1,
+                "cut_short": result.get("cut_short", False),
                 "val_curve": curve,
                 "run": str(path),
             }
         )
-    summary = summarize(rows)
+    headline = "test_top1" if test else "val_final_top1"
+    arms = timed("latency", lambda: describe_arms(cfg, {arm: path for path, arm, *_ in reversed(runs)}))
     report = {
         "dataset": cfg.dataset,
         "data": cfg.data,
         "preset": cfg.preset,
+        "headline": headline,
+        "test_samples": next(iter(test.values()))["n"] if test else None,
+        "arms": arms,
         "rows": rows,
-        "summary": summary,
-        "plotted": "final",
+        "summary": summarize(rows),
+        "leads": leads(rows, headline),
         "seconds": timings,
     }
     (out / "results.json").write_text(json.dumps(json_safe(report), indent=2) + "\n")
-    (out / "results.md").write_text(markdown_table(summary, rows) + "\n")
-    plot(summary, out / "label_efficiency.png", cfg.dataset)
+    (out / "results.md").write_text(markdown_report(report) + "\n")
+    plot(report, out / "label_efficiency.png")
     plot_curves(rows, out / "val_curves.png", cfg.dataset)
     return report
+
+
+def score_on_test(cfg: LabelEfficiencyConfig, paths: list[Path]) -> dict[Path, dict[str, Any]]:
+    """The test-split top-1 of each run's kept model (``TEST_SCORES`` in the run, reused when there), or {} when
+    the data has no test split. Scored once every run has finished: nothing is chosen on these numbers."""
+    from mem_core.datasets import DatasetError
+    from mem_core.train.common import open_for_input
+    from mem_core.train.evaluate import evaluate_runs
+
+    try:
+        open_for_input(cfg.dataset, cfg.data, "test", _stage_config(cfg, "finetune").input)
+    except DatasetError:
+        return {}
+    todo = [path for path in paths if not (path / TEST_SCORES).is_file()]
+    if todo:
+        workers = _stage_config(cfg, "finetune").data.num_workers
+        print(f"scoring {len(todo)} kept model(s) on the test split", file=sys.stderr, flush=True)
+        scores = evaluate_runs(todo, cfg.dataset, cfg.data, "test", num_workers=workers)
+        for path, result in zip(todo, scores, strict=True):
+            kept = {k: result[k] for k in ("split", "top1", "n", "confusion")}
+            (path / TEST_SCORES).write_text(json.dumps(kept) + "\n")
+    return {path: json.loads((path / TEST_SCORES).read_text()) for path in paths}
+
+
+def describe_arms(cfg: LabelEfficiencyConfig, runs: dict[str, Path]) -> dict[str, dict[str, Any]]:
+    """Per arm (one finished run each): its model's parameters and what the live path pays per window on this
+    machine's CPU (the histogram and model input, then the model; milliseconds, median and 95th percentile over
+    ``LATENCY_WINDOWS`` windows of the evaluation data, the arms taking turns window by window)."""
+    import numpy as np
+    import torch
+
+    from mem_core.inference import Predictor
+    from mem_core.train.common import open_for_input
+
+    predictors = {arm: Predictor(path, device="cpu") for arm, path in runs.items()}
+    spec = next(iter(predictors.values())).spec
+    split = "test" if (Path(next(iter(runs.values()))) / TEST_SCORES).is_file() else "val"
+    source = open_for_input(cfg.dataset, cfg.data, split, spec)
+    picks = np.linspace(0, len(source) - 1, LATENCY_WINDOWS + 5).astype(int)
+    timings: dict[str, list[float]] = {arm: [] for arm in predictors}
+    for i, index in enumerate(picks):
+        events = source.load_window(int(index), spec.n_max, None)
+        for arm, predictor in predictors.items():
+            stages = predictor(events, source.sensor).stages_ms
+            if i >= 5:  # the first windows compile kernels and warm the allocator
+                timings[arm].append(stages["preprocess"] + stages["model"])
+    return {
+        arm: {
+            "run": str(runs[arm]),
+            "parameters": sum(p.numel() for p in predictor.model.parameters()),
+            "cpu_ms_p50": float(np.percentile(timings[arm], 50)),
+            "cpu_ms_p95": float(np.percentile(timings[arm], 95)),
+            "cpu_threads": torch.get_num_threads(),
+        }
+        for arm, predictor in predictors.items()
+    }
 
 
 def finetune_all(pending: list[tuple], jobs: int, logs: Path) -> None:
@@ -222,77 +322,129 @@ def _finetune_child(config: dict[str, Any], path: str, init: str | None, threads
         finetune.run(from_dict(FinetuneStageConfig, config), path, init=init, resume=Path(path).exists())
 
 
+def _mean_std(values: list[float]) -> dict[str, float]:
+    return {"mean": statistics.fmean(values), "std": statistics.pstdev(values)}
+
+
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Mean and std over seeds of the final-epoch and best-epoch validation top-1, per arm and label fraction."""
+    """Per label fraction and arm: mean and std over seeds of the test top-1 (when scored), the kept model's and
+    the final epoch's validation top-1."""
     out = []
     for fraction in sorted({r["labels"] for r in rows}):
-        for arm in ("mem", "scratch"):
+        for arm in dict.fromkeys(r["arm"] for r in rows):
             sel = [r for r in rows if r["labels"] == fraction and r["arm"] == arm]
             if not sel:
                 continue
-            final = [r["final_top1"] for r in sel]
-            best = [r["best_top1"] for r in sel]
-            out.append(
-                {
-                    "arm": arm,
-                    "labels": fraction,
-                    "seeds": len(sel),
-                    "train_samples": sel[0]["train_samples"],
-                    "final_mean": statistics.fmean(final),
-                    "final_std": statistics.pstdev(final),
-                    "best_mean": statistics.fmean(best),
-                    "best_std": statistics.pstdev(best),
-                }
-            )
+            entry = {"arm": arm, "labels": fraction, "seeds": len(sel), "train_samples": sel[0]["train_samples"]}
+            for key in ("test_top1", "val_best_top1", "val_final_top1"):
+                if sel[0][key] is not None:
+                    entry[key] = _mean_std([r[key] for r in sel])
+            out.append(entry)
     return out
 
 
-def markdown_table(summary: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
-    """Mean ± std over seeds (final epoch first: the headline), then each seed's final / best epoch."""
+def leads(rows: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
+    """MEM's lead over every other arm in ``metric`` per label fraction: per seed (the same labelled samples in both
+    runs), and its mean and std."""
+    out = []
+    for fraction in sorted({r["labels"] for r in rows}):
+        mine = {r["seed"]: r[metric] for r in rows if r["labels"] == fraction and r["arm"] == MEM}
+        for arm in dict.fromkeys(r["arm"] for r in rows if r["arm"] != MEM):
+            theirs = {r["seed"]: r[metric] for r in rows if r["labels"] == fraction and r["arm"] == arm}
+            seeds = sorted(mine.keys() & theirs.keys())
+            if seeds:
+                per_seed = [mine[s] - theirs[s] for s in seeds]
+                out.append({"labels": fraction, "over": arm, "per_seed": per_seed, **_mean_std(per_seed)})
+    return out
+
+
+def _pct(stats: dict[str, float] | None) -> str:
+    return "" if stats is None else f"{100 * stats['mean']:.1f} ± {100 * stats['std']:.1f}"
+
+
+def markdown_report(report: dict[str, Any]) -> str:
+    """The experiment's tables: top-1 per fraction and arm (the headline first, each seed's headline figure),
+    MEM's leads, and what each arm's model costs."""
+    headline, rows = report["headline"], report["rows"]
+    on_test = headline == "test_top1"
+    first = "test top-1 (kept model)" if on_test else "val top-1 (final epoch)"
     lines = [
-        "| labels | train samples | arm | top-1 final epoch (mean ± std) | top-1 best epoch | per seed (final / best) |",
-        "|---|---|---|---|---|---|",
+        f"| labels | train samples | arm | **{first}** | val top-1 (kept model) | val top-1 (final epoch) | "
+        f"{'test' if on_test else 'val final'} per seed |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for s in summary:
+    for s in report["summary"]:
         seeds = [r for r in rows if r["labels"] == s["labels"] and r["arm"] == s["arm"]]
-        per_seed = ", ".join(f"{100 * r['final_top1']:.1f} / {100 * r['best_top1']:.1f}" for r in seeds)
+        per_seed = " / ".join(f"{100 * r[headline]:.1f}" for r in seeds)
         lines.append(
-            f"| {s['labels']:.0%} | {s['train_samples']} | {s['arm']} | "
-            f"{100 * s['final_mean']:.2f} ± {100 * s['final_std']:.2f} | "
-            f"{100 * s['best_mean']:.2f} ± {100 * s['best_std']:.2f} | {per_seed} |"
+            f"| {s['labels']:.0%} | {s['train_samples']} | {s['arm']} | **{_pct(s.get(headline))}** | "
+            f"{_pct(s['val_best_top1'])} | {_pct(s['val_final_top1'])} | {per_seed} |"
         )
+    where = f"the test split ({report['test_samples']} samples)" if on_test else "the validation split, final epoch"
+    lines += ["", f"MEM's lead in top-1 points on {where}, per seed:", "", "| labels | over | lead | per seed |"]
+    lines.append("|---|---|---|---|")
+    for lead in report["leads"]:
+        per_seed = " / ".join(f"{100 * d:+.1f}" for d in lead["per_seed"])
+        lines.append(
+            f"| {lead['labels']:.0%} | {lead['over']} | {100 * lead['mean']:+.1f} ± {100 * lead['std']:.1f} | "
+            f"{per_seed} |"
+        )
+    lines += ["", "| arm | parameters | CPU ms per live window, median / p95 |", "|---|---|---|"]
+    for arm, info in report["arms"].items():
+        lines.append(
+            f"| {arm} | {info['parameters'] / 1e6:.2f}M | {info['cpu_ms_p50']:.1f} / {info['cpu_ms_p95']:.1f} "
+            f"({info['cpu_threads']} thread(s)) |"
+        )
+    if any(r["cut_short"] for r in rows):
+        cut = ", ".join(Path(r["run"]).name for r in rows if r["cut_short"])
+        lines += ["", f"Cut short by their time limit: {cut}."]
     return "\n".join(lines)
 
 
-def plot(summary: list[dict[str, Any]], path: Path, dataset: str) -> None:
+COLOURS = {MEM: "tab:red", SCRATCH: "tab:blue"}
+YARDSTICK_COLOUR = "tab:green"
+
+
+def _arm_label(arm: str) -> str:
+    return {MEM: "MEM pretrained", SCRATCH: "same ViT from scratch"}.get(arm, f"{arm} from scratch")
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    """The headline top-1 against the label fraction per arm (mean ± std over seeds); with a test split, the kept
+    models' validation top-1 beside it, dashed."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for arm, color in (("mem", "tab:red"), ("scratch", "tab:blue")):
+    headline, summary = report["headline"], report["summary"]
+    on_test = headline == "test_top1"
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for arm in dict.fromkeys(s["arm"] for s in summary):
         pts = [s for s in summary if s["arm"] == arm]
-        if not pts:
-            continue
         xs = [100 * s["labels"] for s in pts]
+        colour = COLOURS.get(arm, YARDSTICK_COLOUR)
         ax.errorbar(
             xs,
-            [100 * s["final_mean"] for s in pts],
-            yerr=[100 * s["final_std"] for s in pts],
+            [100 * s[headline]["mean"] for s in pts],
+            yerr=[100 * s[headline]["std"] for s in pts],
             marker="o",
             capsize=4,
-            color=color,
-            label="MEM pretrained" if arm == "mem" else "from scratch",
+            color=colour,
+            label=_arm_label(arm) + (", test" if on_test else ""),
         )
+        if on_test:
+            ys = [100 * s["val_best_top1"]["mean"] for s in pts]
+            ax.plot(xs, ys, linestyle="--", marker=".", color=colour, alpha=0.5, label=f"{_arm_label(arm)}, val")
     ax.set_xscale("log")
+    what = "test top-1 of the kept model" if on_test else "validation top-1 at the final epoch"
     ax.set(
         xlabel="labelled training samples (%)",
-        ylabel="validation top-1 at the final epoch (%)",
-        title=f"Label efficiency on {dataset} (mean ± std over seeds)",
+        ylabel=f"{what} (%)",
+        title=f"Label efficiency on {report['dataset']} (mean ± std over seeds)",
     )
     ax.grid(alpha=0.3, which="both")
-    ax.legend()
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -307,7 +459,7 @@ def plot_curves(rows: list[dict[str, Any]], path: Path, dataset: str) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
-    colours = {"mem": "tab:red", "scratch": "tab:blue"}
+    colours = {arm: COLOURS.get(arm, YARDSTICK_COLOUR) for arm in dict.fromkeys(r["arm"] for r in rows)}
     seeds = sorted({r["seed"] for r in rows})
     styles = {seed: ("-", "--", ":", "-.")[i % 4] for i, seed in enumerate(seeds)}
     fractions = sorted({r["labels"] for r in rows})
@@ -326,7 +478,7 @@ def plot_curves(rows: list[dict[str, Any]], path: Path, dataset: str) -> None:
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("validation top-1 (%)")
     arms = [a for a in colours if any(r["arm"] == a for r in rows)]
-    handles = [Line2D([], [], color=colours[a], label="MEM" if a == "mem" else "scratch") for a in arms]
+    handles = [Line2D([], [], color=colours[a], label=_arm_label(a)) for a in arms]
     handles += [Line2D([], [], color="0.35", linestyle=styles[s], label=f"seed {s}") for s in seeds]
     axes[0][-1].legend(handles=handles, fontsize=7, loc="lower right")
     fig.suptitle(f"Validation curves on {dataset}")

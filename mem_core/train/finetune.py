@@ -8,6 +8,7 @@ on the *validation* split (never the test split); evaluation windows are determi
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 from timm.utils import ModelEmaV3
 
 from mem_core.models import MEMViT
+from mem_core.models.cnn import VIT, build_cnn
 from mem_core.runs.rundir import RunDir, RunError
 from mem_core.schema import class_names_problem
 from mem_core.train.configs import FinetuneStageConfig
@@ -26,13 +28,22 @@ from mem_core.train.stage import TaskStage, run_stage
 
 
 class FinetuneStage(TaskStage):
-    """Classification: the best epoch on the validation split is kept (``best.pt``) and reported."""
+    """Classification: the best epoch on the validation split is kept (``best.pt``) and reported. ``arch`` other than
+    "vit" trains that timm CNN from scratch on the same input instead of the ViT."""
 
     name = "finetune"
     select = "top1"
 
+    @classmethod
+    def configure(cls, cfg: FinetuneStageConfig, init: Path | str | None = None):
+        if init is not None and cfg.arch != VIT:
+            raise RunError(f"{init}: a pretraining run initialises a ViT; arch={cfg.arch!r} trains from scratch")
+        return super().configure(cfg, init=init)
+
     @property
     def description(self) -> str:
+        if self.cfg.arch != VIT:
+            return self.cfg.arch
         return "probe" if self.cfg.probe else "finetune"
 
     def prepare(self, train_src, val_src, indices) -> None:
@@ -64,8 +75,10 @@ class FinetuneStage(TaskStage):
             num_classes=len(self.classes),
         )
 
-    def build_model(self) -> MEMViT:
+    def build_model(self) -> torch.nn.Module:
         cfg = self.cfg
+        if cfg.arch != VIT:
+            return build_cnn(cfg.arch, cfg.input.in_chans, len(self.classes), drop_path=cfg.model.drop_path)
         return MEMViT(
             cfg.model,
             len(self.classes),
@@ -81,7 +94,8 @@ class FinetuneStage(TaskStage):
 
     @property
     def layer_decay(self) -> float | None:
-        return None if self.cfg.probe else self.cfg.layer_decay  # a probe trains only the head: nothing to decay
+        # a probe trains only the head, and a CNN has no token blocks to decay over
+        return None if self.cfg.probe or self.cfg.arch != VIT else self.cfg.layer_decay
 
     def build_ema(self, model: torch.nn.Module) -> ModelEmaV3 | None:
         return ModelEmaV3(model, decay=self.cfg.ema_decay) if self.cfg.ema_decay > 0 else None
@@ -107,6 +121,13 @@ class FinetuneStage(TaskStage):
     def finish(self, result: dict) -> dict:
         save_confusion(result["confusion"], self.classes, self.run.path / "confusion.png")
         return {"init": str(self.init) if self.init else None, "probe": self.cfg.probe}
+
+
+def yardstick_config(cfg: FinetuneStageConfig, arch: str) -> FinetuneStageConfig:
+    """``cfg`` for the timm CNN ``arch`` from scratch: the same data, input, label subset, epochs and validations,
+    with the optimiser settings a CNN trains well with (AdamW at 2e-3, betas (0.9, 0.999), a 10 % warm-up, then
+    cosine; no layer decay)."""
+    return dataclasses.replace(cfg, arch=arch, lr=2e-3, betas=(0.9, 0.999), warmup_epochs=cfg.epochs / 10)
 
 
 def run(cfg: FinetuneStageConfig, out: Path | str, *, init: Path | str | None = None, resume: bool = False) -> RunDir:

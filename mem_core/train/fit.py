@@ -185,6 +185,7 @@ class Training:
 class FitResult:
     history: list[dict[str, Any]] = field(default_factory=list)
     best: dict[str, Any] | None = None
+    cut_short: bool = False  # stopped by ``time_limit_s`` before its last epoch
 
 
 def fit(run: RunDir, cfg, runtime: Runtime, training: Training, *, resume: bool = False) -> FitResult:
@@ -213,6 +214,7 @@ def fit(run: RunDir, cfg, runtime: Runtime, training: Training, *, resume: bool 
         else:
             scheduler.step_update(start_epoch * steps_per_epoch)
     last_plot = -math.inf
+    started = time.monotonic()
     for epoch in range(start_epoch, cfg.epochs):
         seed_everything(cfg.seed, epoch)
         t.sampler.set_epoch(epoch)
@@ -235,7 +237,8 @@ def fit(run: RunDir, cfg, runtime: Runtime, training: Training, *, resume: bool 
             scheduler.step(epoch + 1)
         record: dict[str, Any] = {"epoch": epoch, **{f"train_{k}": v for k, v in stats.items()}}
         record["epoch_seconds"] = time.perf_counter() - start
-        last = epoch == cfg.epochs - 1
+        out_of_time = 0 < cfg.time_limit_s <= time.monotonic() - started
+        last = epoch == cfg.epochs - 1 or out_of_time
         evaluated = (epoch + 1) % cfg.eval_every == 0 or last
         if evaluated:
             metrics = t.evaluate(epoch)
@@ -260,8 +263,22 @@ def fit(run: RunDir, cfg, runtime: Runtime, training: Training, *, resume: bool 
                     raise RunError(f"{run.path}: cannot write the curves ({e.strerror or e})") from None
                 last_plot = time.monotonic()
         result.history.append(record)
+        if out_of_time and epoch < cfg.epochs - 1:
+            result.cut_short = True
+            if runtime.is_main:
+                _print_cut(t.description, epoch, cfg)
+            break
     result.best = best
     return result
+
+
+def _print_cut(description: str, epoch: int, cfg) -> None:
+    from rich.console import Console
+
+    Console(stderr=True, highlight=False, soft_wrap=True).print(
+        f"[bold]{description}[/] stopped after epoch {epoch + 1}/{cfg.epochs}: its {cfg.time_limit_s:g} s "
+        "time limit has passed (time_limit_s)"
+    )
 
 
 def _restore(run: RunDir, t: Training, scheduler, resume: bool) -> tuple[int, dict[str, Any] | None]:
@@ -275,15 +292,19 @@ def _restore(run: RunDir, t: Training, scheduler, resume: bool) -> tuple[int, di
     if not run.checkpoint_path.exists():
         run.truncate_metrics(-1)
         return 0, None
-    state = load_checkpoint(run.checkpoint_path)
-    t.model.load_state_dict(state["model"])
-    t.optimizer.load_state_dict(state["optimizer"])
+    path = run.checkpoint_path
+    state = load_checkpoint(path)
+    epoch, best = state.get("epoch"), state.get("best")
+    if not (is_int(epoch) and 0 <= epoch < cfg_epochs(t, run)) or not (best is None or isinstance(best, dict)):
+        raise RunError(f"{path}: does not hold this run's training state (epoch {epoch!r}, best {best!r})")
+    load_state(t.model, state.get("model"), path, "model")
+    load_state(t.optimizer, state.get("optimizer"), path, "optimizer")
     if scheduler is not None and state.get("scheduler"):
-        scheduler.load_state_dict(state["scheduler"])
+        load_state(scheduler, state["scheduler"], path, "schedule")
     if t.ema is not None and state.get("ema"):
-        t.ema.load_state_dict(state["ema"])
-    run.truncate_metrics(state["epoch"])
-    return state["epoch"] + 1, state.get("best")
+        load_state(t.ema, state["ema"], path, "EMA")
+    run.truncate_metrics(epoch)
+    return epoch + 1, best
 
 
 def _state(t: Training, scheduler, epoch: int, best: dict[str, Any] | None) -> dict[str, Any]:

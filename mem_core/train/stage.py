@@ -196,6 +196,8 @@ def _run_stage(stage_cls: type[Stage], cfg, out: Path | str, resume: bool, input
             kept = {"best_epoch": outcome.best["epoch"] if outcome.best else None}
         if runtime.is_main:
             result = {"stage": stage.name, "split": cfg.data.val_split, **kept, "train_samples": len(indices)}
+            result["epochs_run"] = outcome.history[-1]["epoch"] + 1
+            result["cut_short"] = outcome.cut_short
             result |= {"classes": stage.classes} if stage.classes else {}
             result |= metrics
             result |= stage.finish(result)
