@@ -133,7 +133,7 @@ def cnn_reference(
     preset: Annotated[str, typer.Option("--preset", help="The preset whose finetuning input to use.")] = "cpu-small",
     labels: Annotated[float, typer.Option("--labels", help="Fraction of labelled training samples.")] = 1.0,
     seed: Annotated[int, typer.Option("--seed", help="Weights, augmentation and label subset.")] = 0,
-    epochs: Annotated[int, typer.Option("--epochs", help="Epochs with all labels (epochs / labels below).")] = 20,
+    epochs: Annotated[int, typer.Option("--epochs", help="Epochs with all labels (below: as many as make up their steps).")] = 20,
     arch: Annotated[str, typer.Option("--arch", help="A timm CNN, trained from scratch.")] = "resnet18",
     out: Annotated[Path | None, typer.Option("--out", help="Keep the run directory here.")] = None,
 ) -> None:

@@ -6,8 +6,8 @@ label-efficiency experiment's yardstick arm): the same windows, event augmentati
 set), histograms, label subset, loaders, epoch loop, validation and best-epoch choice. Only the model and its
 optimiser settings differ: no layer decay (a CNN has no token blocks to decay over), AdamW at ``lr`` with betas
 (0.9, 0.999) and a cosine schedule after a 10 % warm-up. On a fraction of the labels it takes the steps of a run on
-all of them (``--epochs`` / fraction), as the label-efficiency experiment's finetuning runs do. The run directory it
-leaves (``--out``) is evaluated and exported like any finetuning run's.
+all of them (``--epochs`` times the ratio of steps per epoch), as the label-efficiency experiment's finetuning runs
+do. The run directory it leaves (``--out``) is evaluated and exported like any finetuning run's.
 
 Run: ``uv run mem bench cnn-reference --dataset ncars --data path/to/n-cars --preset cpu-small
 --labels 1.0 --epochs 20 --json out.json``
@@ -26,7 +26,7 @@ from rich.table import Table
 from mem_core.runs.rundir import RunDir
 from mem_core.train import finetune
 from mem_core.train.configs import stage_config
-from mem_core.train.experiment import equal_steps
+from mem_core.train.experiment import equal_steps, training_split
 
 
 def main(
@@ -47,7 +47,8 @@ def main(
     if data is not None:
         values["data.path"] = str(data)
     base = stage_config("finetune", preset=preset, values=values, overrides=[f"epochs={epochs}", "eval_every=2"])
-    cfg = equal_steps(dataclasses.replace(finetune.yardstick_config(base, arch), lr=lr), labels)
+    cfg = dataclasses.replace(finetune.yardstick_config(base, arch), lr=lr)
+    cfg = equal_steps(cfg, training_split(cfg))
     with tempfile.TemporaryDirectory(prefix="cnn-reference-") as scratch:
         run = finetune.run(cfg, out or Path(scratch) / "run")
         result = json.loads((run.path / "result.json").read_text())

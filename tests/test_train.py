@@ -130,6 +130,25 @@ def predictor_window() -> np.ndarray:
     return make_events(np.arange(n), rng.integers(0, 128, n), rng.integers(0, 128, n), rng.integers(0, 2, n))
 
 
+def test_equal_steps_counts_the_batches_a_label_fraction_makes():
+    """A run on a fraction of the labels takes the steps of the run on all of them: 3,000 samples at batch 64 are 46
+    steps an epoch, 300 are 4 and 30 fill one batch a step, so 20 epochs become 230 and 920 (not 200 and 2,000)."""
+    from mem_core.datasets import EventSource
+    from mem_core.train.experiment import equal_steps
+
+    class Labels(EventSource):
+        name, classes, labels = "labels", ["a", "b"], np.repeat([0, 1], 1500)
+
+        def load(self, index):
+            raise AssertionError("counting steps reads no events")
+
+    base = stage_config("finetune", overrides=["epochs=20", "eval_every=4", "warmup_epochs=2", "batch_size=64"])
+    for fraction, epochs in ((1.0, 20), (0.1, 230), (0.01, 920)):
+        cfg = equal_steps(dataclasses.replace(base, data=dataclasses.replace(base.data, labels=fraction)), Labels())
+        assert cfg.epochs == epochs and cfg.eval_every == round(4 * epochs / 20)
+        assert cfg.warmup_epochs == pytest.approx(2 * epochs / 20, rel=0.01)
+
+
 def test_a_time_limit_stops_a_run_after_the_epoch_that_passes_it(tmp_path):
     """``time_limit_s`` ends a run at the first epoch boundary past the limit, validated and kept there, and the
     result says the run was cut short (a budgeted GPU call reports what its caps cut)."""

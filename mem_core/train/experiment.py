@@ -57,8 +57,8 @@ class LabelEfficiencyConfig:
     # the CNN arm trained from scratch beside MEM and scratch (a timm name of ``mem_core.models.cnn.CNN_ARCHS``), or
     # "none"
     yardstick: str = "resnet18"
-    # every finetuning run takes the same number of optimisation steps: the preset's epochs at 100 % labels,
-    # epochs / fraction below (evaluating as often per sample seen)
+    # every finetuning run takes the same number of optimisation steps: the preset's epochs at 100 % labels, more
+    # epochs below, as many as make up the steps (``equal_steps``), evaluating as often per step
     equal_steps: bool = True
     overrides: dict[str, list[str]] = field(default_factory=dict)  # stage -> ["key=value", ...]
     jobs: int = 1  # finetuning runs at once, each in its own process
@@ -91,30 +91,50 @@ def _stage_config(cfg: LabelEfficiencyConfig, stage: str, *extra: str):
     return stage_config(stage, preset=cfg.preset, config_file=cfg.config_file, values=values, overrides=overrides)
 
 
-def finetune_config(cfg: LabelEfficiencyConfig, arm: str, fraction: float, seed: int):
+def finetune_config(cfg: LabelEfficiencyConfig, arm: str, fraction: float, seed: int, train_source=None):
     """The finetuning config of one run: the preset's with the label fraction and seed, the yardstick's recipe for
-    the CNN arm (then its ``yardstick:`` overrides), stretched to equal steps."""
+    the CNN arm (then its ``yardstick:`` overrides), stretched to the steps of a run on all labels (``equal_steps``,
+    counted on ``train_source``, the training split, opened here when None)."""
     from mem_core.configuration import apply_overrides
     from mem_core.train.finetune import yardstick_config
 
     ft = _stage_config(cfg, "finetune", f"seed={seed}", f"data.labels={fraction}", f"data.label_seed={seed}")
     if arm not in (MEM, SCRATCH):
         ft = apply_overrides(yardstick_config(ft, arm), cfg.overrides.get("yardstick", []))
-    return equal_steps(ft, fraction) if cfg.equal_steps else ft
+    if not cfg.equal_steps or fraction >= 1:
+        return ft
+    return equal_steps(ft, train_source if train_source is not None else training_split(ft))
 
 
-def equal_steps(cfg, fraction: float):
-    """``cfg`` (a finetuning config) stretched so that a run on ``fraction`` of the labels takes the optimisation
-    steps, validations and warm-up of ``cfg``'s run on all of them (epochs / fraction, evaluating as often per sample
-    seen)."""
-    if fraction >= 1:
+def training_split(cfg):
+    """The training split a finetuning config ``cfg`` reads, as its model sees it."""
+    from mem_core.train.common import open_for_input
+
+    return open_for_input(cfg.data.dataset, cfg.data.path or None, cfg.data.train_split, cfg.input)
+
+
+def equal_steps(cfg, train_source):
+    """``cfg`` (a finetuning config on ``cfg.data.labels`` of the labels of ``train_source``) stretched so that its
+    run takes the optimisation steps, validations and warm-up of the same run on all labels: its epochs times the
+    ratio of the two runs' steps per epoch. A step is a full batch (the last partial one is dropped, and a labelled
+    set smaller than one batch fills one batch a step), so 30 labels at batch 64 take one step an epoch where all
+    3,000 take 46: epochs x 46, not epochs x 100."""
+    if cfg.data.labels >= 1:
         return cfg
+    everything = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, labels=1.0))
+    factor = _steps_per_epoch(everything, train_source) / _steps_per_epoch(cfg, train_source)
     return dataclasses.replace(
         cfg,
-        epochs=max(1, round(cfg.epochs / fraction)),
-        eval_every=max(1, round(cfg.eval_every / fraction)),
-        warmup_epochs=cfg.warmup_epochs / fraction,
+        epochs=max(1, round(cfg.epochs * factor)),
+        eval_every=max(1, round(cfg.eval_every * factor)),
+        warmup_epochs=cfg.warmup_epochs * factor,
     )
+
+
+def _steps_per_epoch(cfg, train_source) -> int:
+    from mem_core.train.common import train_indices
+
+    return max(len(train_indices(cfg, train_source)) // cfg.batch_size, 1)
 
 
 def run(cfg: LabelEfficiencyConfig) -> dict[str, Any]:
@@ -148,10 +168,11 @@ def run(cfg: LabelEfficiencyConfig) -> dict[str, Any]:
         for seed in cfg.seeds
         for arm in cfg.arms
     ]
+    todo = [(path, arm, fraction, seed) for path, arm, fraction, seed in runs if not RunDir(path).finished]
+    train_source = training_split(_stage_config(cfg, "finetune")) if todo else None
     pending = [
-        (path, arm, finetune_config(cfg, arm, fraction, seed), pre_path if arm == MEM else None)
-        for path, arm, fraction, seed in runs
-        if not RunDir(path).finished
+        (path, arm, finetune_config(cfg, arm, fraction, seed, train_source), pre_path if arm == MEM else None)
+        for path, arm, fraction, seed in todo
     ]
     if pending:
         timed("finetune (all runs, wall clock)", lambda: finetune_all(pending, cfg.jobs, out / "logs"))
