@@ -10,3 +10,8 @@ class MemError(Exception):
 
 class RunError(MemError, RuntimeError):
     """A run or export directory that cannot be used: missing, incomplete, malformed or from another stage."""
+
+
+class MissingPackage(MemError, ImportError):
+    """An optional package that reading some files needs (hdf5plugin, lz4, zstandard) is not installed; the message
+    names the package and what needs it."""

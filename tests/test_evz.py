@@ -6,11 +6,14 @@ from __future__ import annotations
 import lzma
 import struct
 import zlib
+from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import synthetic_events
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from mem_core.events import EVENT_DTYPE, SensorSize, make_events
 from mem_core.io import EventFileError, describe, detect_format, evz, read_events, write_events
@@ -220,3 +223,20 @@ def test_pack_folder_refuses_two_files_that_would_share_a_name(tmp_path):
         pack_folder(tmp_path / "src", tmp_path / "dst", workers=1)
     with pytest.raises(ValueError, match="must lie outside"):
         pack_folder(tmp_path / "src", tmp_path / "src" / "packed", workers=1)
+
+
+@settings(max_examples=60, deadline=timedelta(seconds=20), suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_any_events_round_trip_exactly(tmp_path_factory, data):
+    """Times anywhere in +-2^61 us with any gaps, coordinates up to the widest sensor, both polarities."""
+    n = data.draw(st.integers(0, 300))
+    side = data.draw(st.sampled_from([1, 34, 255, 256, 257, 8192]))
+    t = sorted(data.draw(st.lists(st.integers(-(2**61), 2**61), min_size=n, max_size=n)))
+    coordinate = st.lists(st.integers(0, side - 1), min_size=n, max_size=n)
+    events = make_events(
+        t, data.draw(coordinate), data.draw(coordinate), data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    )
+    path = write_events(tmp_path_factory.mktemp("evz") / "rec.evz", events, SensorSize(side, side))
+    back, sensor = read_events(path)
+    assert sensor == (side, side)
+    assert_same(back, events)

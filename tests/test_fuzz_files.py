@@ -2,7 +2,7 @@
 file, or read as valid data - within a time and a memory bound.
 
 Mutants (seeded, a fixed number per file) of every event format (real recordings from ../shared/data, plus the
-.npz and DSEC .h5 layouts written here), of a corpus (its shards and its manifest) and of model files (an export,
+.npz, DSEC .h5 and .evz layouts written here), of a corpus (its shards and its manifest) and of model files (an export,
 a finetune run's checkpoint and config): truncations at several points, bit flips in the header and anywhere,
 garbage behind a valid header, absurd declared sizes (sensor geometry, array shapes, HDF5 dimensions, event
 counts, model dimensions). Hostile families are crafted rather than mutated: files that point outside themselves
@@ -137,13 +137,14 @@ def event_file_mutants(data_dir: Path, work: Path) -> list[tuple[str, bytes, str
         np.sort(gen.integers(0, 10**6, n)), gen.integers(0, 640, n), gen.integers(0, 480, n), gen.integers(0, 2, n)
     )
     written = {
-        s: write_events(work / f"written{s}", events, SensorSize(480, 640)).read_bytes() for s in (".npz", ".h5")
+        s: write_events(work / f"written{s}", events, SensorSize(480, 640)).read_bytes()
+        for s in (".npz", ".h5", ".evz")
     }
     dat = sorted((data_dir / "ncars-dev" / "train" / "cars").glob("*.dat"))[0].read_bytes()
     evt2 = (data_dir / "fixtures" / "prophesee_evt2_sample.raw").read_bytes()
     evt3 = (data_dir / "fixtures" / "prophesee_evt3_sample.raw").read_bytes()
     aedat4 = (data_dir / "fixtures" / "inivation_sample.aedat4").read_bytes()
-    npz, h5 = written[".npz"], written[".h5"]
+    npz, h5, evz = written[".npz"], written[".h5"], written[".evz"]
     sets = {
         "ncars.dat": (
             dat,
@@ -204,6 +205,14 @@ def event_file_mutants(data_dir: Path, work: Path) -> list[tuple[str, bytes, str
             ],
         ),
         "aertb.h5": ((data_dir / "fixtures" / "nmnist_two_class.h5").read_bytes(), 2048, []),
+        "written.evz": (
+            evz,
+            35,
+            [
+                ("huge declared count", evz[:12] + (2**63).to_bytes(8, "little") + evz[20:]),
+                ("huge geometry", evz[:8] + bytes([255] * 4) + evz[12:]),
+            ],
+        ),
     }
     out = []
     for name, (data, header, extra) in sets.items():
@@ -420,7 +429,7 @@ def hostile_event_files(work: Path) -> list[tuple[str, Path]]:
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(str(work / "socket"))
     listener.close()  # the socket file stays
-    for suffix in (".dat", ".bin", ".raw", ".npz", ".h5", ".aedat4"):
+    for suffix in (".dat", ".bin", ".raw", ".npz", ".h5", ".aedat4", ".evz"):
         for label, target in (
             ("a FIFO", fifo),
             ("/dev/zero", "/dev/zero"),

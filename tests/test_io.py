@@ -7,6 +7,7 @@ import json
 import pickle
 import struct
 import subprocess
+import sys
 import warnings
 import zipfile
 from pathlib import Path
@@ -339,6 +340,7 @@ def test_aedat4_of_a_killed_writer_reads_its_whole_packets(tmp_path, events_fact
         (".bin", SensorSize(180, 240), None),  # no geometry: inferred
         (".bs2", SensorSize(34, 34), SensorSize(34, 34)),
         (".npz", SensorSize(32, 48), SensorSize(480, 640)),  # N-ImageNet geometry when the events fit
+        (".evz", SensorSize(32, 48), SensorSize(32, 48)),  # the header keeps it
     ],
 )
 def test_written_files_read_back_identically(tmp_path, events_factory, suffix, sensor, read_sensor):
@@ -351,7 +353,7 @@ def test_written_files_read_back_identically(tmp_path, events_factory, suffix, s
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no partial file left behind
 
 
-@pytest.mark.parametrize("suffix", [".dat", ".h5", ".npz"])
+@pytest.mark.parametrize("suffix", [".dat", ".h5", ".npz", ".evz"])
 def test_empty_recordings_round_trip(tmp_path, suffix):
     path = write_events(tmp_path / f"empty{suffix}", np.empty(0, EVENT_DTYPE), SensorSize(34, 34))
     assert read_events(path).events.size == 0
@@ -569,6 +571,7 @@ def test_error_names_the_path_and_reason_and_survives_pickling(tmp_path):
         ("junk.npz", b"PK\x03\x04" + bytes(40), "corrupt .npz"),
         ("junk.h5", b"\x89HDF\r\n\x1a\n" + bytes(40), "corrupt HDF5"),
         ("junk.aedat4", b"#!AER-DAT4.0\r\n" + bytes(10), "header size 0"),
+        ("junk.evz", b"MEMEVZ\x00\x01" + bytes(40), r"per x 0, per y 0 \(1 or 2\)"),
         ("notes.txt", b"hello", "unknown event file format"),
     ],
 )
@@ -724,3 +727,39 @@ def test_registered_reader_can_claim_a_directory_and_files(tmp_path, monkeypatch
     (tmp_path / "x.store").write_bytes(b"anything")
     assert detect_format(tmp_path / "x.store") == "store"  # by extension when no sniffer claims it
     assert registry.formats()[0] == "store"
+
+
+# ------------------------------------------------------------------------------------------ optional packages
+
+OPTIONAL = ("hdf5plugin", "lz4", "zstandard", "zmq", "dv_processing")
+
+
+@pytest.mark.slow
+def test_training_and_plain_files_need_none_of_the_optional_packages(data_dir, tmp_path, events_factory):
+    """A GPU machine given only what training needs (no hdf5plugin, lz4, zstandard, ZMQ or dv-processing) imports
+    the datasets and every training stage and reads .dat and .evz files; an AEDAT4 file then names what it lacks."""
+    dat = sorted((data_dir / "ncars-dev" / "train" / "cars").glob("*.dat"))[0]
+    evz = write_events(tmp_path / "x.evz", events_factory(100), SensorSize(32, 48))
+    aedat = data_dir / "fixtures" / "inivation_sample.aedat4"
+    code = f"""
+import json, sys
+for name in {OPTIONAL!r}:
+    sys.modules[name] = None  # import name raises ImportError
+import mem_core.datasets, mem_core.train.experiment, mem_core.train.finetune, mem_core.train.pretrain
+import mem_core.train.tokenizer
+from mem_core.io import EventFileError, read_events
+sizes = [read_events(path).events.size for path in sys.argv[1:3]]
+try:
+    read_events(sys.argv[3])
+    error = None
+except EventFileError as e:
+    error = str(e)
+print(json.dumps({{"sizes": sizes, "error": error}}))
+"""
+    run = subprocess.run(
+        [sys.executable, "-c", code, str(dat), str(evz), str(aedat)], capture_output=True, text=True, timeout=240
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.splitlines()[-1])
+    assert out["sizes"] == [read_events(dat).events.size, 100]
+    assert out["error"].startswith(f"{aedat}: LZ4-compressed AEDAT4 files need the Python package 'lz4'")

@@ -22,7 +22,7 @@ FUZZ = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 
-EXTENSIONS = [".bin", ".bs2", ".dat", ".raw", ".npz", ".h5", ".aedat4", ".xyz"]
+EXTENSIONS = [".bin", ".bs2", ".dat", ".raw", ".npz", ".h5", ".aedat4", ".evz", ".xyz"]
 PREFIXES = [
     b"",
     b"%",
@@ -34,6 +34,7 @@ PREFIXES = [
     b"PK\x03\x04",
     b"\x89HDF\r\n\x1a\n",
     b"#!AER-DAT4.0\r\n",
+    b"MEMEVZ\x00\x01",
 ]
 
 
@@ -55,14 +56,16 @@ def work(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def samples(data_dir, work) -> dict[str, bytes]:
-    """Real recordings plus files written in the .npz and .h5 layouts, as bytes to cut and damage."""
+    """Real recordings plus files written in the .npz, .h5 and .evz layouts, as bytes to cut and damage."""
     rng = np.random.default_rng(0)
     n = 300
     events = np.sort(rng.integers(0, 50_000, n))
     from mem_core.events import make_events
 
     ev = make_events(events, rng.integers(0, 64, n), rng.integers(0, 48, n), rng.integers(0, 2, n))
-    written = {suffix: write_events(work / f"sample{suffix}", ev, SensorSize(48, 64)) for suffix in (".npz", ".h5")}
+    written = {
+        suffix: write_events(work / f"sample{suffix}", ev, SensorSize(48, 64)) for suffix in (".npz", ".h5", ".evz")
+    }
     real = {
         ".dat": sorted((data_dir / "ncars-dev" / "train" / "cars").glob("*.dat"))[0],
         ".bs2": data_dir / "nmnist-small" / "1.bs2",

@@ -17,7 +17,7 @@ from conftest import synthetic_events
 
 from mem_core.corpus import Corpus, CorpusError, CorpusWriter
 from mem_core.events import SensorSize
-from mem_core.io import EventFileError, aedat4, describe, hdf5, nbin, npz, prophesee, read_events
+from mem_core.io import EventFileError, aedat4, describe, evz, hdf5, nbin, npz, prophesee, read_events
 
 DSEC_COLUMNS = (("x", "<u2"), ("y", "<u2"), ("t", "<u4"), ("p", "u1"))
 N = 16
@@ -152,6 +152,7 @@ def test_fifo_named_like_an_event_file_is_refused_without_blocking(tmp_path, fif
         npz.read_npz,
         hdf5.read_dsec,
         aedat4.read_aedat4,
+        evz.read_evz,
     ],
 )
 def test_every_reader_refuses_a_link_to_a_device(tmp_path, read):

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import h5py
-import hdf5plugin  # noqa: F401  (registers the Blosc filter the shards use)
 import numba
 import numpy as np
 from h5py import h5s, h5t

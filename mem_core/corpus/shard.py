@@ -16,14 +16,13 @@ import os
 from pathlib import Path
 
 import h5py
-import hdf5plugin  # noqa: F401  (registers the Blosc filter the shards use)
 import numpy as np
 from h5py import h5f, h5p
 
 from mem_core.corpus.format import COLUMNS, CorpusError
 from mem_core.events import EVENT_DTYPE
 from mem_core.io.base import check_regular, os_problem
-from mem_core.io.hdf5 import LayoutError, check_datasets, member
+from mem_core.io.hdf5 import LayoutError, check_datasets, hdf5_filters, member
 
 SWMR_READ_ATTEMPTS = 24
 # What h5py raises for a damaged file, object header or chunk.
@@ -42,6 +41,7 @@ def open_shard(path: Path, *, sealed: bool) -> tuple[h5py.File, dict[str, h5py.D
         raise CorpusError(f"{path}: shard listed in the manifest is missing") from None
     except OSError as e:
         raise CorpusError(f"{path}: cannot open shard ({os_problem(e)})") from None
+    hdf5_filters()  # the Blosc filter the shards use
     try:
         f = h5py.File(path, "r") if sealed else _open_swmr(path)
     except H5_ERRORS as e:

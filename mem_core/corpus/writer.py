@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import h5py
-import hdf5plugin
 import numba
 import numpy as np
 
@@ -34,6 +33,7 @@ from mem_core.corpus.format import (
     write_manifest,
 )
 from mem_core.events import EVENT_DTYPE, SensorSize, time_problem, validate_events
+from mem_core.io.hdf5 import hdf5_filters
 
 _BUFFER_EVENTS = 1 << 20  # events held in memory before a shard write (64 chunks)
 # Ballast deleted on a failed write so HDF5 can still close the shard: 16 MiB, or 1/32 of the free space on a small
@@ -41,7 +41,6 @@ _BUFFER_EVENTS = 1 << 20  # events held in memory before a shard write (64 chunk
 _RESERVE_BYTES = 16 << 20
 _MIN_RESERVE_BYTES = 1 << 20
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-_COMPRESSION = hdf5plugin.Blosc(cname="lz4", clevel=5, shuffle=hdf5plugin.Blosc.BITSHUFFLE)
 _SHARD_RE = re.compile(r"shard-(\d+)\.h5$")
 
 
@@ -360,6 +359,7 @@ class CorpusWriter:
         self._next_shard += 1
         path = self.root / name
         self._check_space(0)
+        blosc = hdf5_filters().Blosc
         try:
             f = h5py.File(path, "x", libver="latest")
             for c in COLUMNS:
@@ -370,7 +370,7 @@ class CorpusWriter:
                     dtype=EVENT_DTYPE[c],
                     chunks=(CHUNK_EVENTS,),
                     fletcher32=True,  # a checksum per chunk: a damaged chunk fails to read instead of giving wrong events
-                    **_COMPRESSION,
+                    **blosc(cname="lz4", clevel=5, shuffle=blosc.BITSHUFFLE),
                 )
             f.create_dataset("t_index", shape=(0,), maxshape=(None,), dtype="<i8", chunks=(4096,))
             f.attrs["format_version"] = FORMAT_VERSION

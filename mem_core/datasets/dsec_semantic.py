@@ -6,14 +6,13 @@ import os
 from pathlib import Path
 
 import h5py
-import hdf5plugin  # noqa: F401  (registers the Blosc/ZSTD filters DSEC files use)
 import numpy as np
 from PIL import Image
 
 from mem_core.datasets.base import DatasetError, EventSource, require_dir
 from mem_core.events import SensorSize, make_events
 from mem_core.io.base import EventFileError, check_regular, os_problem
-from mem_core.io.hdf5 import LayoutError, dsec_columns
+from mem_core.io.hdf5 import LayoutError, dsec_columns, hdf5_filters
 
 DSEC_CLASSES = [
     "background",
@@ -93,6 +92,7 @@ def _open_events(path: Path) -> tuple[dict[str, h5py.Dataset], int]:
     as ``read_dsec`` checks a file (``mem_core.io.hdf5.dsec_columns``), kept open to read windows from."""
     try:
         check_regular(path)  # h5py opens the file by name: a FIFO would block it
+        hdf5_filters()
         return dsec_columns(h5py.File(path, "r"), path, also=("ms_to_idx",))
     except EventFileError as e:
         raise DatasetError(str(e)) from None

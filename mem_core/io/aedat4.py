@@ -16,22 +16,29 @@ its flatbuffer offsets are checked, and the data table must agree with the packe
 the file size, and a damaged file is refused with an ``EventFileError`` saying what is wrong. Payloads carry no
 checksum, so damaged event values are caught only as far as they break the time order or leave the sensor.
 dv-processing stays the reference: the tests compare with it on the real sample and on files it writes.
+
+Speed: the data table declares each packet's event count, so the result is allocated once, from the declared counts
+(bounded by the file's size), and each packet is decompressed into a buffer of exactly its declared size and
+converted straight into its place, with the checks (time order, sensor) in the same pass. A file without a table (a
+killed writer) is decompressed whole first to count its events. lz4 and zstandard are imported when a file needs them.
 """
 
 from __future__ import annotations
 
+import importlib
 import re
 import struct
 import warnings
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import NamedTuple
 
-import lz4.frame
 import numba
 import numpy as np
-import zstandard
 
+from mem_core.errors import MissingPackage
 from mem_core.events import EVENT_DTYPE, SensorSize, sensor_problem
 from mem_core.io.base import EventFile, EventFileError, check_on_sensor, read_bytes, sort_plausible
 
@@ -44,6 +51,9 @@ COMPRESSIONS = {0: "none", 1: "lz4", 2: "lz4", 3: "zstd", 4: "zstd"}  # IOHeader
 MAX_EXPANSION = 256
 MAX_PACKET_BYTES = 64 << 20
 MAX_FILE_EXPANSION = 64
+# Bytes of an event packet besides its events (size prefix, identifier, root table, vtable, vector length, padding:
+# about 40): a packet decompresses to at most 16 bytes per declared event plus this.
+PACKET_FRAMING_BYTES = 1024
 U16, I32, U32, I64 = (struct.Struct(f) for f in ("<H", "<i", "<I", "<q"))
 _STREAM_ID = re.compile(r"[0-9]{1,9}")  # packet headers hold stream ids as int32
 # One event as dv-processing stores it (the flatbuffer struct dv.Event, 8-byte aligned).
@@ -60,6 +70,10 @@ class _Packet(NamedTuple):
     size: int
 
 
+# A packet's compressed bytes and the most it may decompress to, and a description for errors -> its flatbuffer.
+Decompress = Callable[[memoryview, int, str], "bytes | memoryview"]
+
+
 class _Header(NamedTuple):
     compression: str  # a value of COMPRESSIONS
     table_at: int  # -1 when the writer never closed the file
@@ -74,19 +88,27 @@ def read_aedat4(path: Path) -> EventFile:
         header = _read_header(data)
         stream, sensor = _event_stream(header.streams)
         packets, missing = _chain_packets(data, header)
+        decompress = _decompressor(header.compression)
+        counts = None
         if header.table_at >= 0:
-            _check_table(data, header, packets)
+            counts = _check_table(data, header, packets, decompress)
+            counts = [n for n, p in zip(counts, packets, strict=True) if p.stream == stream]
         elif missing:
             warnings.warn(
                 f"{path}: the last packet is cut ({missing} bytes missing), as a writer that was killed leaves it: "
                 f"read the {len(packets)} whole packets",
                 stacklevel=2,
             )
-        parts = _event_parts(data, [p for p in packets if p.stream == stream], header.compression)
+        events, seen = _read_events(data, [p for p in packets if p.stream == stream], counts, decompress)
     except _Damage as e:
         raise EventFileError(path, str(e)) from None
-    events = sort_plausible(path, np.concatenate(parts) if parts else np.empty(0, EVENT_DTYPE))
-    check_on_sensor(path, events, sensor, "the AEDAT4 stream info")
+    except MissingPackage as e:
+        raise EventFileError(path, str(e)) from None
+    _, x_max, y_max, stepped_back = seen
+    if stepped_back:
+        events = sort_plausible(path, events)
+    if events.size and (x_max >= sensor.width or y_max >= sensor.height):
+        check_on_sensor(path, events, sensor, "the AEDAT4 stream info")
     return EventFile(events, sensor)
 
 
@@ -204,14 +226,17 @@ def _cut_inside(data: bytes, header: _Header, at: int, what: str, missing: int) 
     return missing
 
 
-def _check_table(data: bytes, header: _Header, packets: list[_Packet]) -> None:
-    """The data table must list exactly the chained packets (offset, stream, size)."""
+def _check_table(data: bytes, header: _Header, packets: list[_Packet], decompress: Decompress) -> list[int]:
+    """The number of elements the data table declares for each packet; it must list exactly the chained packets
+    (offset, stream, size)."""
     where = f"the data table at byte {header.table_at}"
-    fb = _decompress(memoryview(data)[header.table_at :], header.compression, where)
+    raw = memoryview(data)[header.table_at :]
+    fb = decompress(raw, min(MAX_EXPANSION * len(raw), MAX_PACKET_BYTES), where)
     root = _root(fb, b"FTAB", where)
     start, count = _vector(fb, root, 0, 4, where)
     if count != len(packets):
         raise _Damage(f"corrupt: {where} lists {count} packets, the file holds {len(packets)}")
+    counts = []
     for k, packet in enumerate(packets):
         entry = _table(fb, start + 4 * k, where)
         offset = _scalar(fb, entry, 0, I64, 0, where)
@@ -222,55 +247,111 @@ def _check_table(data: bytes, header: _Header, packets: list[_Packet]) -> None:
                 f"corrupt: {where} lists packet {k} at byte {listed[0]} (stream {listed[1]}, {listed[2]} bytes), "
                 f"the file has it at byte {packet.start} (stream {packet.stream}, {packet.size} bytes)"
             )
+        counts.append(_scalar(fb, entry, 2, I64, 0, where))
+    return counts
 
 
 # ------------------------------------------------------------------------------------------ packets
 
 
-def _decompress(raw: memoryview, compression: str, what: str) -> bytes:
-    """The flatbuffer stored in ``raw``, its decompressed size bounded by ``MAX_EXPANSION`` and ``MAX_PACKET_BYTES``."""
-    limit = min(MAX_EXPANSION * len(raw), MAX_PACKET_BYTES)
-    try:
-        if compression == "lz4":
-            decoder = lz4.frame.LZ4FrameDecompressor()
-            out = decoder.decompress(raw, max_length=limit)
-            if not decoder.eof or decoder.unused_data:
+def _decompressor(compression: str) -> Decompress:
+    """How packets of ``compression`` decompress, with a bound on their size; its package (lz4, zstandard) imported
+    here, when a file needs it: a machine that reads other files does without them."""
+    if compression == "lz4":
+        frame = _package("lz4.frame", "lz4", "LZ4")
+
+        def lz4(raw: memoryview, limit: int, what: str) -> bytes:
+            # decompress_chunk reads the file's bytes in place (LZ4FrameDecompressor copies its input first)
+            try:
+                out, used, end = frame.decompress_chunk(frame.create_decompression_context(), raw, max_length=limit)
+            except RuntimeError as e:  # lz4 reports a damaged frame as a RuntimeError
+                raise _Damage(f"corrupt: {what} does not decompress ({e})") from None
+            if not end or used != len(raw):
                 raise _Damage(
                     f"corrupt: {what} ends before its LZ4 frame does (cut or damaged), "
                     f"or decompresses to more than {limit} bytes"
                 )
             return out
-        if compression == "zstd":
-            declared = zstandard.frame_content_size(raw)
-            if declared > limit:
-                raise _Damage(f"corrupt: {what} declares {declared} bytes decompressed, more than {limit}")
-            return zstandard.ZstdDecompressor().decompress(raw, max_output_size=limit, allow_extra_data=False)
-    except (RuntimeError, zstandard.ZstdError) as e:  # lz4 reports a damaged frame as a RuntimeError
-        raise _Damage(f"corrupt: {what} does not decompress ({e})") from None
-    return raw.tobytes()
+
+        return lz4
+    if compression == "zstd":
+        zstandard = _package("zstandard", "zstandard", "ZSTD")
+        decoder = zstandard.ZstdDecompressor()
+
+        def zstd(raw: memoryview, limit: int, what: str) -> bytes:
+            try:
+                declared = zstandard.frame_content_size(raw)
+                if declared > limit:
+                    raise _Damage(f"corrupt: {what} declares {declared} bytes decompressed, more than {limit}")
+                return decoder.decompress(raw, max_output_size=limit, allow_extra_data=False)
+            except zstandard.ZstdError as e:
+                raise _Damage(f"corrupt: {what} does not decompress ({e})") from None
+
+        return zstd
+    return lambda raw, limit, what: raw
 
 
-def _event_parts(data: bytes, packets: list[_Packet], compression: str) -> list[np.ndarray]:
-    """The events of ``packets`` as ``EVENT_DTYPE`` arrays, each packet's flatbuffer let go once copied; ``_Damage``
-    when they decompress to more than ``MAX_FILE_EXPANSION`` x the file's size."""
-    parts, left = [], MAX_FILE_EXPANSION * len(data)
-    for packet in packets:
-        flat = _events(data, packet, compression)
-        left -= flat.nbytes
-        if left < 0:
+def _package(module: str, package: str, compression: str) -> ModuleType:
+    """``import module``; ``MissingPackage`` naming ``package`` when it is not installed."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise MissingPackage(
+            f"{compression}-compressed AEDAT4 files need the Python package {package!r}, which is not installed ({e})"
+        ) from e
+
+
+def _read_events(
+    data: bytes, packets: list[_Packet], counts: list[int] | None, decompress: Decompress
+) -> tuple[np.ndarray, np.ndarray]:
+    """The events of ``packets`` as one ``EVENT_DTYPE`` array, and what ``_convert`` saw of them.
+
+    ``counts`` (from the data table) size the array before any packet is decompressed; without them every packet is
+    decompressed first to count its events. ``_Damage`` when the events would take more than ``MAX_FILE_EXPANSION`` x
+    the file's size, or a packet holds another number of events than the table declares.
+    """
+    budget = MAX_FILE_EXPANSION * len(data)
+    flats: list[np.ndarray | None] | None = None
+    if counts is None:
+        flats, left = [], budget
+        for packet in packets:
+            flats.append(_events(data, packet, decompress, min(MAX_EXPANSION * packet.size, MAX_PACKET_BYTES)))
+            left -= flats[-1].nbytes
+            if left < 0:
+                break
+        counts = [flat.size for flat in flats]
+    for n, packet in zip(counts, packets, strict=True):
+        if not 0 <= DV_EVENT.itemsize * n <= min(MAX_EXPANSION * packet.size, MAX_PACKET_BYTES):
             raise _Damage(
-                f"corrupt: the event packets decompress to more than {MAX_FILE_EXPANSION} x the file's "
-                f"{len(data)} bytes (camera recordings compress 2-5x)"
+                f"corrupt: the data table declares {n} events in the {packet.size}-byte packet at byte {packet.start}"
             )
-        parts.append(np.empty(flat.size, EVENT_DTYPE))
-        _copy_events(flat, parts[-1])
-    return parts
+    if DV_EVENT.itemsize * sum(counts) > budget:
+        raise _Damage(
+            f"corrupt: the event packets decompress to more than {MAX_FILE_EXPANSION} x the file's "
+            f"{len(data)} bytes (camera recordings compress 2-5x)"
+        )
+    events = np.empty(sum(counts), EVENT_DTYPE)
+    seen = np.array([np.iinfo(np.int64).min, 0, 0, 0])  # the last time, x max, y max, whether time stepped back
+    at = 0
+    for k, packet in enumerate(packets):
+        if flats is None:
+            flat = _events(data, packet, decompress, DV_EVENT.itemsize * counts[k] + PACKET_FRAMING_BYTES)
+        else:
+            flat, flats[k] = flats[k], None  # let each packet go once converted
+        if flat.size != counts[k]:
+            raise _Damage(
+                f"corrupt: the data table declares {counts[k]} events in the packet at byte {packet.start}, "
+                f"it holds {flat.size}"
+            )
+        _convert(flat, events[at : at + flat.size], seen)
+        at += flat.size
+    return events, seen
 
 
-def _events(data: bytes, packet: _Packet, compression: str) -> np.ndarray:
-    """The events of one ``EVTS`` packet (fields t, x, y, p), a view into its decompressed flatbuffer."""
-    fb = _decompress(
-        memoryview(data)[packet.start : packet.start + packet.size], compression, f"the packet at byte {packet.start}"
+def _events(data: bytes, packet: _Packet, decompress: Decompress, limit: int) -> np.ndarray:
+    """The events of one ``EVTS`` packet (fields t, x, y, p), a view into its flatbuffer of at most ``limit`` bytes."""
+    fb = decompress(
+        memoryview(data)[packet.start : packet.start + packet.size], limit, f"the packet at byte {packet.start}"
     )
     where = f"the event packet at byte {packet.start}"
     start, count = _vector(fb, _root(fb, b"EVTS", where), 0, DV_EVENT.itemsize, where)
@@ -278,13 +359,25 @@ def _events(data: bytes, packet: _Packet, compression: str) -> np.ndarray:
 
 
 @numba.njit(cache=True, nogil=True)
-def _copy_events(src, dst):
-    """dv-processing's event structs into ``EVENT_DTYPE`` records (one pass: numpy would take one per field)."""
+def _convert(src, dst, seen):
+    """dv-processing's event structs into ``EVENT_DTYPE`` records in one pass (numpy would take one per field), noting
+    in ``seen`` (carried from packet to packet) what the checks need: the last time, the largest x and y (as the
+    unsigned values stored), and whether the time ever stepped back."""
+    t_last, x_max, y_max, back = seen[0], seen[1], seen[2], seen[3]
     for i in range(src.size):
-        dst[i].t = src[i].t
-        dst[i].x = src[i].x
-        dst[i].y = src[i].y
+        t = src[i].t
+        x = np.int64(src[i].x) & 0xFFFF
+        y = np.int64(src[i].y) & 0xFFFF
+        if t < t_last:
+            back = 1
+        t_last = t
+        x_max = max(x_max, x)
+        y_max = max(y_max, y)
+        dst[i].t = t
+        dst[i].x = x
+        dst[i].y = y
         dst[i].p = src[i].p != 0
+    seen[0], seen[1], seen[2], seen[3] = t_last, x_max, y_max, back
 
 
 # ------------------------------------------------------------------------------------------ flatbuffers
@@ -307,7 +400,8 @@ def _root(fb: bytes, identifier: bytes, where: str, size_prefixed: bool = True) 
             raise _Damage(f"corrupt: {where} says it holds {declared} bytes, it holds {len(fb) - 4}")
         at = 4
     if fb[at + 4 : at + 8] != identifier:
-        raise _Damage(f"corrupt: {where} is not a {identifier.decode()} flatbuffer (found {fb[at + 4 : at + 8]!r})")
+        found = bytes(fb[at + 4 : at + 8])
+        raise _Damage(f"corrupt: {where} is not a {identifier.decode()} flatbuffer (found {found!r})")
     return _table(fb, at, where)
 
 

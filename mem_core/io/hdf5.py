@@ -8,14 +8,16 @@ present (our writer adds them), else DSEC's 640 x 480 when the events fit, else 
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
+from types import ModuleType
 
 import h5py
-import hdf5plugin  # registers the Blosc/ZSTD filters before h5py opens a DSEC file
 import numpy as np
 from h5py import h5d, h5l
 
+from mem_core.errors import MissingPackage
 from mem_core.events import EVENT_DTYPE, MAX_ABS_TIME_US, SensorSize, infer_sensor
 from mem_core.io.base import (
     EventFile,
@@ -43,6 +45,24 @@ _LINK_KINDS = {h5l.TYPE_SOFT: "a soft link", h5l.TYPE_EXTERNAL: "an external lin
 class LayoutError(Exception):
     """An HDF5 object that must not be read as stored (it points outside the file, or its sizes are implausible);
     the caller names the file."""
+
+
+@functools.cache
+def hdf5_filters() -> ModuleType:
+    """``hdf5plugin``, imported once: the import registers the Blosc and ZSTD filters of DSEC files and corpus shards
+    with HDF5, which h5py needs to read them (else an obscure plugin error). Call it before h5py opens such a file.
+
+    Imported here rather than with this module: its wheel is 46 MB, and training on other files does without it.
+    ``MissingPackage`` when it is not installed.
+    """
+    try:
+        import hdf5plugin
+    except ImportError as e:
+        raise MissingPackage(
+            f"HDF5 event files and corpus shards (Blosc/ZSTD) need the Python package 'hdf5plugin', which is not "
+            f"installed ({e})"
+        ) from e
+    return hdf5plugin
 
 
 def member(group: h5py.Group, name: str, *, follow_links: bool = False) -> h5py.Group | h5py.Dataset | None:
@@ -111,6 +131,7 @@ def read_dsec(path: Path, *, follow_links: bool = False) -> EventFile:
     """
     try:
         check_regular(path)  # h5py opens the file by name
+        hdf5_filters()
         with h5py.File(path, "r") as f:
             datasets, t_offset = dsec_columns(f, path, follow_links=follow_links)
             columns = {k: ds[()] for k, ds in datasets.items()}
@@ -118,7 +139,7 @@ def read_dsec(path: Path, *, follow_links: bool = False) -> EventFile:
             attrs = {k: int(group.attrs[k]) for k in ("width", "height") if k in group.attrs}
     except LayoutError as e:
         raise EventFileError(path, f"refused: {e} (--follow-links reads it)") from None
-    except NotRegularFile as e:
+    except (NotRegularFile, MissingPackage) as e:
         raise EventFileError(path, str(e)) from None
     except _DECODE_ERRORS as e:
         raise EventFileError(path, f"corrupt HDF5 file ({type(e).__name__}: {e})") from e
@@ -197,6 +218,7 @@ def write_dsec(path: Path, events: np.ndarray, sensor: SensorSize) -> None:
         raise ValueError(f"DSEC .h5 holds relative times < 2^32 us, the events span {int(rel[-1])} us")
     n_ms = int(rel[-1]) // 1000 + 2 if rel.size else 1
     ms_to_idx = np.searchsorted(rel, np.arange(n_ms, dtype=np.int64) * 1000, side="left").astype(np.uint64)
+    hdf5plugin = hdf5_filters()
     blosc = hdf5plugin.Blosc(cname="zstd", clevel=1, shuffle=hdf5plugin.Blosc.SHUFFLE)
     with h5py.File(path, "w") as f:
         group = f.create_group("events")
