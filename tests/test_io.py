@@ -288,6 +288,27 @@ def test_aedat4_with_a_damaged_event_packet_is_refused(tmp_path, events_factory,
 
 
 @pytest.mark.parametrize(
+    ("declared", "message"),
+    [
+        (999, r"the data table declares 999 events in the packet at byte \d+, it holds 1000"),
+        (2**40, r"the data table declares 1099511627776 events in the \d+-byte packet at byte \d+"),
+        (-1, r"the data table declares -1 events"),
+    ],
+)
+def test_aedat4_whose_data_table_miscounts_a_packet_is_refused(tmp_path, events_factory, declared, message):
+    """The result is allocated from the table's counts: each must be what its packet holds, and no more than the
+    packet's bytes can expand to."""
+    sensor = SensorSize(48, 64)
+    path = write_with_dv(tmp_path / "counted.aedat4", events_factory(3000, sensor), sensor, "NONE")  # 3 x 1000
+    buf = path.read_bytes()
+    last, _, size = aedat4_packets(buf, {0})[-1]
+    at = buf.index(struct.pack("<q", 1000), last + 8 + size)  # NumElements of the table's first entry
+    path.write_bytes(buf[:at] + struct.pack("<q", declared) + buf[at + 8 :])
+    with pytest.raises(EventFileError, match=message):
+        read_events(path)
+
+
+@pytest.mark.parametrize(
     ("keep", "message"),
     [
         (10, r"truncated: the file ends inside the AEDAT4 version line \(10 bytes\)"),
