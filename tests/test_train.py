@@ -130,10 +130,12 @@ def predictor_window() -> np.ndarray:
     return make_events(np.arange(n), rng.integers(0, 128, n), rng.integers(0, 128, n), rng.integers(0, 2, n))
 
 
-def test_equal_steps_counts_the_batches_a_label_fraction_makes():
-    """A run on a fraction of the labels takes the steps of the run on all of them: 3,000 samples at batch 64 are 46
-    steps an epoch, 300 are 4 and 30 fill one batch a step, so 20 epochs become 230 and 920 (not 200 and 2,000)."""
+def test_a_label_fraction_trains_the_steps_and_validations_of_all_labels():
+    """A run on a fraction of the labels takes the epochs, steps and validations of the run on all of them: an epoch
+    of 300 or 30 labelled samples draws 3,000 (46 steps of 64, as all labels make), in passes over the labelled
+    samples that each draw their own order and augmentations."""
     from mem_core.datasets import EventSource
+    from mem_core.train.engine import EpochBatchSampler
     from mem_core.train.experiment import equal_steps
 
     class Labels(EventSource):
@@ -143,10 +145,21 @@ def test_equal_steps_counts_the_batches_a_label_fraction_makes():
             raise AssertionError("counting steps reads no events")
 
     base = stage_config("finetune", overrides=["epochs=20", "eval_every=4", "warmup_epochs=2", "batch_size=64"])
-    for fraction, epochs in ((1.0, 20), (0.1, 230), (0.01, 920)):
+    for fraction, labelled in ((1.0, 3000), (0.1, 300), (0.01, 30)):
         cfg = equal_steps(dataclasses.replace(base, data=dataclasses.replace(base.data, labels=fraction)), Labels())
-        assert cfg.epochs == epochs and cfg.eval_every == round(4 * epochs / 20)
-        assert cfg.warmup_epochs == pytest.approx(2 * epochs / 20, rel=0.01)
+        assert (cfg.epochs, cfg.eval_every, cfg.warmup_epochs) == (20, 4, 2)
+        sampler = EpochBatchSampler(
+            labelled, 64, seed=0, shuffle=True, drop_last=True, epoch_samples=cfg.data.epoch_samples
+        )
+        sampler.set_epoch(3)
+        batches = list(sampler)
+        assert len(sampler) == len(batches) == 46
+        pairs = [pair for batch in batches for pair in batch]
+        passes = -(-3000 // labelled)
+        keys = {key for _, key in pairs}  # a key per pass, none shared with another epoch's
+        assert keys <= set(range(3 * passes, 4 * passes)) and len(keys) >= passes - 1
+        counts = np.bincount([i for i, _ in pairs], minlength=labelled)
+        assert counts.min() >= passes - 2 and counts.max() <= passes  # every labelled sample in (almost) every pass
 
 
 def test_a_time_limit_stops_a_run_after_the_epoch_that_passes_it(tmp_path):
@@ -476,8 +489,8 @@ def test_label_efficiency_experiment_scores_three_arms_on_test_and_runs_in_paral
     assert [(r["labels"], r["arm"]) for r in report["rows"]] == [
         (f, arm) for f in (0.5, 1.0) for arm in ("mem", "scratch", "resnet10t")
     ]
-    for row in report["rows"]:  # equal steps: twice the epochs at half the labels, validated as often per sample
-        assert row["epochs"] == (4 if row["labels"] == 0.5 else 2) and len(row["val_curve"]) == 2
+    for row in report["rows"]:  # equal steps: the epochs and validations of all labels at every fraction
+        assert row["epochs"] == 2 and len(row["val_curve"]) == 2
         assert row["train_samples"] == 24 and not row["cut_short"]  # data.max_samples caps both fractions
         assert row["val_final_top1"] == row["val_curve"][-1][1] and row["val_best_top1"] >= row["val_final_top1"]
         scored = json.loads((Path(row["run"]) / TEST_SCORES).read_text())

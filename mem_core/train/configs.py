@@ -43,6 +43,9 @@ class DataConfig:
     labels: float = 1.0  # fraction of labelled training samples (stratified, seeded by label_seed)
     label_seed: int = 0
     max_samples: int = 0  # cap the training set (0 = all), for quick runs
+    # samples a training epoch draws (0: one pass over the training samples); more makes several passes, each in its
+    # own order and augmentations: a few labels trained with the steps of many (mem experiment's equal steps)
+    epoch_samples: int = 0
     num_workers: int = -1  # loader processes per training process; -1: one per core it gets, at most 8
     split_file: str = ""  # ncaltech101: where the fixed split is stored (default: inside the dataset root)
     verify: bool = False  # corpus: read and check every event before training (every shard is opened anyway)
@@ -53,7 +56,12 @@ class DataConfig:
 
 
 AT_LEAST_0, AT_LEAST_1, FRACTION = Interval(0), Interval(1), Interval(0, 1, hi_open=True)
-DATA_RANGES = {"labels": Interval(0, 1, lo_open=True), "max_samples": AT_LEAST_0, "num_workers": Interval(-1)}
+DATA_RANGES = {
+    "labels": Interval(0, 1, lo_open=True),
+    "max_samples": AT_LEAST_0,
+    "epoch_samples": AT_LEAST_0,
+    "num_workers": Interval(-1),
+}
 # Bounds of the numeric fields of every stage config (those a subclass lacks are skipped): a value outside them is a
 # ConfigError at once, not a traceback (batch_size=0), a silent NaN (lr=nan) or a missing checkpoint (epochs=-1).
 STAGE_RANGES = {

@@ -33,7 +33,11 @@ class NonFiniteLossError(MemError, FloatingPointError):
 
 
 class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
-    """Batches of ``(index, epoch)`` pairs: a seeded permutation per epoch, the global batch split over ranks.
+    """Batches of ``(index, key)`` pairs: a seeded permutation per epoch, the global batch split over ranks; ``key``
+    seeds the sample's augmentation (``WindowDataset``). With ``epoch_samples`` beyond ``n`` (training on a few
+    labels with the steps of many), an epoch makes several passes over the samples, each in its own order, the last
+    one cut at ``epoch_samples``; a pass's key is ``epoch * passes + pass``, so every pass draws its own augmentations,
+    and one pass keys its samples with the epoch itself.
 
     Training (``drop_last``): each rank gets the slice ``[rank * b, (rank + 1) * b)`` of every global batch
     (``b = global_batch / world``), so one process with batch B and N processes with batch B/N see the same samples
@@ -52,29 +56,41 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
         drop_last: bool,
         rank: int = 0,
         world_size: int = 1,
+        epoch_samples: int = 0,
     ):
         if n <= 0:
             raise ValueError("cannot sample from an empty dataset")
+        if epoch_samples < 0 or (epoch_samples > n and not (shuffle and drop_last)):
+            raise ValueError(f"epoch_samples {epoch_samples}: several passes an epoch are for training (shuffled)")
         if global_batch < 1 or (drop_last and global_batch % world_size):
             raise ValueError(f"batch_size {global_batch} must be a positive multiple of the {world_size} processes")
         self.n, self.global_batch, self.seed = n, global_batch, seed
         self.shuffle, self.drop_last = shuffle, drop_last
         self.rank, self.world_size = rank, world_size
         self.per_rank = global_batch // world_size
+        self.samples = epoch_samples or n  # drawn per epoch
+        self.passes = -(-self.samples // n)
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def _order(self) -> np.ndarray:
+    def _order(self) -> tuple[np.ndarray, np.ndarray]:
+        """(sample positions, augmentation keys) of this epoch, in order."""
         if not self.shuffle:
-            return np.arange(self.n)
-        return np.random.default_rng([self.seed, self.epoch]).permutation(self.n)
+            return np.arange(self.n), np.full(self.n, self.epoch)
+        if self.passes == 1:
+            order = np.random.default_rng([self.seed, self.epoch]).permutation(self.n)[: self.samples]
+            return order, np.full(len(order), self.epoch)
+        passes = [np.random.default_rng([self.seed, self.epoch, k]).permutation(self.n) for k in range(self.passes)]
+        keys = self.epoch * self.passes + np.repeat(np.arange(self.passes), self.n)
+        return np.concatenate(passes)[: self.samples], keys[: self.samples]
 
     def _global_batches(self) -> int:
+        total = self.samples
         if self.drop_last:
-            return max(self.n // self.global_batch, 1 if self.n < self.global_batch else 0)
-        return math.ceil(self.n / self.global_batch)
+            return max(total // self.global_batch, 1 if total < self.global_batch else 0)
+        return math.ceil(total / self.global_batch)
 
     def _share(self, start: int, size: int) -> tuple[int, int]:
         """(first, count) of this rank's part of a global batch of ``size`` samples beginning at ``start``."""
@@ -90,15 +106,16 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
         return sum(1 for size in sizes if self._share(0, size)[1] > 0)
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
-        order = self._order()
-        if self.drop_last and self.n < self.global_batch:
-            # fewer samples than one batch (tiny label fractions): repeat the permutation to fill one batch
-            order = np.resize(order, self.global_batch)
+        order, keys = self._order()
+        if self.drop_last and len(order) < self.global_batch:
+            # fewer samples than one batch (a few labelled captures): repeat the permutation to fill one batch
+            order, keys = np.resize(order, self.global_batch), np.resize(keys, self.global_batch)
         for b in range(self._global_batches()):
             start = b * self.global_batch
             first, count = self._share(start, min(self.global_batch, len(order) - start))
             if count > 0:
-                yield [(int(i), self.epoch) for i in order[first : first + count]]
+                pairs = zip(order[first : first + count], keys[first : first + count], strict=True)
+                yield [(int(i), int(k)) for i, k in pairs]
 
 
 def seed_everything(seed: int, epoch: int, rank: int | None = None) -> None:

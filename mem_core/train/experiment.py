@@ -57,8 +57,8 @@ class LabelEfficiencyConfig:
     # the CNN arm trained from scratch beside MEM and scratch (a timm name of ``mem_core.models.cnn.CNN_ARCHS``), or
     # "none"
     yardstick: str = "resnet18"
-    # every finetuning run takes the same number of optimisation steps: the preset's epochs at 100 % labels, more
-    # epochs below, as many as make up the steps (``equal_steps``), evaluating as often per step
+    # every finetuning run takes the same number of optimisation steps and validations: an epoch on a label fraction
+    # draws as many samples as all labels hold (``equal_steps``)
     equal_steps: bool = True
     overrides: dict[str, list[str]] = field(default_factory=dict)  # stage -> ["key=value", ...]
     jobs: int = 1  # finetuning runs at once, each in its own process
@@ -114,27 +114,18 @@ def training_split(cfg):
 
 
 def equal_steps(cfg, train_source):
-    """``cfg`` (a finetuning config on ``cfg.data.labels`` of the labels of ``train_source``) stretched so that its
-    run takes the optimisation steps, validations and warm-up of the same run on all labels: its epochs times the
-    ratio of the two runs' steps per epoch. A step is a full batch (the last partial one is dropped, and a labelled
-    set smaller than one batch fills one batch a step), so 30 labels at batch 64 take one step an epoch where all
-    3,000 take 46: epochs x 46, not epochs x 100."""
+    """``cfg`` (a finetuning config on ``cfg.data.labels`` of the labels of ``train_source``) made to take the
+    optimisation steps, validations and warm-up of the same run on all labels: each epoch draws as many samples as
+    all labels hold (``data.epoch_samples``: several passes over the labelled ones, each in its own order and
+    augmentations), so the epochs, the schedule and the validations stay those of the full run."""
+    from mem_core.train.common import train_indices
+
     if cfg.data.labels >= 1:
         return cfg
     everything = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, labels=1.0))
-    factor = _steps_per_epoch(everything, train_source) / _steps_per_epoch(cfg, train_source)
     return dataclasses.replace(
-        cfg,
-        epochs=max(1, round(cfg.epochs * factor)),
-        eval_every=max(1, round(cfg.eval_every * factor)),
-        warmup_epochs=cfg.warmup_epochs * factor,
+        cfg, data=dataclasses.replace(cfg.data, epoch_samples=len(train_indices(everything, train_source)))
     )
-
-
-def _steps_per_epoch(cfg, train_source) -> int:
-    from mem_core.train.common import train_indices
-
-    return max(len(train_indices(cfg, train_source)) // cfg.batch_size, 1)
 
 
 def run(cfg: LabelEfficiencyConfig) -> dict[str, Any]:

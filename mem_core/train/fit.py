@@ -16,7 +16,8 @@ from torch.utils.data import DataLoader
 from mem_core.adapters import shutdown_loader_workers
 from mem_core.datasets import EventSource, WindowDataset, collate_windows
 from mem_core.errors import MemError
-from mem_core.runs.rundir import RunDir, RunError, load_checkpoint
+from mem_core.limits import is_int
+from mem_core.runs.rundir import RunDir, RunError, load_checkpoint, load_state
 from mem_core.train.engine import EpochBatchSampler, StepResult, seed_everything, train_one_epoch
 from mem_core.train.plots import plot_curves
 from mem_core.train.runtime import Runtime
@@ -46,9 +47,11 @@ def build_loader(
     runtime: Runtime,
     num_workers: int,
     indices: np.ndarray | None = None,
+    epoch_samples: int = 0,
 ) -> tuple[DataLoader, EpochBatchSampler]:
     """A DataLoader of padded event windows; ``batch_size`` is global (split over the DDP processes);
-    ``num_workers`` -1 is ``loader_workers``' automatic count."""
+    ``num_workers`` -1 is ``loader_workers``' automatic count; ``epoch_samples`` (training): the samples an epoch
+    draws, in passes over the dataset (``EpochBatchSampler``)."""
     num_workers = loader_workers(num_workers, runtime.world_size)
     dataset = WindowDataset(source, spec, train=train, seed=seed, indices=indices)
     sampler = EpochBatchSampler(
@@ -59,6 +62,7 @@ def build_loader(
         drop_last=train,
         rank=runtime.rank,
         world_size=runtime.world_size,
+        epoch_samples=epoch_samples,
     )
     loader = _Loader(
         dataset,
@@ -114,7 +118,9 @@ class _Loader(DataLoader):
 def build_stage_loaders(cfg, runtime: Runtime, train_src: EventSource, val_src: EventSource, indices=None):
     """The training loader (random windows, augmented), its sampler, and the validation loader (deterministic)."""
     common = {"seed": cfg.seed, "batch_size": cfg.batch_size, "runtime": runtime, "num_workers": cfg.data.num_workers}
-    loader, sampler = build_loader(train_src, cfg.input, train=True, indices=indices, **common)
+    loader, sampler = build_loader(
+        train_src, cfg.input, train=True, indices=indices, epoch_samples=cfg.data.epoch_samples, **common
+    )
     val_loader, _ = build_loader(val_src, cfg.input, train=False, **common)
     return loader, sampler, val_loader
 
@@ -199,7 +205,7 @@ def fit(run: RunDir, cfg, runtime: Runtime, training: Training, *, resume: bool 
     t = training
     steps_per_epoch = len(t.sampler)
     scheduler = build_scheduler(cfg, t.optimizer, steps_per_epoch)
-    start_epoch, best = _restore(run, t, scheduler, resume)
+    start_epoch, best = _restore(run, t, scheduler, resume, cfg.epochs)
     result = FitResult(history=run.metrics(), best=best)
 
     def on_update(num_updates: int) -> None:
@@ -281,7 +287,7 @@ def _print_cut(description: str, epoch: int, cfg) -> None:
     )
 
 
-def _restore(run: RunDir, t: Training, scheduler, resume: bool) -> tuple[int, dict[str, Any] | None]:
+def _restore(run: RunDir, t: Training, scheduler, resume: bool, epochs: int) -> tuple[int, dict[str, Any] | None]:
     """With ``resume`` and a checkpoint: load it into the training state; (first epoch to run, best so far).
 
     Records of epochs after the checkpoint are dropped (all of them without one): a run stopped between logging an
@@ -295,8 +301,9 @@ def _restore(run: RunDir, t: Training, scheduler, resume: bool) -> tuple[int, di
     path = run.checkpoint_path
     state = load_checkpoint(path)
     epoch, best = state.get("epoch"), state.get("best")
-    if not (is_int(epoch) and 0 <= epoch < cfg_epochs(t, run)) or not (best is None or isinstance(best, dict)):
-        raise RunError(f"{path}: does not hold this run's training state (epoch {epoch!r}, best {best!r})")
+    scores = best is None or (isinstance(best, dict) and all(isinstance(v, int | float) for v in best.values()))
+    if not (is_int(epoch) and 0 <= epoch < epochs and scores):
+        raise RunError(f"{path}: does not hold this run's training state (its epoch or best epoch is not one of it)")
     load_state(t.model, state.get("model"), path, "model")
     load_state(t.optimizer, state.get("optimizer"), path, "optimizer")
     if scheduler is not None and state.get("scheduler"):
