@@ -51,10 +51,12 @@ class ServeConfig:
             self, {"top_k": Interval(1), "train_epochs": Interval(1), "stats_interval_s": Interval(0, lo_open=True)}
         )
         if self.classes:
-            from mem_core.schema import class_names_problem  # pydantic: imported only where classes are given
+            from mem_core.schema import SchemaError, class_names  # pydantic: imported only where classes are given
 
-            if (problem := class_names_problem(list(self.classes))) is not None:
-                raise ConfigError(problem)
+            try:  # in the one Unicode spelling captures are stored under (frozen: set as the dataclass does)
+                object.__setattr__(self, "classes", tuple(class_names(list(self.classes))))
+            except SchemaError as exc:
+                raise ConfigError(str(exc)) from None
 
 
 @dataclass(frozen=True)

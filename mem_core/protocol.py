@@ -665,6 +665,7 @@ class _Capture(TypedDict, total=False):
 
 class _Train(TypedDict, total=False):
     epochs: _ints(1, MAX_TRAIN_EPOCHS) | None
+    classes: LabelNames | None  # the classes the client offers: each needs its captures before a run starts
 
 
 _ARGUMENTS: dict[str, Any] = {  # the arguments of the commands that take any
@@ -689,7 +690,8 @@ def decode_control(message: Message) -> tuple[str, dict[str, Any]]:
     the start of the file); ``window`` needs ``events`` in [1, MAX_WINDOW_EVENTS] and takes ``ms`` in
     (0, MAX_WINDOW_MS] or null (no time limit); ``record_start`` takes an optional ``name``; ``capture`` needs a
     class name ``label`` (1 to MAX_LABEL printable characters, not only spaces) and takes the ``frame`` id of the
-    window to capture (default: the newest); ``train`` takes ``epochs`` in [1, MAX_TRAIN_EPOCHS]; the other commands
+    window to capture (default: the newest); ``train`` takes ``epochs`` in [1, MAX_TRAIN_EPOCHS] and the ``classes``
+    the client offers for labelling (class names, in their NFC spelling as every class name); the other commands
     take no arguments. Arguments given as null are left out, except the window's ``ms`` (null: no time limit).
     """
     _expect_topic(message, "control")

@@ -96,14 +96,14 @@ class LabelledCaptures(Closing):
             raise RecorderError(f"label {label!r}: the corpus already holds the {MAX_CLASSES} classes a model may have")
         if events.size == 0:
             raise RecorderError("the window holds no events: nothing to capture")
-        writer = self._writable(f"capture of {label!r} not stored")
+        writer = self._writable(f"{label!r} not stored")
         name = f"capture-{self._next:06d}"
         when = datetime.now(UTC).isoformat(timespec="milliseconds")
         try:
             writer.add_recording(name, events, sensor, label=label, metadata={"captured_utc": when, **(metadata or {})})
             writer.flush()
         except CorpusError as exc:  # the writer stopped: its uncommitted capture is gone, the committed ones stay
-            raise self._stopped(exc, f"capture of {label!r} not stored") from None
+            raise self._stopped(exc, f"{label!r} not stored") from None
         self._next += 1
         self._taken.append((name, label))
         self._counts[label] += 1
@@ -113,14 +113,14 @@ class LabelledCaptures(Closing):
         """Take the last capture of this session back out; returns its label, or None when there is none."""
         if not self._taken:
             return None
-        writer = self._writable("undo not done")
+        writer = self._writable("not taken back")
         if not self._taken:  # (opened again: the captures of this session that were lost are not there to undo)
             return None
         name, label = self._taken[-1]
         try:
             writer.remove_recording(name)
         except CorpusError as exc:
-            raise self._stopped(exc, "undo not done") from None
+            raise self._stopped(exc, "not taken back") from None
         self._taken.pop()
         self._counts[label] -= 1
         return label

@@ -90,7 +90,7 @@ def test_a_labels_folder_moved_away_says_so_and_capturing_goes_on_once_it_is_bac
         root.rename(away)
         for _ in range(2):  # every try says what happened and what to do, never that a name exists
             with pytest.raises(
-                RecorderError, match=r"capture of 'car' not stored: the labels folder .* is gone .* back"
+                RecorderError, match=r"'car' not stored: the labels folder .* is gone .* back"
             ):
                 captures.capture(windows[1], SENSOR, "car")
         assert captures.counts() == {"car": 1}
@@ -119,7 +119,7 @@ def test_a_capture_the_disk_fails_to_take_is_not_stored_and_the_next_one_is(
     with LabelledCaptures(root) as captures:
         captures.capture(windows[0], SENSOR, "car")
         monkeypatch.setattr(os, "fsync", failing)
-        with pytest.raises(RecorderError, match=rf"capture of 'car' not stored: .*{os.strerror(code)}.*writable again"):
+        with pytest.raises(RecorderError, match=rf"'car' not stored: .*{os.strerror(code)}.*writable again"):
             captures.capture(windows[1], SENSOR, "car")
         monkeypatch.undo()
         assert captures.counts() == {"car": 1}

@@ -11,6 +11,7 @@ import time
 from dataclasses import replace
 
 import pytest
+import zmq
 from PySide6 import QtCore, QtWidgets
 
 from app import demo
@@ -129,6 +130,35 @@ def serve_and_view(
     return server, client, window
 
 
+def capture_what_is_seen(qtbot, server: LiveServer, window: ViewerWindow) -> str:
+    """Press the number key of the class in view (the simulator's ground truth of the window on screen), as a user
+    would, and wait for the capture's flash; returns the class."""
+    panel, deadline = window.labels, time.monotonic() + 30
+    truth = None
+    while not truth:
+        assert time.monotonic() < deadline, "no window with one class in view"
+        qtbot.wait(100)
+        with contextlib.suppress(LabelError):
+            if panel.frame is not None:
+                truth = server.window_truth(server.labelling.windows.get(panel.frame).events).get("truth")
+    flashes = window.flashes
+    qtbot.keyClick(window, str(CLASSES.index(truth[0]) + 1))
+    wait_until(qtbot, lambda: window.flashes > flashes, 10, "the capture's flash")
+    return truth[0]
+
+
+def restart(config: ServeConfig, source: SimulatorSource) -> LiveServer:
+    """A server started on the endpoints a stopped one had (its sockets close in ZMQ's own thread: retried)."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            return LiveServer(config, source=source, torch_threads=1).start()
+        except zmq.ZMQError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
 @pytest.mark.timeout(600)  # about 1.5 minutes on 2 idle cores; longer where they are shared
 def test_label_windows_in_the_viewer_train_and_the_new_model_takes_over(qtbot, tmp_path, pretrain_run):
     camera = CAMERA
@@ -201,6 +231,32 @@ def test_label_windows_in_the_viewer_train_and_the_new_model_takes_over(qtbot, t
                     live.append(held.info["prediction"] == truth[0])
         assert len(live) >= 20  # the trained model predicts on the stream
         served, val_top1 = server.window, panel.training["val_top1"]
+
+        # another day: one more capture after the undo (the names now have a gap), then mem serve started again on
+        # the same folders, without --pretrain, while the viewer stays open
+        capture_what_is_seen(qtbot, server, window)
+        server.stop()
+        config = replace(server.config, pretrain=None, pub=server.pub_endpoint, control=server.control_endpoint)
+        server, session = restart(config, SimulatorSource(camera, speed=2.0)), window.session
+        wait_until(
+            qtbot,
+            lambda: window.session != session and "label-001 v1" in window.header.text(),
+            60,
+            "the trained model served again",
+        )
+        assert panel.result.text().endswith("trained before this server started")  # not the last server's news
+        for _ in range(3):  # every capture is stored (none named as an earlier one)
+            capture_what_is_seen(qtbot, server, window)
+        assert sum(panel.counts.values()) == PER_CLASS * 3 + 3 and not panel.error.isVisible()  # (one undone)
+        # a class on the buttons without captures: Train says so instead of leaving it out of the model
+        panel.names.setFocus()
+        panel.names.selectAll()
+        qtbot.keyClicks(panel.names, ", ".join([*CLASSES, "ring"]))
+        qtbot.keyClick(panel.names, QtCore.Qt.Key.Key_Return)
+        qtbot.mouseClick(panel.train, QtCore.Qt.MouseButton.LeftButton)
+        wait_until(qtbot, lambda: panel.error.isVisible(), 10, "the refusal")
+        assert panel.error.text().endswith("of every class (one is held out): ring has 0"), panel.error.text()
+        assert sum(Corpus(tmp_path / "labels").label_counts().values()) == PER_CLASS * 3 + 3
     finally:
         window.close()
         client.close()

@@ -124,6 +124,15 @@ def test_control_requests_round_trip_and_are_checked():
         {"events": 5000, "ms": 50.0},
     )
     assert decode_control(decode(encode_control(5, "window", events=5000))) == ("window", {"events": 5000, "ms": None})
+    # class names in one spelling: "é" sent as "e" + a combining accent is the one-character "é"
+    assert decode_control(decode(encode_control(6, "capture", label="cafe\u0301"))) == (
+        "capture",
+        {"label": "caf\u00e9"},
+    )
+    assert decode_control(decode(encode_control(7, "train", classes=["cafe\u0301", "disc"], epochs=3))) == (
+        "train",
+        {"classes": ["caf\u00e9", "disc"], "epochs": 3},
+    )
     for command, args, reason in (
         ("explode", {}, "unknown control command"),
         ("speed", {}, "value"),
@@ -142,6 +151,7 @@ def test_control_requests_round_trip_and_are_checked():
         ("window", {"events": 5000, "ms": 0}, "window: ms"),
         ("window", {"events": 5000, "ms": 1e6}, "window: ms"),
         ("window", {"events": 5000.5}, "window: events"),
+        ("train", {"classes": ["disc", 3]}, "train: classes.1: expected a string"),
     ):
         with pytest.raises(ProtocolError, match=reason):
             decode_control(decode(encode_control(0, command, **args)))

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shutil
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,7 +20,7 @@ from app.live.ring import EventRing
 from app.live.sensor_view import sensor_view
 from app.live.server import LiveServer, control_endpoint_for
 from mem_core.configuration import ConfigError
-from mem_core.corpus import Corpus, CorpusWriter
+from mem_core.corpus import Corpus, CorpusWriter, snapshot_corpus
 from mem_core.events import SensorSize, make_events
 from mem_core.inference import Predictor
 from mem_core.models import TokenizerConfig, ViTConfig
@@ -27,6 +29,7 @@ from mem_core.representation import InputSpec
 from mem_core.runs.export import export_random
 from mem_core.runs.rundir import RunError
 from mem_core.simulator import task_config
+from recorders.capture import LabelledCaptures
 from recorders.simulated import SimulatorSource
 from recorders.sources import open_source
 from recorders.synthetic import SyntheticSource
@@ -773,12 +776,21 @@ def test_capture_stores_exactly_the_window_a_prediction_was_made_on_and_undo_tak
     assert capture.metadata["prediction"] == pred["top_k"][0]["name"] and capture.metadata["model_version"] == 1
 
 
+def pretraining_run(root) -> Path:
+    """A directory that says it is a pretraining run (what the server checks at its start; a Train run would need
+    its weights)."""
+    root.mkdir(parents=True)
+    (root / "config.json").write_text(json.dumps({"stage": "pretrain", "config": {}}))
+    return root
+
+
 def test_train_says_what_is_missing_before_it_starts(export, tmp_path):
     with serving(export, SimulatorSource(task_config()), labels=tmp_path / "labels") as server:
         reply = request(server.control_endpoint, "train")
         assert not reply["ok"] and "no pretraining run to finetune" in reply["error"]
+    pretrain = pretraining_run(tmp_path / "pretrain")
     with (
-        serving(export, SimulatorSource(task_config()), labels=tmp_path / "labels", pretrain=tmp_path) as server,
+        serving(export, SimulatorSource(task_config()), labels=tmp_path / "labels", pretrain=pretrain) as server,
         subscriber(server.pub_endpoint) as sub,
     ):
         collect(sub, lambda ms: of(ms, "sensor"))  # a window to capture
@@ -827,6 +839,119 @@ def test_without_a_model_the_server_streams_sensor_views_to_label(tmp_path):
         assert stats["accumulation"]["ms"] == 50.0  # a window to label with: crisp shapes
         assert not of(messages, "pred")
         assert request(server.control_endpoint, "capture", label="disc")["ok"]
+
+
+def test_a_pretraining_run_that_is_not_one_is_refused_at_the_start(tmp_path):
+    finetune = tmp_path / "finetune"
+    finetune.mkdir()
+    (finetune / "config.json").write_text(json.dumps({"stage": "finetune", "config": {}}))
+    for path, why in [
+        (tmp_path / "missing", "no such directory"),
+        (tmp_path, "not a MEM run directory"),
+        (finetune, "a 'finetune' run, not a pretraining run"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(f"pretrain {path}: {why}")):  # not at the first Train
+            LiveServer(ServeConfig(pretrain=path, pub="tcp://127.0.0.1:*"), source=SyntheticSource(1000, SENSOR))
+
+
+def labelling(tmp_path, **config):
+    """A server without a model on the simulated camera, labelling into ``tmp_path / "labels"``."""
+    return serving(None, SimulatorSource(task_config()), labels=tmp_path / "labels", **config)
+
+
+def test_a_label_session_goes_on_after_an_undo_and_a_restart_with_one_class_per_spelling(tmp_path):
+    with labelling(tmp_path) as server, subscriber(server.pub_endpoint) as sub:
+        collect(sub, lambda ms: of(ms, "sensor"))  # a window to capture
+        for label in ("disc", "ring"):
+            assert request(server.control_endpoint, "capture", label=label)["ok"]
+        assert request(server.control_endpoint, "undo_capture")["ok"]
+        assert request(server.control_endpoint, "capture", label="cafe\u0301")["ok"]  # e + a combining accent
+    with labelling(tmp_path) as server, subscriber(server.pub_endpoint) as sub:  # mem serve started again
+        collect(sub, lambda ms: of(ms, "sensor"))
+        for _ in range(3):
+            reply = request(server.control_endpoint, "capture", label="caf\u00e9")  # é as one character
+            assert reply["ok"], reply["error"]
+        assert reply["state"]["labels"]["counts"] == {"caf\u00e9": 4, "disc": 1}
+    corpus = Corpus(tmp_path / "labels")
+    assert [r.label for r in corpus.recordings] == ["disc", *["caf\u00e9"] * 4]
+    assert len({r.name for r in corpus.recordings}) == 5
+
+
+def test_a_labels_folder_moved_away_under_the_server_says_so_and_capturing_goes_on_once_it_is_back(tmp_path):
+    labels, away = tmp_path / "labels", tmp_path / "away"
+    with labelling(tmp_path) as server, subscriber(server.pub_endpoint) as sub:
+        collect(sub, lambda ms: of(ms, "sensor"))
+        assert request(server.control_endpoint, "capture", label="disc")["ok"]
+        labels.rename(away)
+        for _ in range(2):  # every try says what happened and what to do
+            reply = request(server.control_endpoint, "capture", label="disc")
+            assert not reply["ok"] and reply["error"].startswith(
+                f"capture: 'disc' not stored: the labels folder {labels} is gone (moved or deleted?); put it back"
+            )
+        stats = collect(sub, lambda ms: any(m.header["labels"]["error"] for m in of(ms, "stats")))
+        assert "is gone" in next(m.header["labels"]["error"] for m in of(stats, "stats") if m.header["labels"]["error"])
+        away.rename(labels)
+        reply = request(server.control_endpoint, "capture", label="ring")
+        assert reply["ok"] and reply["state"]["labels"]["counts"] == {"disc": 1, "ring": 1}
+    corpus = Corpus(labels)
+    assert [r.label for r in corpus.recordings] == ["disc", "ring"] and corpus.check(full=True) == {}
+
+
+def fake_train_run(runs, n: int, labels, export, finished: bool = True) -> Path:
+    """What a Train run leaves: the captures it learned from and its export (``model.json`` written last)."""
+    run = runs / f"label-{n:03d}"
+    snapshot_corpus(labels, run / "captures", provenance={"tool": "test"})
+    shutil.copytree(export, run / "export")
+    if not finished:
+        (run / "export" / "model.json").unlink()
+    return run / "export"
+
+
+def test_a_server_started_again_serves_the_newest_train_run_on_its_labels(export, tmp_path):
+    labels, other, runs = tmp_path / "labels", tmp_path / "other", tmp_path / "label-runs"
+    for root in (labels, other):
+        with LabelledCaptures(root) as captures:
+            captures.capture(make_events([1, 2], [0, 1], [0, 1], [0, 1]), SENSOR, "disc")
+    fake_train_run(runs, 1, labels, export)
+    newest = fake_train_run(runs, 2, labels, export)
+    fake_train_run(runs, 3, other, export)  # another labels folder's
+    fake_train_run(runs, 4, labels, export, finished=False)  # cut short while exporting
+    with labelling(tmp_path, train_out=runs) as server, subscriber(server.pub_endpoint) as sub:
+        messages = collect(sub, lambda ms: of(ms, "pred") and of(ms, "stats")[-1].header["model_state"] == "ready")
+        assert of(messages, "pred")[0].header["model_version"] == 1
+        stats = of(messages, "stats")[-1].header
+        assert stats["model"]["path"] == str(newest) and stats["training"]["state"] == "idle"
+        assert stats["training"]["message"] == f"serving {newest}, trained before this server started"
+
+
+def test_train_needs_the_captures_of_every_class_offered_and_learns_from_those_of_its_moment(
+    export, tmp_path, monkeypatch
+):
+    from app.live.labelling import TrainingJob
+
+    # the run itself (mem train-labels) is tests/test_label_loop.py's; here the child exports a model at once
+    copy = "import shutil, sys; shutil.copytree(sys.argv[1], sys.argv[2])"
+    monkeypatch.setattr(TrainingJob, "command", lambda job: [sys.executable, "-c", copy, str(export), str(job.export)])
+    runs = tmp_path / "label-runs"
+    config = {"train_out": runs, "pretrain": pretraining_run(tmp_path / "pretrain"), "classes": ("disc", "ring", "sq")}
+    with labelling(tmp_path, **config) as server, subscriber(server.pub_endpoint) as sub:
+        collect(sub, lambda ms: of(ms, "sensor"))
+        for label in ("disc", "disc", "ring", "ring"):
+            assert request(server.control_endpoint, "capture", label=label)["ok"]
+        refused = request(server.control_endpoint, "train")  # --classes
+        assert not refused["ok"] and refused["error"].endswith("of every class (one is held out): sq has 0")
+        refused = request(server.control_endpoint, "train", classes=["disc", "ring", "cross"])  # the viewer's
+        assert not refused["ok"] and refused["error"].endswith("of every class (one is held out): cross has 0")
+        assert request(server.control_endpoint, "train", classes=["disc", "ring"])["ok"]
+        assert request(server.control_endpoint, "capture", label="ring")["ok"]  # after Train was pressed
+        assert request(server.control_endpoint, "undo_capture")["ok"]
+        assert request(server.control_endpoint, "capture", label="disc")["ok"]
+        done = collect(sub, lambda ms: any(m.header["training"]["state"] == "done" for m in of(ms, "stats")))
+        stats = next(m.header for m in of(done, "stats") if m.header["training"]["state"] == "done")
+        assert "(trained on 4 captures: 2 disc, 2 ring); now serving" in stats["training"]["message"]
+        assert stats["model"]["path"] == str(runs / "label-001" / "export")
+    assert [r.label for r in Corpus(runs / "label-001" / "captures").recordings] == ["disc", "disc", "ring", "ring"]
+    assert [r.label for r in Corpus(tmp_path / "labels").recordings] == ["disc", "disc", "ring", "ring", "disc"]
 
 
 def test_watch_serves_a_newer_export_without_dropping_the_stream_and_keeps_it_when_one_is_broken(export, tmp_path):

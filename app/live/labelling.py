@@ -13,6 +13,7 @@ import collections
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -23,12 +24,16 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from mem_core.corpus import Corpus, CorpusError, labels_problem
+from mem_core.corpus import SNAPSHOT_OF, Corpus, CorpusError, labels_problem
+from mem_core.errors import RunError
 from mem_core.events import SensorSize
 from mem_core.limits import MAX_TEXT, fit_path
+from mem_core.runs.lineage import MODEL_JSON, read_json
 from recorders.base import RecorderError
 from recorders.capture import LabelledCaptures
 
+SNAPSHOT = "captures"  # in a Train run: the captures it learns from, as they were when Train was pressed
+RUN_NAME = re.compile(r"label-(\d{3,})")
 RECENT_WINDOWS = 64  # windows a capture may still name (a few seconds of predictions)
 RECENT_EVENTS = 4_000_000  # and at most this many events in all (52 MB)
 TRAIN_LOG = "train.log"
@@ -92,16 +97,21 @@ class RecentWindows:
 
 class TrainingJob:
     """One Train run: ``mem train-labels`` in a child process writing the run ``out`` (log in ``out/train.log``),
-    followed from its ``metrics.jsonl``. ``on_done(export_dir)`` is called from the job's thread on success."""
+    followed from its ``metrics.jsonl``. ``on_done(export_dir)`` is called from the job's thread on success;
+    ``about`` says what it learns from (captures per class) in its messages."""
 
-    def __init__(self, labels: Path, pretrain: Path, out: Path, epochs: int, on_done: Callable[[Path], None]) -> None:
+    def __init__(
+        self, labels: Path, pretrain: Path, out: Path, epochs: int, on_done: Callable[[Path], None], about: str = ""
+    ) -> None:
         self.labels, self.pretrain, self.out, self.epochs = labels, pretrain, out, epochs
         self.export = out / "export"
         self.on_done = on_done
+        self.about = about or str(labels)
         self.status = "running"
         self.epoch = 0
         self.val_top1: float | None = None
-        self.message: str | None = f"training on {labels}"
+        self.held_out: int | None = None  # captures the top-1 is measured on
+        self.message: str | None = f"training on {self.about}"
         self._process: subprocess.Popen | None = None
         self._cancelled = False
         self._metrics_read = 0  # bytes of metrics.jsonl already followed
@@ -177,7 +187,8 @@ class TrainingJob:
             return
         self.status = "done"
         top1 = f"{self.val_top1:.0%}" if self.val_top1 is not None else "?"
-        self.message = f"held-out captures: top-1 {top1}; now serving {self.export}"
+        held_out = "the held-out captures" if self.held_out is None else f"{self.held_out} held-out captures"
+        self.message = f"top-1 {top1} on {held_out} (trained on {self.about}); now serving {self.export}"
 
     def _follow(self) -> None:
         """Epoch and newest validation top-1 from the lines the run appended to its metrics since the last look."""
@@ -197,11 +208,13 @@ class TrainingJob:
             self.epoch = max(self.epoch, int(row.get("epoch", 0)) + 1)  # epochs done (the run counts from 0)
             if row.get("val_top1") is not None:
                 self.val_top1 = float(row["val_top1"])
-        self.message = f"epoch {self.epoch} of {self.epochs}"
+        self.message = f"epoch {self.epoch} of {self.epochs} on {self.about}"
         result = self.out / "result.json"
         if result.is_file():
             with contextlib.suppress(OSError, ValueError, KeyError, TypeError):  # (being written)
-                self.val_top1 = float(json.loads(result.read_text())["top1"])  # the best epoch: what is exported
+                outcome = json.loads(result.read_text())
+                self.val_top1 = float(outcome["top1"])  # the best epoch: what is exported
+                self.held_out = int(outcome["n"])
 
     def _error_line(self, code: int) -> str:
         """The child's ``error: ...`` line, else its last line (the whole log is in ``train.log``)."""
@@ -213,6 +226,41 @@ class TrainingJob:
         errors = [line for line in lines if line.startswith("error:")]
         last = (errors or lines or [f"exit status {code}"])[-1]
         return f"{last} (log: {self.out / TRAIN_LOG})"
+
+
+def pretraining_run_problem(path: Path) -> str | None:
+    """Why Train could not finetune ``path`` (not a pretraining run), or None: told when the server starts, not at
+    the first Train."""
+    if not path.is_dir():
+        return "no such directory (a pretraining run: mem pretrain --out DIR)"
+    if not (path / "config.json").is_file():
+        return "not a MEM run directory (no config.json)"
+    try:
+        stage = read_json(path / "config.json").get("stage")
+    except RunError as exc:
+        return str(exc)
+    return None if stage == "pretrain" else f"a {stage!r} run, not a pretraining run (mem pretrain --out DIR)"
+
+
+def latest_export(train_out: Path, labels: Path) -> Path | None:
+    """The export of the newest Train run in ``train_out`` that learned from the labels ``labels`` (its snapshot
+    says so), what a restarted server serves; None when there is none."""
+    try:
+        runs = [(int(m.group(1)), p) for p in train_out.iterdir() if (m := RUN_NAME.fullmatch(p.name))]
+    except OSError:  # no runs yet
+        return None
+    source = str(labels.resolve())
+    for _, run in sorted(runs, reverse=True):
+        export = run / "export"
+        if not (export / MODEL_JSON).is_file():  # (written last: an export cut short has none)
+            continue
+        try:
+            provenance = Corpus(run / SNAPSHOT).provenance
+        except CorpusError:
+            continue
+        if provenance and provenance[-1].get(SNAPSHOT_OF) == source:
+            return export
+    return None
 
 
 class LabelDesk:
@@ -230,6 +278,7 @@ class LabelDesk:
         self.last: str | None = None
         self.error: str | None = None
         self.job: TrainingJob | None = None
+        self.resumed: Path | None = None  # the export of an earlier session's Train run, served since the start
         self._captures: LabelledCaptures | None = None
         self._counts: dict[str, int] | None = None
         self._lock = threading.Lock()
@@ -274,13 +323,26 @@ class LabelDesk:
 
     def undo(self) -> str:
         with self._lock:
-            label = self._captures.undo() if self._captures is not None else None
+            try:
+                label = self._captures.undo() if self._captures is not None else None
+            except RecorderError as exc:
+                self.error = f"undo_capture: {exc}"
+                raise LabelError(self.error) from None
             if label is None:
                 raise LabelError("undo_capture: nothing captured in this session to undo")
             self.last = None
             return label
 
-    def train(self, pretrain: Path | None, epochs: int | None, on_done: Callable[[Path], None]) -> TrainingJob:
+    def train(
+        self,
+        pretrain: Path | None,
+        epochs: int | None,
+        on_done: Callable[[Path], None],
+        classes: list[str] | None = None,
+    ) -> TrainingJob:
+        """Start a Train run on the captures as they are now (a snapshot in the run's ``captures``: later captures
+        and undos leave it alone). Every class of ``classes`` (the viewer's, else ``--classes``) needs its captures
+        too: a class left out of the model without a word is worse than a refusal."""
         if self.job is not None and self.job.running:
             raise LabelError(f"train: a run is already training ({self.job.out})")
         if pretrain is None:
@@ -288,15 +350,21 @@ class LabelDesk:
                 "train: no pretraining run to finetune: start mem serve with --pretrain RUN (or a --model "
                 "finetuned from one)"
             )
-        problem = labels_problem(self.counts())
-        if problem is not None:
-            raise LabelError(f"train: {problem}")
-        n = 1
-        while (self.train_out / f"label-{n:03d}").exists():
-            n += 1
-        out = self.train_out / f"label-{n:03d}"
+        with self._lock:
+            problem = labels_problem(self.counts(), classes or self.classes)
+            if problem is not None:
+                raise LabelError(f"train: {problem}")
+            n = 1
+            while (self.train_out / f"label-{n:03d}").exists():
+                n += 1
+            out = self.train_out / f"label-{n:03d}"
+            try:
+                snapshot = self._open().snapshot(out / SNAPSHOT)
+            except RecorderError as exc:
+                raise LabelError(f"train: {exc}") from None
+        about = f"{len(snapshot)} captures: " + ", ".join(f"{n} {name}" for name, n in snapshot.label_counts().items())
         try:
-            self.job = TrainingJob(self.root, pretrain, out, epochs or self.epochs, on_done).start()
+            self.job = TrainingJob(snapshot.root, pretrain, out, epochs or self.epochs, on_done, about).start()
         except OSError as exc:
             raise LabelError(f"train: cannot start the run in {out}: {exc}") from None
         return self.job
@@ -314,7 +382,12 @@ class LabelDesk:
             "last": self.last,
             "error": None if self.error is None else self.error[:MAX_TEXT],
         }
-        training = self.job.state() if self.job is not None else {"state": "idle", "epoch": 0, "epochs": self.epochs}
+        if self.job is not None:
+            training = self.job.state()
+        else:
+            training = {"state": "idle", "epoch": 0, "epochs": self.epochs}
+            if self.resumed is not None:
+                training["message"] = f"serving {fit_path(self.resumed)}, trained before this server started"[:MAX_TEXT]
         return labels, training
 
     def close(self) -> None:

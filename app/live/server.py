@@ -17,7 +17,8 @@ loaded, runs the ``Predictor`` and publishes ``hist``, ``tokens``, ``pred``; win
 busy are counted as skipped, never queued (``stats.LoopStats``); ``stats`` go out every ``stats_interval_s``.
 
 Without a model the server streams the sensor view only (``model_state: "none"``): a viewer can label windows
-(``capture``), and ``train`` finetunes the pretraining run on them (``app.live.labelling``).
+(``capture``), and ``train`` finetunes the pretraining run on them (``app.live.labelling``). Started again without
+``--model``, it serves the newest Train run on its labels.
 
 The window is the newest ``events`` events, none older than ``ms`` before the newest (``app.live.window``).
 The wire format is in ``mem_core.protocol`` and docs/protocol.md.
@@ -30,7 +31,9 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -38,7 +41,7 @@ import zmq
 
 from app.config import ServeConfig
 from app.live.control import Command, ControlError, ControlHandler
-from app.live.labelling import HeldWindow, LabelDesk
+from app.live.labelling import HeldWindow, LabelDesk, latest_export, pretraining_run_problem
 from app.live.model_slot import ModelSlot
 from app.live.reader import SourceReader
 from app.live.replay import REPLAY_COMMANDS, Replayable, ReplayController
@@ -47,6 +50,7 @@ from app.live.sensor_view import sensor_view
 from app.live.sockets import Publisher, bind, control_endpoint_for
 from app.live.stats import LoopStats
 from app.live.window import Accumulation, Window, describe_window, newest_span
+from mem_core.configuration import ConfigError
 from mem_core.events import SensorSize
 from mem_core.runs.lineage import pretraining_run_of
 from recorders.base import LiveSource
@@ -84,6 +88,12 @@ class LiveServer:
         torch_threads: int | None = None,
         announce: Callable[[str], None] | None = None,
     ) -> None:
+        if config.pretrain is not None and (problem := pretraining_run_problem(Path(config.pretrain))) is not None:
+            raise ConfigError(f"pretrain {config.pretrain}: {problem}")  # at the start, not at the first Train
+        resumed = None
+        if config.model is None and predictor is None:  # a restart goes on with the model its labels trained
+            resumed = latest_export(Path(config.train_out), Path(config.labels))
+            config = replace(config, model=resumed)
         self.config = config
         self.announce = announce
         self._stop = threading.Event()
@@ -100,6 +110,7 @@ class LiveServer:
             announce=announce,
         )
         self.labelling = LabelDesk(config.labels, config.train_out, config.train_epochs, config.classes)
+        self.labelling.resumed = resumed
         self.accumulation = Accumulation(config)
         self.source = source or open_source(config.source, speed=config.speed, loop=config.loop)
         self.replay = (
@@ -436,7 +447,9 @@ class LiveServer:
         pretrain = self.config.pretrain
         if pretrain is None and self.model.path is not None:
             pretrain = pretraining_run_of(self.model.path)
-        self.labelling.train(pretrain, args.get("epochs"), lambda export: self.model.swap(export, keep_window=True))
+        self.labelling.train(
+            pretrain, args.get("epochs"), lambda export: self.model.swap(export, keep_window=True), args.get("classes")
+        )
 
     def _record(self, command: str, args: dict[str, Any]) -> None:
         if command == "record_start":
@@ -475,11 +488,16 @@ def run(config: ServeConfig) -> None:
     """Serve until Ctrl-C (or ``config.duration_s``), printing the endpoints, when the model is ready, and a
     final summary."""
     server = LiveServer(config, torch_threads=config.threads, announce=lambda line: print(line, flush=True))
-    start = (
-        f"loading model {config.model}; source {config.source!r} streams meanwhile"
-        if config.model is not None
-        else f"no model: source {config.source!r} streams for labelling into {config.labels}"
-    )
+    config = server.config
+    if server.labelling.resumed is not None:
+        start = (
+            f"loading {config.model}, the newest Train run on {config.labels} (--model picks another); "
+            f"source {config.source!r} streams meanwhile"
+        )
+    elif config.model is not None:
+        start = f"loading model {config.model}; source {config.source!r} streams meanwhile"
+    else:
+        start = f"no model: source {config.source!r} streams for labelling into {config.labels}"
     print(
         f"mem serve: {start}\npublishing on {server.pub_endpoint}, control on {server.control_endpoint}",
         flush=True,

@@ -7,6 +7,7 @@ of a signal declared ``Signal(str, dict)`` on its way to a slot, so the server w
 from __future__ import annotations
 
 import time
+import unicodedata
 from collections import deque
 from typing import Any
 
@@ -716,7 +717,8 @@ class LabelPanel(QtWidgets.QGroupBox):
         self.undo = QtWidgets.QPushButton("Undo last (Ctrl+Z)")
         self.undo.clicked.connect(lambda: self._send("undo_capture", {}))
         self.train = QtWidgets.QPushButton("Train")
-        self.train.clicked.connect(lambda: self._send("train", {}))
+        # the classes on the buttons go with Train: the server refuses a run that would leave one out
+        self.train.clicked.connect(lambda: self._send("train", {"classes": self.classes} if self.classes else {}))
         self.progress = QtWidgets.QProgressBar()
         self.progress.setRange(0, 1)
         self.progress.setTextVisible(True)
@@ -771,7 +773,8 @@ class LabelPanel(QtWidgets.QGroupBox):
             button.setText(f"{key}{name}  ({self.counts.get(name, 0)})")
 
     def _names_edited(self) -> None:
-        names = [n.strip() for n in self.names.text().split(",") if n.strip()]
+        # in the one Unicode spelling the server stores (NFC): "é" typed either way is one button
+        names = [unicodedata.normalize("NFC", n.strip()) for n in self.names.text().split(",") if n.strip()]
         names = list(dict.fromkeys(names))  # no duplicates, in the typed order
         if names and names != self.classes:
             self.show_error("")
@@ -837,10 +840,8 @@ class LabelPanel(QtWidgets.QGroupBox):
         style = f"color: {ERROR};" if state == "failed" else ""
         if self.result.styleSheet() != style:  # (parsing a style sheet costs more than the rest of a stats message)
             self.result.setStyleSheet(style)
-        if state == "failed":
-            self.result.setText(f"training failed: {message}")
-        elif state != "idle":
-            self.result.setText(message)
+        # (idle: a server started again says what it serves, or nothing: the last server's result is stale)
+        self.result.setText(f"training failed: {message}" if state == "failed" else message)
         self.result.setVisible(bool(self.result.text()))
 
 

@@ -50,6 +50,7 @@ import contextlib
 import json
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -215,13 +216,14 @@ def recording_info(entry: Any, where: str, shards: dict[str, ShardInfo]) -> Reco
 MIN_PER_CLASS = 2  # recordings of each class a labelled corpus needs to train a classifier: one is held out
 
 
-def labels_problem(counts: dict[str, int]) -> str | None:
-    """Why a labelled corpus with ``counts`` recordings per class cannot train a classifier (what to capture
-    still), or None."""
+def labels_problem(counts: dict[str, int], classes: Iterable[str] = ()) -> str | None:
+    """Why a labelled corpus with ``counts`` recordings per class cannot train a classifier of its classes and of
+    ``classes`` (what to capture still), or None."""
     if len(counts) < 2:
         have = f"only {', '.join(counts)}" if counts else "none"
         return f"training needs captures of at least 2 classes, have {have}"
-    few = ", ".join(f"{name} has {n}" for name, n in sorted(counts.items()) if n < MIN_PER_CLASS)
+    wanted = sorted({*counts, *classes})
+    few = ", ".join(f"{name} has {counts.get(name, 0)}" for name in wanted if counts.get(name, 0) < MIN_PER_CLASS)
     if few:
         return f"training needs at least {MIN_PER_CLASS} captures of every class (one is held out): {few}"
     return None
