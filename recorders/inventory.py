@@ -15,7 +15,7 @@ from typing import Any
 
 from mem_core.io import EventFileError, describe, detect_format
 
-EVENT_SUFFIXES = (".dat", ".bin", ".bs2", ".raw", ".aedat4", ".npz", ".h5", ".hdf5")
+EVENT_SUFFIXES = (".dat", ".bin", ".bs2", ".raw", ".aedat4", ".npz", ".h5", ".hdf5", ".evz")
 MAX_FILE_BYTES = 256 << 20  # a file larger than this is not decoded (`mem inspect FILE` decodes it)
 MAX_FILES = 200
 

@@ -240,3 +240,18 @@ def test_any_events_round_trip_exactly(tmp_path_factory, data):
     back, sensor = read_events(path)
     assert sensor == (side, side)
     assert_same(back, events)
+
+
+def test_inspecting_a_packed_folder_lists_its_evz_files(tmp_path):
+    from recorders.inventory import describe_folder
+
+    (tmp_path / "a").mkdir()
+    write_events(tmp_path / "a" / "rec.evz", synthetic_events(40), SensorSize(32, 48))
+    (tmp_path / "index.csv").write_text("path,label\n")
+    listing = describe_folder(tmp_path)
+    assert listing["event_files"] == 1
+    assert {k: listing["files"][0][k] for k in ("path", "format", "events")} == {
+        "path": "a/rec.evz",
+        "format": "evz",
+        "events": 40,
+    }
