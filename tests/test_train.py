@@ -284,6 +284,24 @@ def test_existing_run_needs_resume(tmp_path):
         finetune.run(config("finetune"), tmp_path / "ft")
 
 
+def test_a_run_started_before_a_setting_existed_resumes_with_its_default(tmp_path):
+    """A run directory written before a setting existed lacks it in config.json: --resume takes it as the default it
+    ran with, and refuses another value."""
+    cfg = config("finetune", "epochs=2")
+    run = finetune.run(dataclasses.replace(cfg, epochs=1), tmp_path / "ft")
+    (run.path / "result.json").unlink()
+    stored = json.loads(run.config_path.read_text())
+    stored["config"]["epochs"] = 2  # the run was started for 2 epochs and stopped after its first
+    del stored["config"]["data"]["epoch_samples"], stored["config"]["time_limit_s"]
+    run.config_path.write_text(json.dumps(stored))
+    with pytest.raises(RunError, match=r"differs in data.epoch_samples \(0 -> 7\)"):
+        finetune.run(
+            dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, epoch_samples=7)), run.path, resume=True
+        )
+    finetune.run(cfg, run.path, resume=True)
+    assert [r["epoch"] for r in RunDir(run.path).metrics()] == [0, 1]
+
+
 def test_non_finite_loss_stops_with_a_clear_error(tmp_path):
     with pytest.raises(NonFiniteLossError, match=r"loss is (nan|inf) at epoch 0"):
         finetune.run(config("finetune", "lr=1e30", "warmup_epochs=0", "grad_clip=0"), tmp_path / "nan")
