@@ -284,6 +284,19 @@ def test_existing_run_needs_resume(tmp_path):
         finetune.run(config("finetune"), tmp_path / "ft")
 
 
+def test_checkpoints_at_most_once_per_interval_and_always_after_the_last_epoch(tmp_path, monkeypatch):
+    saved = []
+    real = RunDir.save_checkpoint
+    monkeypatch.setattr(
+        RunDir,
+        "save_checkpoint",
+        lambda self, state, best=False: (best or saved.append(state["epoch"]), real(self, state, best)),
+    )
+    finetune.run(config("finetune", "epochs=4", "checkpoint_every_s=3600"), tmp_path / "ft")
+    assert saved == [0, 3]  # the first epoch (none before it), then the interval holds them back until the last
+    assert load_checkpoint(tmp_path / "ft" / "checkpoint.pt")["epoch"] == 3
+
+
 def test_a_run_started_before_a_setting_existed_resumes_with_its_default(tmp_path):
     """A run directory written before a setting existed lacks it in config.json: --resume takes it as the default it
     ran with, and refuses another value."""

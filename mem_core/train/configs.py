@@ -79,6 +79,7 @@ STAGE_RANGES = {
     "grad_clip": AT_LEAST_0,
     "eval_every": AT_LEAST_1,
     "time_limit_s": AT_LEAST_0,
+    "checkpoint_every_s": AT_LEAST_0,
     "layer_decay": Interval(0, 1, lo_open=True),
     "mask_ratio": Interval(0, 1, lo_open=True, hi_open=True),
     "mask_min_block": AT_LEAST_1,
@@ -119,6 +120,9 @@ class StageConfig:
     # stop after the epoch that passes this many seconds of training (0: no limit), validated there; the result says
     # the run was cut short (the schedule was set for ``epochs``)
     time_limit_s: float = 0.0
+    # a checkpoint after every epoch (0), or at most one per this many seconds and always after the last epoch: on a
+    # GPU an epoch of a few labels lasts milliseconds and a ViT-S checkpoint with its optimizer is a quarter of a GB
+    checkpoint_every_s: float = 0.0
     data: DataConfig = field(default_factory=DataConfig)
     input: InputSpec = field(default_factory=InputSpec)
 

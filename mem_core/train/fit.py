@@ -219,7 +219,7 @@ def fit(run: RunDir, cfg, runtime: Runtime, training: Training, *, resume: bool 
             scheduler.step(start_epoch)
         else:
             scheduler.step_update(start_epoch * steps_per_epoch)
-    last_plot = -math.inf
+    last_plot = last_checkpoint = -math.inf
     started = time.monotonic()
     for epoch in range(start_epoch, cfg.epochs):
         seed_everything(cfg.seed, epoch)
@@ -260,7 +260,9 @@ def fit(run: RunDir, cfg, runtime: Runtime, training: Training, *, resume: bool 
         if runtime.is_main:
             _print_epoch(t.description, epoch, cfg.epochs, record)
             run.log(record)
-            run.save_checkpoint(_state(t, scheduler, epoch, best))
+            if last or time.monotonic() - last_checkpoint >= cfg.checkpoint_every_s:
+                run.save_checkpoint(_state(t, scheduler, epoch, best))
+                last_checkpoint = time.monotonic()
             # a plot costs ~0.15 s: short epochs redraw only with new validation numbers or every PLOT_EVERY_S
             if evaluated or last or time.monotonic() - last_plot >= PLOT_EVERY_S:
                 try:
