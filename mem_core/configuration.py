@@ -12,12 +12,14 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import sys
 import tomllib
 import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
 from mem_core.errors import MemError
+from mem_core.limits import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH
 
 T = TypeVar("T")
 
@@ -70,13 +72,53 @@ def preset_names() -> list[str]:
 
 
 def load_toml(path: Path) -> dict[str, Any]:
+    """The tables of the TOML file ``path``: a regular file of at most ``MAX_CONFIG_BYTES``, nested at most
+    ``MAX_CONFIG_DEPTH`` deep; a ``ConfigError`` naming the file otherwise."""
+    from mem_core.files import file_problem, read_bounded  # the event readers' checks: not for `mem --help`
+
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
+        text = read_bounded(path, MAX_CONFIG_BYTES).decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
-    except tomllib.TOMLDecodeError as exc:
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: {file_problem(exc)}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    try:
+        return _parse_toml(text)
+    except ValueError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+
+
+def _parse_toml(text: str) -> dict[str, Any]:
+    """``tomllib.loads(text)``, with every failure a ``ValueError`` that says what is wrong in words: a syntax error,
+    nesting deeper than ``MAX_CONFIG_DEPTH`` (tomllib recurses: a RecursionError says nothing), an integer of more
+    digits than Python converts."""
+    try:
+        tables = tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        raise
+    except RecursionError:
+        raise ValueError(f"nested deeper than {MAX_CONFIG_DEPTH} levels") from None
+    except ValueError:  # int() of a decimal integer beyond Python's limit, the only other error tomllib lets through
+        raise ValueError(f"an integer of more than {sys.get_int_max_str_digits()} digits") from None
+    if _deeper_than(tables, MAX_CONFIG_DEPTH):
+        raise ValueError(f"nested deeper than {MAX_CONFIG_DEPTH} levels")
+    return tables
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether the lists and tables of ``value`` nest more than ``limit`` levels (walked without recursion)."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        for child in children:
+            if isinstance(child, dict | list):
+                if depth + 1 > limit:
+                    return True
+                stack.append((child, depth + 1))
+    return False
 
 
 def load_preset(name: str) -> dict[str, Any]:
@@ -158,10 +200,14 @@ def parse_override(text: str) -> tuple[str, Any, str]:
     key, raw = key.strip(), raw.strip()
     if not sep or not key:
         raise ConfigError(f"override {text!r} is not of the form key=value")
+    if key.count(".") >= MAX_CONFIG_DEPTH:
+        raise ConfigError(f"--set {key[:40]}...: a key of more than {MAX_CONFIG_DEPTH} parts, no config has one")
     try:
-        value = tomllib.loads(f"v = {raw}")["v"]
+        value = _parse_toml(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw
+    except ValueError as exc:
+        raise ConfigError(f"--set {key}: {exc}") from None
     return key, value, raw
 
 

@@ -19,6 +19,7 @@ MAX_SENSOR_SIDE = 8192
 MAX_WINDOW_EVENTS = 1_000_000  # events of one live window (15 MB in the server's ring); the paper's models take 30 000
 MAX_WINDOW_MS = 10_000.0  # time span of one live window
 MAX_SIM_OBJECTS = 256  # moving shapes of the simulated camera (its rendering time grows with them)
+MAX_SYNTHETIC_MEV_S = 1000.0  # rate of the synthetic load-test source (the fastest cameras: about 1000 Mev/s)
 
 # --------------------------------------------------------------------------------------------------- the wire
 
@@ -59,6 +60,35 @@ MAX_DERIVED_BYTES = 2 << 30  # buffers a model computes itself: ViT-B/16 at 224 
 MAX_WINDOW_FLOPS = 10**12
 MAX_EXPORT_WINDOW_EVENTS = MAX_WINDOW_EVENTS  # an export's n_max: the server serves it on windows of that many events
 MAX_EXPORT_WINDOW_MS = MAX_WINDOW_MS  # the time span of an export's training samples: the server's default window
+
+
+# ------------------------------------------------------------------------------- files a user names by path
+
+# Each is read whole only after its size is checked (``mem_core.files``): the largest of each MEM writes is far below.
+MAX_JSON_BYTES = 1 << 20  # a run's config.json, classes.json, result.json, links; an export's model.json: a few kB
+MAX_CONFIG_BYTES = 1 << 20  # a TOML config (--config, a preset): the largest preset is 2 kB
+MAX_CONFIG_DEPTH = 16  # nesting of a config value (TOML or --set): the configs nest 3 deep (a stage's data table)
+MAX_METRICS_BYTES = 256 << 20  # a run's metrics.jsonl: about 300 bytes an epoch, so a million epochs
+# An export's safetensors weights (read whole, then copied into the model): MAX_PARAMETERS float32 tensors, plus as
+# many bytes again for integer buffers and the header.
+MAX_WEIGHTS_BYTES = 8 * MAX_PARAMETERS
+# A checkpoint: model, EMA of the model and the optimizer's two moments, at the size of MAX_WEIGHTS_BYTES each.
+MAX_CHECKPOINT_BYTES = 4 * MAX_WEIGHTS_BYTES
+
+# ------------------------------------------------------------------------------------------ sockets the server reads
+
+# libzmq's MAXMSGSIZE bounds each frame of a message, not how many frames one message has: one control request of
+# 400 frames of 1 MiB grew the server by 800 MB. Every socket the server reads is read frame by frame and a message
+# beyond these is dropped, frame by frame, as it is read.
+MAX_CONTROL_FRAMES = 2  # a control request: topic and header
+MAX_CONTROL_BYTES = 2 * MAX_HEADER_BYTES
+MAX_EVENTS_FRAMES = 2 + 16  # an events message: topic, header and up to protocol.MAX_BUFFERS columns
+# Decoded events the ``tcp://`` source holds for its consumer (~10 M events, 0.3 s of a 30 Mev/s camera): a batch
+# arriving beyond it is dropped and counted. ZMQ's queue counts messages only: 1000 large ones held 0.9 GB.
+MAX_EVENT_QUEUE_BYTES = 128 << 20
+# An events message: a header and a batch the queue can take, its four columns up to 8 bytes wide on the wire
+# (13 bytes an event decoded).
+MAX_EVENTS_BYTES = MAX_HEADER_BYTES + 4 * 8 * (MAX_EVENT_QUEUE_BYTES // 13)
 
 
 def is_int(value: Any) -> bool:

@@ -258,7 +258,7 @@ def finetune_run(folder: Path) -> Path:
         (cut("best.pt", 0.5), "best.pt", "not a readable MEM checkpoint"),
         (lambda run: torch.save([1, 2], run / "best.pt"), "best.pt", "not a MEM checkpoint .*list"),
         (lambda run: torch.save({"epoch": 1}, run / "best.pt"), "best.pt", "no model weights"),
-        (lambda run: (run / "classes.json").unlink(), "classes.json", "cannot read"),
+        (lambda run: (run / "classes.json").unlink(), "classes.json", "no such file or directory"),
         (write("config.json", b"\xff\xfe"), "config.json", "corrupt"),
         (
             edit_json("config.json", lambda c: c["config"].pop("model")),

@@ -12,26 +12,25 @@ tokenizer); one that is there but unreadable or malformed is a ``RunError`` nami
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from mem_core.errors import RunError
+from mem_core.files import file_problem, read_bounded
+from mem_core.limits import MAX_JSON_BYTES
 
 INIT_LINK = "init.json"  # in a finetuning run: {"path": the pretraining run it was initialised from}
 TOKENIZER_LINK = "tokenizer.json"  # in a pretraining run: {"path": its tokenizer run}; in an export: the tokenizer
 MODEL_JSON = "model.json"  # in an export: its description, with "source_run"
-MAX_JSON_BYTES = 1 << 20  # model.json / tokenizer.json / classes.json / links: a few kB in practice
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    """A JSON object of at most ``MAX_JSON_BYTES`` (``RunError`` naming the file otherwise)."""
+    """A JSON object from a regular file of at most ``MAX_JSON_BYTES`` (``RunError`` naming the file otherwise)."""
     try:
-        with path.open("rb") as f:
-            data = f.read(MAX_JSON_BYTES + 1)
+        data = read_bounded(path, MAX_JSON_BYTES)
     except OSError as e:
-        raise RunError(f"{path}: cannot read ({e.strerror or e})") from e
-    if len(data) > MAX_JSON_BYTES:
-        raise RunError(f"{path}: larger than {MAX_JSON_BYTES} bytes, not a MEM model description")
+        raise RunError(f"{path}: {file_problem(e)}") from None
     try:
         value = json.loads(data)
     except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
@@ -52,12 +51,12 @@ def _named_run(path: Path, key: str, *, required: bool) -> Path | None:
 
 
 def _link(path: Path) -> Path | None:
-    """The run a link file names; None when there is no such file."""
-    return _named_run(path, "path", required=True) if path.is_file() else None
+    """The run a link file names; None when there is no such file (one that is not a regular file is refused)."""
+    return _named_run(path, "path", required=True) if os.path.lexists(path) else None
 
 
 def is_export(path: Path | str) -> bool:
-    return (Path(path) / MODEL_JSON).is_file()
+    return os.path.lexists(Path(path) / MODEL_JSON)  # one that is no regular file is refused when it is read
 
 
 def source_run(model: Path | str) -> Path | None:
@@ -79,7 +78,7 @@ def tokenizer_of(path: Path | str) -> Path | None:
     pretraining run links in its ``tokenizer.json``, or for a finetuning run (or an export made from one) the
     tokenizer of the pretraining run it started from; None when there is none."""
     path = Path(path)
-    if (path / TOKENIZER_LINK).is_file():
+    if os.path.lexists(path / TOKENIZER_LINK):
         return path if is_export(path) else _link(path / TOKENIZER_LINK)
     pretrain = pretraining_run_of(path)
     return None if pretrain is None else _link(pretrain / TOKENIZER_LINK)

@@ -23,12 +23,15 @@ from typing import Any
 import torch
 
 from mem_core.errors import RunError
+from mem_core.files import file_problem, open_bounded, read_bounded
+from mem_core.limits import MAX_CHECKPOINT_BYTES, MAX_JSON_BYTES, MAX_METRICS_BYTES, is_int
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_FILE = "checkpoint.pt"
 BEST_FILE = "best.pt"
 RESULT_FILE = "result.json"
+CORPUS_MANIFEST, EXPORT_JSON = "manifest.json", "model.json"  # what a corpus and an export hold: never a run's
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -88,17 +91,108 @@ def _atomic_write(path: Path, write: Callable[[Any], object]) -> None:
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
-    """Load a checkpoint with ``weights_only=True`` (no pickled objects), with a clear error for a bad file."""
+    """Load a checkpoint with ``weights_only=True`` (no pickled objects) from a regular file of at most
+    ``MAX_CHECKPOINT_BYTES``, with a clear error for a bad file."""
     path = Path(path)
-    if not path.is_file():
-        raise RunError(f"{path}: checkpoint not found")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        f = open_bounded(path, MAX_CHECKPOINT_BYTES)
+    except FileNotFoundError:
+        raise RunError(f"{path}: checkpoint not found") from None
+    except OSError as e:
+        raise RunError(f"{path}: {file_problem(e)}") from None
+    try:
+        with f:  # torch reads the open file: what was checked is what is read
+            state = torch.load(f, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises several types for corrupt or foreign files
         raise RunError(f"{path}: not a readable MEM checkpoint ({type(exc).__name__}: {exc})") from None
     if not isinstance(state, dict):
         raise RunError(f"{path}: not a MEM checkpoint (holds a {type(state).__name__}, not a dict)")
     return state
+
+
+def make_dir(path: Path, what: str) -> None:
+    """Create the output directory ``path`` (and its parents) for ``what`` (``"a run"``, ``"an export"``); a
+    ``RunError`` in one line naming it when it cannot be one: an existing file, a path too long, not writable."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        writable = os.access(path, os.W_OK | os.X_OK)
+    except FileExistsError:
+        raise RunError(f"{path}: exists and is not a directory, so it cannot hold {what}") from None
+    except OSError as e:
+        raise RunError(f"{path}: cannot hold {what} ({e.strerror or e})") from None
+    if not writable:
+        raise RunError(f"{path}: cannot hold {what} (not writable)")
+
+
+# Settings a resumed run may take other than it started with: where and how fast it runs, not what it learns.
+RESUME_MAY_CHANGE = (
+    "device",
+    "compile",
+    "time_limit_s",
+    "checkpoint_every_s",
+    "data.num_workers",
+    "data.verify",
+    "data.skip_bad",
+)
+
+
+def _check_same_config(
+    where: Path, stored: Any, config: dict[str, Any], defaults: dict[str, Any] | None = None
+) -> None:
+    """``RunError`` naming ``where`` unless the ``stored`` config of a run equals ``config`` (a resumed run's),
+    ``RESUME_MAY_CHANGE`` aside: a checkpoint continues only the training it was saved from. A setting the stored
+    config lacks (a run started before the setting existed) counts as its value in ``defaults``."""
+    if not isinstance(stored, dict):
+        raise RunError(f"{where}: corrupt (no 'config' object)")
+    new = json.loads(json.dumps(json_safe(config)))  # as it would be stored: lists for tuples, None for NaN
+    if defaults is not None:
+        stored = _filled(stored, json.loads(json.dumps(json_safe(defaults))))
+    differ = [key for key in _differences(stored, new) if key not in RESUME_MAY_CHANGE]
+    if differ:
+        shown = ", ".join(f"{k} ({_at(stored, k)!r} -> {_at(new, k)!r})" for k in differ[:4])
+        more = f" and {len(differ) - 4} more" if len(differ) > 4 else ""
+        raise RunError(
+            f"{where.parent}: --resume continues the run as it was started, and its {where.name} differs in "
+            f"{shown}{more}: resume with its settings, or start a new --out"
+        )
+
+
+def _filled(stored: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """``stored`` with the keys it lacks taken from ``defaults``, table by table."""
+    out = dict(stored)
+    for key, value in defaults.items():
+        if key not in out:
+            out[key] = value
+        elif isinstance(out[key], dict) and isinstance(value, dict):
+            out[key] = _filled(out[key], value)
+    return out
+
+
+def _differences(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """The dotted keys where the (nested) JSON objects ``a`` and ``b`` differ."""
+    if not (isinstance(a, dict) and isinstance(b, dict)):
+        return [] if a == b else [prefix.rstrip(".") or "config"]
+    return [d for key in sorted(a.keys() | b.keys()) for d in _differences(a.get(key), b.get(key), f"{prefix}{key}.")]
+
+
+def _at(config: dict[str, Any], key: str) -> Any:
+    value: Any = config
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value if len(repr(value)) <= 60 else f"{repr(value)[:57]}..."
+
+
+def load_state(target: Any, state: Any, path: Path, what: str) -> None:
+    """``target.load_state_dict(state)`` (a model, an optimizer, a schedule, an EMA), with a ``RunError`` naming the
+    checkpoint ``path`` when ``state`` does not fit ``what`` (a checkpoint of another model, or edited)."""
+    try:
+        target.load_state_dict(state)
+    except (KeyError, ValueError, TypeError, RuntimeError, AttributeError, IndexError) as e:
+        reason = " ".join(str(e).split())  # torch's message spans lines
+        raise RunError(
+            f"{path}: does not hold this run's {what} ({type(e).__name__}: "
+            f"{reason[:300]}{'...' if len(reason) > 300 else ''})"
+        ) from None
 
 
 class RunDir:
@@ -112,25 +206,39 @@ class RunDir:
         self.best_path = self.path / BEST_FILE
 
     @classmethod
-    def create(cls, path: Path | str, stage: str, config: dict[str, Any], *, resume: bool) -> RunDir:
-        """Start a run; with ``resume`` the directory must hold the same stage's run, else it must not hold one.
+    def create(
+        cls,
+        path: Path | str,
+        stage: str,
+        config: dict[str, Any],
+        *,
+        resume: bool,
+        defaults: dict[str, Any] | None = None,
+    ) -> RunDir:
+        """Start a run; with ``resume`` the directory must hold the same stage's run started with the same
+        ``config`` (but ``RESUME_MAY_CHANGE``; settings its stored config lacks count as their ``defaults``), else
+        it must hold no trained run.
 
-        ``RunError`` in one line when ``path`` cannot be a run directory (an existing file, a path too long).
+        ``RunError`` in one line naming the directory when it cannot be a run directory (an existing file, a path
+        too long or not writable, a corpus or an export) or holds another run, before anything is written.
         """
         run = cls(path)
-        try:
-            run.path.mkdir(parents=True, exist_ok=True)
-            held = run.config_path.exists()
-        except FileExistsError:
-            raise RunError(f"{run.path}: exists and is not a directory, so it cannot hold a run") from None
-        except OSError as e:
-            raise RunError(f"{run.path}: cannot hold a run ({e.strerror or e})") from None
+        make_dir(run.path, "a run")
+        for name, what in ((CORPUS_MANIFEST, "a corpus"), (EXPORT_JSON, "an export")):
+            if (run.path / name).exists() and not run.config_path.exists():
+                raise RunError(f"{run.path}: holds {what} ({name}), not a run: give the run a folder of its own")
+        held = os.path.lexists(run.config_path)
         if held:
             existing = run.read_config()
-            if not resume and run.checkpoint_path.exists():
-                raise RunError(f"{run.path} already holds a {existing.get('stage')} run; use --resume or a new --out")
-            if existing.get("stage") != stage:
-                raise RunError(f"{run.path} holds a {existing.get('stage')!r} run, not {stage!r}")
+            if not isinstance(existing.get("stage"), str):
+                raise RunError(f"{run.config_path}: not a MEM run's config (no stage); give the run another --out")
+            trained = any(p.exists() for p in (run.checkpoint_path, run.best_path, run.path / RESULT_FILE))
+            if not resume and trained:
+                raise RunError(f"{run.path} already holds a {existing['stage']} run; use --resume or a new --out")
+            if existing["stage"] != stage:
+                raise RunError(f"{run.path} holds a {existing['stage']!r} run, not {stage!r}")
+            if resume:
+                _check_same_config(run.config_path, existing.get("config"), config, defaults)
         if not resume or not held:
             run.write_json(CONFIG_FILE, {"stage": stage, "config": config})
             run.metrics_path.unlink(missing_ok=True)
@@ -142,11 +250,15 @@ class RunDir:
         return (self.path / RESULT_FILE).is_file()
 
     def read_config(self) -> dict[str, Any]:
-        if not self.config_path.is_file():
-            raise RunError(f"{self.path}: not a MEM run directory (no {CONFIG_FILE})")
         try:
-            config = json.loads(self.config_path.read_text())
-        except (OSError, ValueError, RecursionError) as exc:  # ValueError: bad JSON or UTF-8
+            data = read_bounded(self.config_path, MAX_JSON_BYTES)
+        except FileNotFoundError:
+            raise RunError(f"{self.path}: not a MEM run directory (no {CONFIG_FILE})") from None
+        except OSError as e:
+            raise RunError(f"{self.config_path}: {file_problem(e)}") from None
+        try:
+            config = json.loads(data)
+        except (ValueError, RecursionError) as exc:  # ValueError: bad JSON or UTF-8
             raise RunError(f"{self.config_path}: corrupt ({exc})") from None
         if not isinstance(config, dict):
             raise RunError(f"{self.config_path}: corrupt (a JSON {type(config).__name__}, not an object)")
@@ -177,13 +289,23 @@ class RunDir:
 
     def metrics(self) -> list[dict[str, Any]]:
         """The records of ``metrics.jsonl``; a last line without its newline (a write cut short) is not one."""
-        if not self.metrics_path.is_file():
-            return []
-        lines = self.metrics_path.read_text().split("\n")[:-1]
         try:
-            return [json.loads(line) for line in lines if line.strip()]
-        except ValueError as e:
+            data = read_bounded(self.metrics_path, MAX_METRICS_BYTES)
+        except FileNotFoundError:
+            return []
+        except OSError as e:
+            raise RunError(f"{self.metrics_path}: {file_problem(e)}") from None
+        records = []
+        try:
+            for n, line in enumerate(data.decode().split("\n")[:-1], 1):
+                if line.strip():
+                    records.append(record := json.loads(line))
+                    # an epoch is a number, compared when a resumed run drops the records after its checkpoint
+                    if not isinstance(record, dict) or not is_int(record.get("epoch", 0)):
+                        raise ValueError(f"line {n} is no record of an epoch")
+        except (ValueError, RecursionError) as e:  # ValueError: bad JSON or UTF-8
             raise RunError(f"{self.metrics_path}: corrupt ({e})") from None
+        return records
 
     def truncate_metrics(self, after_epoch: int) -> None:
         """Drop records of epochs after ``after_epoch`` (a resumed run rewrites them; -1 drops them all)."""

@@ -17,7 +17,8 @@ from mem_core.train.runtime import Runtime, setup_runtime
 def start_run(stage: str, cfg, out: Path | str, *, resume: bool) -> tuple[Runtime, RunDir]:
     """Runtime (device, DDP) and the run directory holding the resolved config."""
     runtime = setup_runtime(cfg.device, cfg.amp, cfg.cpu_bf16)
-    run = RunDir.create(out, stage, to_dict(cfg), resume=resume) if runtime.is_main else RunDir(out)
+    defaults = to_dict(type(cfg)())  # what a run started before a setting existed ran with
+    run = RunDir.create(out, stage, to_dict(cfg), resume=resume, defaults=defaults) if runtime.is_main else RunDir(out)
     if runtime.distributed:
         torch.distributed.barrier()
     return runtime, run

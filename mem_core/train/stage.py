@@ -23,7 +23,7 @@ from mem_core.datasets import EventSource
 from mem_core.models import MEMViT, ViTConfig, load_pretrained_backbone
 from mem_core.representation import EventBatch, batch_preprocess
 from mem_core.runs.lineage import INIT_LINK
-from mem_core.runs.rundir import RunDir, RunError, load_checkpoint
+from mem_core.runs.rundir import RunDir, RunError, load_checkpoint, load_state
 from mem_core.train.common import batch_generator, fit_input, open_split, start_run, train_indices, wrap_model
 from mem_core.train.engine import StepResult
 from mem_core.train.fit import Training, build_stage_loaders, fit
@@ -191,7 +191,7 @@ def _run_stage(stage_cls: type[Stage], cfg, out: Path | str, resume: bool, input
             if runtime.distributed:
                 torch.distributed.barrier()  # best.pt is written by the main process
             best = stage.build_model()
-            best.load_state_dict(load_checkpoint(run.best_path)["model"])
+            load_state(best, load_checkpoint(run.best_path).get("model"), run.best_path, "model")
             metrics = stage.evaluate(runtime.place(best), val_loader)
             kept = {"best_epoch": outcome.best["epoch"] if outcome.best else None}
         if runtime.is_main:
@@ -222,7 +222,17 @@ def pretraining_run(run_path: Path | str) -> tuple[RunDir, ViTConfig]:
     info = run.read_config()
     if info.get("stage") != "pretrain":
         raise RunError(f"{run.path} is a {info.get('stage')!r} run, not a pretraining run")
-    return run, from_dict(ViTConfig, info["config"]["model"])
+    config = info.get("config")
+    model = config.get("model") if isinstance(config, dict) else None
+    if not isinstance(model, dict):
+        raise RunError(f"{run.config_path}: not a pretraining run's config (no model table)")
+    try:
+        arch = from_dict(ViTConfig, model, "model.")
+    except ValueError as e:
+        raise RunError(f"{run.config_path}: not a pretraining run's config ({e})") from None
+    if not run.checkpoint_path.exists():
+        raise RunError(f"{run.path}: the pretraining run has no {run.checkpoint_path.name} yet (nothing to start from)")
+    return run, arch
 
 
 class TaskStage(Stage):
@@ -261,6 +271,10 @@ class TaskStage(Stage):
     def initialize(self, model: torch.nn.Module) -> None:
         if self.init is not None:
             run, _ = pretraining_run(self.init)
-            report = load_pretrained_backbone(self.vit(model), load_checkpoint(run.checkpoint_path)["model"])
+            weights = load_checkpoint(run.checkpoint_path).get("model")
+            try:
+                report = load_pretrained_backbone(self.vit(model), weights)
+            except (ValueError, TypeError, AttributeError, RuntimeError) as e:  # not a dict of tensors of this ViT
+                raise RunError(f"{run.checkpoint_path}: no pretrained weights of this ViT ({e})") from None
             if report.missing:
                 raise RunError(f"{self.init}: pretrained weights lack {', '.join(report.missing)}")

@@ -1,0 +1,46 @@
+"""Files a user names by path (a config, a run's JSON and checkpoints, an export's weights), read the way the event
+readers read theirs: a regular file only, opened without blocking and checked on the open descriptor
+(``mem_core.io.base.open_regular``: a FIFO blocked its reader for good while it held the GIL, ``/dev/zero`` never
+ends), and never more bytes than a bound that the file's size is checked against before a byte is read.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import BinaryIO
+
+from mem_core.io.base import open_regular, os_problem
+
+
+class FileTooLarge(OSError):
+    """A regular file larger than what its reader takes."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"larger than {limit} bytes ({size} bytes)")
+
+
+def open_bounded(path: str | os.PathLike, limit: int) -> BinaryIO:
+    """``path`` opened for reading as ``open_regular`` opens it, refused with ``FileTooLarge`` when it holds more
+    than ``limit`` bytes; other ``OSError``s as the system raises them."""
+    f = open_regular(path)
+    size = os.fstat(f.fileno()).st_size
+    if size > limit:
+        f.close()
+        raise FileTooLarge(size, limit)
+    return f
+
+
+def read_bounded(path: str | os.PathLike, limit: int) -> bytes:
+    """The bytes of the regular file ``path``, at most ``limit`` of them (a file that grows while it is read is
+    refused too); errors as ``open_bounded``'s."""
+    with open_bounded(path, limit) as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise FileTooLarge(len(data), limit)
+    return data
+
+
+def file_problem(error: OSError) -> str:
+    """Why a file could not be read, as the reason of a one-line error: missing, not a regular file, too large, or
+    what the system said."""
+    return str(error) if isinstance(error, FileTooLarge) else os_problem(error)
