@@ -20,6 +20,7 @@ Every failure is a ``RunError`` naming the file.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal, NotRequired
@@ -27,16 +28,19 @@ from typing import Annotated, Any, Literal, NotRequired
 import torch
 from pydantic import Field, StrictInt
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load as load_bytes
+from safetensors.torch import save
 from torch.utils.flop_counter import FlopCounterMode
 from typing_extensions import TypedDict  # pydantic reads typing.TypedDict only from Python 3.12
 
 from mem_core.configuration import check_ranges, from_dict, to_dict
 from mem_core.errors import MemError
+from mem_core.files import file_problem, read_bounded
 from mem_core.limits import (
     MAX_DERIVED_BYTES,
     MAX_EXPORT_WINDOW_EVENTS,
     MAX_EXPORT_WINDOW_MS,
+    MAX_WEIGHTS_BYTES,
     MAX_WIDTH,
     MAX_WINDOW_FLOPS,
 )
@@ -44,7 +48,16 @@ from mem_core.models import DiscreteVAE, MEMViT, SegmentationModel, TokenizerCon
 from mem_core.models.sizes import INPUT_RANGES, check_model_sizes
 from mem_core.representation import InputSpec
 from mem_core.runs.lineage import MODEL_JSON, TOKENIZER_LINK, read_json, tokenizer_of
-from mem_core.runs.rundir import RunDir, RunError, atomic_write_bytes, json_safe, load_checkpoint
+from mem_core.runs.rundir import (
+    CONFIG_FILE,
+    CORPUS_MANIFEST,
+    RunDir,
+    RunError,
+    atomic_write_bytes,
+    json_safe,
+    load_checkpoint,
+    make_dir,
+)
 from mem_core.schema import ClassNames, SchemaError, Text, check, class_names_problem
 
 EXPORT_VERSION = 2
@@ -94,13 +107,14 @@ def load_model(path: Path | str, device: torch.device | str = "cpu") -> tuple[to
     operations of one window through the model (what a live server's warm-up runs; see ``limits.warm_up_timeout_s``).
     """
     path = Path(path)
-    if (path / MODEL_JSON).is_file():
+    # a file there in any form is read: one that is no regular file (a FIFO) is refused naming it
+    if os.path.lexists(path / MODEL_JSON):
         description = path / MODEL_JSON
         meta = _read_versioned(description)
         check_meta(meta, description)
         weights_file = path / MODEL_FILE
         weights = _read_safetensors(weights_file)
-    elif (path / "config.json").is_file():
+    elif os.path.lexists(path / CONFIG_FILE):
         run = RunDir(path)
         description = run.config_path
         meta, weights_file = _run_model(run)
@@ -204,9 +218,15 @@ def check_meta(meta: dict[str, Any], where: Path) -> None:
 
 
 def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file, read from a regular file of at most ``MAX_WEIGHTS_BYTES`` (safetensors'
+    ``load_file`` opens any path, and blocked for good on a FIFO, holding the GIL)."""
     try:
-        return load_file(str(path))
-    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        data = read_bounded(path, MAX_WEIGHTS_BYTES)
+    except OSError as e:
+        raise RunError(f"{path}: {file_problem(e)}") from None
+    try:
+        return load_bytes(data)
+    except (SafetensorError, ValueError, RuntimeError) as e:
         raise RunError(f"{path}: not a readable safetensors file ({type(e).__name__}: {e})") from e
 
 
@@ -274,12 +294,12 @@ def _mismatch(expected: dict[str, torch.Tensor], weights: dict[str, Any]) -> str
 def load_tokenizer(path: Path | str, device: torch.device | str = "cpu") -> DiscreteVAE:
     """A frozen tokenizer (eval mode) from a tokenizer run directory or an export directory that carries one."""
     path = Path(path)
-    if (path / TOKENIZER_JSON).is_file():
+    if os.path.lexists(path / TOKENIZER_JSON):  # as in load_model
         description = path / TOKENIZER_JSON
         config = _tokenizer_config(_read_versioned(description).get("architecture"), description)
         weights_file = path / TOKENIZER_FILE
         weights = _read_safetensors(weights_file)
-    elif (path / "config.json").is_file():
+    elif os.path.lexists(path / CONFIG_FILE):
         run = RunDir(path)
         info = run.read_config()
         if info.get("stage") != "tokenizer":
@@ -338,8 +358,8 @@ def export_model(
         "source_run": source_run,
     }
     check_meta(meta, out / MODEL_JSON)
-    out.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(out / MODEL_FILE))
+    prepare_export_dir(out)
+    _write_safetensors(out / MODEL_FILE, model)
     atomic_write_bytes(out / MODEL_JSON, (json.dumps(json_safe(meta), indent=2) + "\n").encode())
     if tokenizer is not None:
         export_tokenizer(tokenizer, out)
@@ -349,11 +369,26 @@ def export_model(
     return out
 
 
+def prepare_export_dir(out: Path) -> None:
+    """Create the export directory ``out``; ``RunError`` naming it when it cannot be one (see ``rundir.make_dir``)
+    or holds a run or a corpus, whose files an export would overwrite (a pretraining run's ``tokenizer.json``)."""
+    make_dir(out, "an export")
+    for name, what in ((CONFIG_FILE, "a run"), (CORPUS_MANIFEST, "a corpus")):
+        if (out / name).exists():
+            raise RunError(f"{out}: holds {what} ({name}), not an export: export into a folder of its own")
+
+
+def _write_safetensors(path: Path, module: torch.nn.Module) -> None:
+    """``module``'s weights as a safetensors file, written atomically: an export being replaced (``mem serve
+    --watch`` loads the new one) is never seen half written, and a failed write keeps the old file."""
+    atomic_write_bytes(path, save({k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}))
+
+
 def export_tokenizer(tokenizer: DiscreteVAE, out: Path | str) -> Path:
     """Write ``tokenizer.safetensors`` + ``tokenizer.json`` to ``out`` (``load_tokenizer(out)`` reads them back)."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().cpu().contiguous() for k, v in tokenizer.state_dict().items()}, str(out / TOKENIZER_FILE))
+    prepare_export_dir(out)
+    _write_safetensors(out / TOKENIZER_FILE, tokenizer)
     meta = {"format_version": EXPORT_VERSION, "architecture": to_dict(tokenizer.config)}
     atomic_write_bytes(out / TOKENIZER_JSON, (json.dumps(meta, indent=2) + "\n").encode())
     return out
@@ -365,6 +400,7 @@ def export_run(run_path: Path | str, out: Path | str) -> Path:
     When the run was initialised from a MEM pretraining run, its tokenizer is exported beside it so the live
     server can show the token overlay.
     """
+    prepare_export_dir(Path(out))  # before the model loads: a bad --out is refused at once
     model, meta = load_model(run_path)
     tokenizer_run = tokenizer_of(run_path)
     return export_model(
