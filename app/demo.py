@@ -18,6 +18,7 @@ per class over label seeds (docs/RESULTS.md section 7): the widest lead for the 
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import shutil
@@ -340,10 +341,23 @@ def has_display() -> bool:
     return problem is None
 
 
+# What the demo writes into its folder: --fresh deletes the folder only when it holds nothing else.
+DEMO_ENTRIES = (
+    *("corpus", "tokenizer", "pretrain", "finetune-*", "logs", "export"),
+    *("report", "report.md", "results.json", "live.png", "live.json"),
+)
+
+
 def run(cfg: DemoConfig) -> Path:
-    if cfg.fresh and cfg.out.exists():
+    from mem_core.runs.rundir import RunError, make_dir
+
+    make_dir(cfg.out, "the demo's work")
+    if cfg.fresh:
+        foreign = [p.name for p in cfg.out.iterdir() if not any(fnmatch.fnmatch(p.name, e) for e in DEMO_ENTRIES)]
+        if foreign:
+            raise RunError(f"{cfg.out}: holds {foreign[0]!r}, not the demo's: --fresh would delete it with the folder")
         shutil.rmtree(cfg.out)
-    cfg.out.mkdir(parents=True, exist_ok=True)
+        cfg.out.mkdir()
     t0 = time.perf_counter()
     runs = train_all(cfg)
     results = evaluate_all(cfg)

@@ -8,8 +8,10 @@ from typing import Annotated
 
 import typer
 
+from app.cli.options import writable_file
+
 app = typer.Typer(help="Benchmarks: print a table and write JSON.", no_args_is_help=True)
-JsonOpt = Annotated[Path | None, typer.Option("--json", help="Write the results as JSON here.")]
+JsonOpt = Annotated[Path | None, typer.Option("--json", help="Write the results as JSON here.", callback=writable_file)]
 
 
 @app.command("data")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from mem_core.configuration import Interval, check_ranges
+from mem_core.configuration import ConfigError, Interval, check_ranges
 
 POSITIVE, AT_LEAST_0 = Interval(0, lo_open=True), Interval(0)
 
@@ -36,6 +36,16 @@ class RecordConfig:
         ranges = {"duration_s": POSITIVE, "segment_minutes": POSITIVE, "speed": AT_LEAST_0}
         check_ranges(self, {**ranges, "flush_interval_s": AT_LEAST_0, "min_free_bytes": AT_LEAST_0})
         check_ranges(self, {"shard_max_events": Interval(1)})
+        if self.name is not None and (not self.name or "/" in self.name):  # "/" separates a session's segments
+            raise ConfigError(f"name must be a non-empty session name without '/', got {self.name!r}")
+        if self.publish is not None:
+            from recorders.base import RecorderError
+            from recorders.publish import normalize_address  # ZMQ: imported only when publishing
+
+            try:
+                normalize_address(self.publish)
+            except RecorderError as e:
+                raise ConfigError(str(e)) from None
 
 
 @dataclass(frozen=True)

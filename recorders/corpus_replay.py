@@ -103,7 +103,8 @@ class CorpusReplaySource(Replay):
             chosen = sorted(chosen, key=lambda i: recordings[i].segment) or [
                 i for i, r in enumerate(recordings) if r.name == recording
             ]
-            if not chosen and recording.isascii() and recording.isdigit() and int(recording) < len(recordings):
+            index = recording.isascii() and recording.isdigit() and len(recording) <= 18  # int() stops at 4300 digits
+            if not chosen and index and int(recording) < len(recordings):
                 chosen = [int(recording)]
             if not chosen:
                 raise RecorderError(

@@ -22,7 +22,8 @@ SCHEME = "dv+tcp://"
 def parse_endpoint(spec: str) -> tuple[str, int]:
     """``dv+tcp://HOST:PORT`` -> (host, port), or a ``RecorderError`` naming what is wrong."""
     host, sep, port = spec.removeprefix(SCHEME).rpartition(":")
-    if not spec.startswith(SCHEME) or not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    digits = port.isascii() and port.isdigit() and len(port) <= 5  # int() refuses '²' and 5,000 digits
+    if not spec.startswith(SCHEME) or not sep or not host or not digits or not 0 < int(port) < 65536:
         raise RecorderError(f"source {spec!r}: expected {SCHEME}HOST:PORT with a port in 1..65535")
     return host, int(port)
 

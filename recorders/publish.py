@@ -12,11 +12,13 @@ publisher closed - the session then looks for the rest of a multipart message in
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import zmq
 
 from mem_core.events import SensorSize
-from mem_core.protocol import encode_events
+from mem_core.protocol import encode_events, endpoint_problem
 from recorders.base import Closing, RecorderError
 
 DEFAULT_HOST = "127.0.0.1"
@@ -27,11 +29,19 @@ def normalize_address(address: str) -> str:
     """``PORT``, ``HOST:PORT`` or ``tcp://HOST:PORT`` as a ZMQ endpoint; the host defaults to 127.0.0.1."""
     address = address.strip()
     if "://" in address:
-        return address
-    host, _, port = address.rpartition(":")
-    if not port.isdigit():
-        raise RecorderError(f"publish address {address!r} is not PORT, HOST:PORT or tcp://HOST:PORT")
-    return f"tcp://{host or DEFAULT_HOST}:{port}"
+        endpoint = address
+    else:
+        host, _, port = address.rpartition(":")
+        endpoint = f"tcp://{host or DEFAULT_HOST}:{port}"
+    if (problem := bind_problem(endpoint)) is not None:
+        raise RecorderError(f"publish address {address!r}: {problem} (PORT, HOST:PORT, tcp://HOST:PORT or ipc://PATH)")
+    return endpoint
+
+
+def bind_problem(endpoint: str) -> str | None:
+    """Why ``endpoint`` cannot be bound, or None: checked as a client's endpoint (``protocol.endpoint_problem``),
+    with ``*`` taken for a host (every interface) and a port (any free one). ZMQ took a port of 5,000 digits."""
+    return endpoint_problem(re.sub(r":\*$", ":1", endpoint.replace("tcp://*:", "tcp://0.0.0.0:", 1)))
 
 
 class EventPublisher(Closing):

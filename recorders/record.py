@@ -131,9 +131,14 @@ class _Signals:
             signal.signal(s, handler)
 
 
+def _sessions(out: Path) -> set[str]:
+    """The session names taken in the corpus at ``out`` (none when there is no corpus yet)."""
+    return {r.session for r in Corpus(out).recordings} if (out / "manifest.json").exists() else set()
+
+
 def _session_name(out: Path, source: LiveSource, started: datetime) -> str:
     base = f"{source.metadata.get('kind', 'rec')}-{started:%Y%m%d-%H%M%S}"
-    taken = {r.session for r in Corpus(out).recordings} if (out / "manifest.json").exists() else set()
+    taken = _sessions(out)
     name, k = base, 1
     while name in taken:
         k += 1
@@ -159,6 +164,8 @@ def run(config: RecordConfig, *, source: LiveSource | None = None, stop: threadi
     for a full disk or a failed source (see ``RecordResult.stop_reason`` / ``error``)."""
     stop = stop if stop is not None else threading.Event()
     prepare_corpus_dir(config.out)  # an existing file or a path too long is one line, before a source opens
+    if config.name is not None and config.name in _sessions(config.out):
+        raise RecorderError(f"{config.out}: already holds a session named {config.name!r}; choose another --name")
     if source is None:
         source = open_source(config.source, speed=config.speed, loop=config.loop)
     with contextlib.ExitStack() as stack:

@@ -15,10 +15,13 @@ Replays (a file, a corpus) can be paused, sought, stepped and sped up (``recorde
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
 from mem_core.corpus.format import MANIFEST
+from mem_core.limits import MAX_SYNTHETIC_MEV_S
+from mem_core.protocol import endpoint_problem
 from mem_core.simulator import fast_config, task_config
 from recorders.base import LiveSource, RecorderError
 from recorders.camera import CameraSource
@@ -39,6 +42,8 @@ def open_source(spec: str, *, speed: float = 1.0, loop: bool = False, batch_us: 
     corpus over and over, ``batch_us`` is the time span of one batch from a replay or the simulator.
     """
     if spec.startswith(("tcp://", "ipc://")):
+        if (problem := endpoint_problem(spec)) is not None:
+            raise RecorderError(f"source {spec!r}: {problem}")
         return ZmqEventSource(spec)
     if spec.startswith(DV_TCP):
         return DvNetworkSource(spec)
@@ -52,10 +57,12 @@ def open_source(spec: str, *, speed: float = 1.0, loop: bool = False, batch_us: 
         return SimulatorSource(presets[arg](), batch_us=batch_us, speed=speed)
     if kind == "synthetic":
         try:
-            rate = float(arg or 30) * 1e6
-            return SyntheticSource(rate)
+            rate = float(arg or 30)
         except ValueError:
-            raise RecorderError(f"source {spec!r}: synthetic:MEV_S takes a positive rate in Mev/s") from None
+            rate = math.nan
+        if not 0 < rate <= MAX_SYNTHETIC_MEV_S:  # the source holds 2 ms of its events (26 MB at the largest)
+            raise RecorderError(f"source {spec!r}: synthetic:MEV_S takes a rate in (0, {MAX_SYNTHETIC_MEV_S:g}] Mev/s")
+        return SyntheticSource(rate * 1e6)
     corpus = corpus_spec(spec)
     if corpus is not None:
         return CorpusReplaySource(*corpus, speed=speed, loop=loop, batch_us=batch_us)

@@ -45,11 +45,18 @@ for plugin in entry_points(group="mem.commands"):
 
 
 def main() -> None:
-    """Entry point: bad input (``MemError``, a missing file) becomes one clear line and exit status 2."""
+    """Entry point: bad input (``MemError``, a path the system refuses) becomes one clear line and exit status 2."""
     from mem_core.errors import MemError
 
     try:
         app()
-    except (MemError, FileNotFoundError, NotADirectoryError, PermissionError) as exc:
-        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+    except (MemError, OSError) as exc:  # OSError: a path given that is missing, too long, not a folder, ...
+        typer.secho(f"error: {_one_line(exc)}", fg=typer.colors.RED, err=True)
         sys.exit(2)
+
+
+def _one_line(exc: Exception) -> str:
+    """``exc`` as the rest of an ``error:`` line: an ``OSError`` about a path as ``<path>: <what the system said>``."""
+    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        return f"{exc.filename}: {exc.strerror}"
+    return str(exc)

@@ -70,6 +70,11 @@ def serve(config: ServeConfig) -> None:
 
     from app.live.server import run
     from recorders.base import RecorderError
+    from recorders.publish import bind_problem
+
+    for flag, endpoint in (("--pub", config.pub), ("--control", config.control)):
+        if endpoint is not None and (problem := bind_problem(endpoint)) is not None:  # before a model or source opens
+            raise fail(f"{flag} {endpoint!r}: {problem}")
 
     # a shell starts a background job with SIGINT ignored, and Python then leaves it ignored; SIGTERM would end the
     # process without closing the source, the recording and the sockets

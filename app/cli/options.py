@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import os
 import typing
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -70,6 +71,22 @@ def fail(message: str, code: int = 2) -> typer.Exit:
     """Print ``error: message`` in red on stderr; raise the returned ``typer.Exit`` to end with ``code``."""
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     return typer.Exit(code=code)
+
+
+def writable_file(path: Path | None) -> Path | None:
+    """A typer callback for an option naming a file a command writes when it ends (``--json``): refused at once, in
+    one line naming it, when it cannot be written (a folder, a FIFO, a name too long, a folder that is missing or
+    not writable), not after the work is done. A file it had to create to find out is removed again."""
+    if path is None:
+        return None
+    existed = os.path.lexists(path)
+    try:  # without blocking: a FIFO with no reader is refused (ENXIO) instead of waited on
+        os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o644))
+    except OSError as e:
+        raise fail(f"{path}: cannot be written ({e.strerror or e})") from None
+    if not existed:
+        path.unlink()
+    return path
 
 
 @dataclasses.dataclass(frozen=True)

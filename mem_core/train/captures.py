@@ -76,9 +76,12 @@ def train_captures(
 ) -> dict[str, Any]:
     """Finetune ``pretrain`` on the captures in ``labels`` into the run ``out`` and export its best epoch to
     ``export``; returns the run's result (``top1`` on the held-out captures, ``n``, ``classes``, ...)."""
-    from mem_core.runs.export import export_run
+    from mem_core.runs.export import export_run, prepare_export_dir
+    from mem_core.runs.rundir import make_dir
     from mem_core.train import finetune
 
+    make_dir(Path(out), "a run")  # both outputs refused before training, not an export refused after it
+    prepare_export_dir(Path(export))
     problem = labels_problem(capture_counts(labels))
     if problem is not None:
         raise DatasetError(f"{labels}: {problem}")
