@@ -21,6 +21,7 @@ import pytest
 from mem_core.corpus import Corpus, CorpusError, CorpusFullError, CorpusWriter
 from mem_core.corpus import reader as corpus_reader
 from mem_core.corpus import writer as corpus_writer
+from mem_core.corpus.format import FORMAT_VERSION, load_manifest
 from mem_core.events import EVENT_DTYPE, SensorSize, make_events
 
 SENSOR = SensorSize(32, 48)
@@ -215,11 +216,70 @@ def test_killed_writer_leaves_a_readable_corpus(tmp_path):
     assert Corpus(root).recordings[-1].name == "after"
 
 
+def journal(root: Path) -> Path:
+    """The journal ``root``'s manifest names (it may not exist yet)."""
+    return root / f"journal-{json.loads((root / 'manifest.json').read_text())['journal']:06d}.jsonl"
+
+
+def test_a_commit_appends_one_line_of_its_own_size_and_the_manifest_is_rewritten_rarely(tmp_path, events_factory):
+    """A commit's cost is its change's, not the corpus's: 400 captures rewrote the manifest 400 times, growing."""
+    ev = events_factory(100)
+    lines, rewrites = [], 0
+    with CorpusWriter(tmp_path, flush_interval_s=0) as w:
+        for k in range(400):
+            inode, before = (tmp_path / "manifest.json").stat().st_ino, journal(tmp_path)
+            size = before.stat().st_size if before.exists() else 0
+            w.add_recording(f"capture-{k:06d}", ev, SENSOR, label="car", metadata={"k": k})
+            if (tmp_path / "manifest.json").stat().st_ino != inode:
+                rewrites += 1  # folded
+            else:
+                lines.append(before.stat().st_size - size)
+    assert rewrites <= 4 and len(lines) >= 396
+    assert max(lines[-50:]) <= max(lines[:50]) + 8  # (a few more digits)
+    assert not list(tmp_path.glob("journal-*")) and len(Corpus(tmp_path)) == 400  # closed: the manifest alone
+
+
+def test_a_torn_last_journal_line_is_left_out_and_a_damaged_one_is_named(tmp_path, events_factory):
+    ev = events_factory(300)
+    crashed = tmp_path / "crashed"
+    with CorpusWriter(tmp_path / "c", flush_interval_s=0) as w:
+        w.add_recording("a", ev[:100], SENSOR)
+        w.add_recording("b", ev[100:200], SENSOR)
+        shutil.copytree(tmp_path / "c", crashed)  # the folder as a crash at this moment leaves it
+    damaged = tmp_path / "damaged"
+    shutil.copytree(crashed, damaged)
+    with journal(crashed).open("ab") as f:
+        f.write(b'{"recordings": [{"name": "x", "sens')  # the writer died in the middle of a line
+    assert [r.name for r in Corpus(crashed).recordings] == ["a", "b"]
+    with journal(damaged).open("ab") as f:
+        f.write(b'{"recordings": [7]}\n')
+    with pytest.raises(CorpusError, match=r"journal-\d+\.jsonl: line 3 is malformed: an entry without a name"):
+        Corpus(damaged)
+    with CorpusWriter(crashed) as w:  # the next writer folds what was committed and goes on
+        w.add_recording("c", ev[200:], SENSOR)
+    c = Corpus(crashed)
+    assert [r.name for r in c.recordings] == ["a", "b", "c"] and c.check(full=True) == {}
+    assert not list(crashed.glob("journal-*"))
+
+
+def test_a_corpus_of_the_format_before_the_journal_is_read_and_extended(tmp_path, events_factory):
+    ev = events_factory(200)
+    _corpus_with_one_recording(tmp_path, ev[:100])
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    del manifest["journal"]
+    (tmp_path / "manifest.json").write_text(json.dumps({**manifest, "format_version": 1}))
+    np.testing.assert_array_equal(Corpus(tmp_path).events(0), ev[:100])
+    with CorpusWriter(tmp_path) as w:
+        w.add_recording("b", ev[100:], SENSOR)
+    assert [r.name for r in Corpus(tmp_path).recordings] == ["a", "b"]
+    assert json.loads((tmp_path / "manifest.json").read_text())["format_version"] == FORMAT_VERSION
+
+
 def _committed(root: Path, name: str) -> int:
-    """Events of recording ``name`` in the manifest right now (0 before it exists)."""
+    """Events of recording ``name`` committed right now (0 before it exists)."""
     try:
-        manifest = json.loads((root / "manifest.json").read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+        manifest = load_manifest(root)
+    except CorpusError:  # (not written yet)
         return 0
     return sum(r["n_events"] for r in manifest["recordings"] if r["name"] == name)
 
@@ -351,9 +411,7 @@ def _corpus_with_one_recording(root: Path, events: np.ndarray) -> None:
         (lambda root: (root / "manifest.json").write_text('{"format_version": 1, "recor'), "corrupt corpus manifest"),
         (lambda root: (root / "manifest.json").write_text("[1, 2]"), "not a corpus manifest"),
         (
-            lambda root: (root / "manifest.json").write_text(
-                (root / "manifest.json").read_text().replace('"format_version": 1', '"format_version": 99')
-            ),
+            lambda root: edit_manifest(root, f'"format_version": {FORMAT_VERSION}', '"format_version": 99'),
             "format_version 99",
         ),
         (lambda root: edit_manifest(root, '"offset"', '"offst"'), "recording entry 0 is malformed: missing offset"),

@@ -20,6 +20,7 @@ import zmq
 from recorders_fakes import FakeRig, clock_batches
 
 from mem_core.corpus import Corpus, CorpusError
+from mem_core.corpus.format import load_manifest
 from mem_core.events import EVENT_DTYPE, SensorSize, validate_events
 from mem_core.protocol import decode, decode_events
 from mem_core.simulator import EventSimulator, SimulatorConfig
@@ -76,8 +77,8 @@ def child(*args: str) -> subprocess.Popen:
 def wait_for_events(root: Path, min_events: int, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        with contextlib.suppress(OSError, ValueError):
-            manifest = json.loads((root / "manifest.json").read_text())
+        with contextlib.suppress(CorpusError):  # (not written yet)
+            manifest = load_manifest(root)  # what is committed: the manifest and its journal
             if sum(r["n_events"] for r in manifest["recordings"]) >= min_events:
                 return
         time.sleep(0.05)

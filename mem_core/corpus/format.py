@@ -2,7 +2,9 @@
 
 Layout of a corpus directory::
 
-    manifest.json        format_version, provenance, shards, recordings (written atomically: tmp + os.replace)
+    manifest.json        format_version, provenance, shards, recordings (written atomically: tmp + os.replace),
+                         journal: the generation N of the journal that goes with it
+    journal-00000N.jsonl the commits since manifest.json was written, one JSON line each (absent: none yet)
     shard-00000.h5       columnar datasets t (<i8), x (<u2), y (<u2), p (u1), chunked, Blosc LZ4 + bitshuffle,
     shard-00001.h5 ...   plus t_index: the t of every ``index_stride``-th event of the shard (a coarse time index)
 
@@ -23,11 +25,20 @@ Crash safety (measured on HDF5 2.0 / h5py 3.16, not assumed):
   a corpus starts a new shard. Readers open a shard left open (``sealed: false`` in the manifest) with SWMR and
   few metadata retries, a sealed one without SWMR (``shard.py`` says why: damaged metadata made SWMR hang).
 - Every chunk carries a Fletcher-32 checksum: a damaged chunk fails to read (a shard written without it reads unchecked).
-- The manifest is the commit record. Events are buffered in memory, written to the shard when the buffer fills,
-  and committed at least every ``flush_interval_s`` (checked inside ``append``) and on close: shard flush + fsync,
-  then the manifest (tmp + fsync + ``os.replace``). Readers trust only the counts in the manifest, so whatever
-  reached a shard after the last commit is ignored; a recording in progress at the crash appears with
-  ``complete=False`` and its committed events.
+- The manifest and its journal are the commit record. Events are buffered in memory, written to the shard when the
+  buffer fills, and committed at least every ``flush_interval_s`` (checked inside ``append``) and on close: shard
+  flush + fsync, then one line appended to the journal and fsynced: ``{"shards": [...], "recordings": [...],
+  "removed": [names]}``, the entries that changed since the last commit (a recording entry replaces the one of its
+  name, or comes last when new; ``removed`` goes first). A commit costs what changed, not the size of the corpus
+  (1,200 labelled captures in a row: the last as quick as the first). Readers apply the journal's lines to
+  ``manifest.json`` (``load_manifest``); a last line without its newline (being written, or torn by a crash) is
+  not committed and left out, any other bad line is damage. The writer folds the journal into a new
+  ``manifest.json`` (tmp + fsync + ``os.replace``) naming the next generation, then deletes the old journal: when
+  it opens the corpus, when the journal outgrows the manifest (so reading it costs at most about as much again),
+  and on close (a closed corpus is its manifest alone). A reader that finds its journal gone reads the newer
+  manifest. Readers trust only the committed counts, so whatever reached a shard after the last commit is
+  ignored; a recording in progress at the crash appears with ``complete=False`` and its committed events.
+  Format version 1 (no journal) is read as well; a writer extending such a corpus makes it version 2.
 - Full disk: free space is checked against ``min_free_bytes`` (and the shard size against ``ulimit -f``) before
   every shard write, raising ``CorpusFullError``. A write that fails anyway (ENOSPC, EDQUOT, EFBIG) raises
   ``CorpusFullError`` too. HDF5 must never be left with a write that keeps failing: a dataset whose close failed
@@ -60,8 +71,12 @@ from mem_core.events import SensorSize, sensor_problem
 from mem_core.io.base import open_regular, os_problem
 from mem_core.limits import is_int as _is_int
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the manifest names its journal; a version 1 corpus (no journal) is read as well
+READ_VERSIONS = (1, 2)
 MANIFEST = "manifest.json"
+JOURNAL = "journal-{:06d}.jsonl"  # the journal of manifest generation N (the manifest's "journal": N)
+JOURNAL_NAME = re.compile(r"journal-\d{6,}\.jsonl")
+_MANIFEST_READS = 8  # a manifest rewritten (folded) under a reader this often in a row is not settling
 COLUMNS = ("t", "x", "y", "p")
 CHUNK_EVENTS = 1 << 14  # events per HDF5 chunk; also the stride of the coarse time index
 SHARD_NAME = re.compile(r"shard-\d{5,}\.h5")
@@ -104,8 +119,30 @@ class ShardInfo:
 
 
 def load_manifest(root: Path) -> dict[str, Any]:
-    """The manifest as JSON, with its top level checked (``parse_manifest`` checks the entries)."""
+    """The committed manifest: ``manifest.json`` with its journal applied, the top level checked (``parse_manifest``
+    checks the entries)."""
     path = root / MANIFEST
+    for _ in range(_MANIFEST_READS):
+        manifest = _read_manifest(path)
+        generation = manifest.get("journal")
+        if generation is None:
+            return manifest
+        journal = root / JOURNAL.format(generation)
+        try:
+            with open_regular(journal) as f:  # a FIFO in its place would block the open
+                data = f.read()
+        except FileNotFoundError:  # no commit since the manifest was written, or folded into a newer one just now
+            if _read_manifest(path).get("journal") != generation:
+                continue
+            return manifest
+        except OSError as e:
+            raise CorpusError(f"{journal}: corrupt corpus journal ({os_problem(e)})") from None
+        return apply_journal(manifest, data, str(journal))
+    raise CorpusError(f"{path}: rewritten {_MANIFEST_READS} times while being read; is a writer stuck in a loop?")
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    """``manifest.json`` as JSON, its top level checked."""
     try:
         with open_regular(path) as f:  # a FIFO in its place would block the open
             manifest = json.loads(f.read())
@@ -117,22 +154,64 @@ def load_manifest(root: Path) -> dict[str, Any]:
         raise CorpusError(f"{path}: corrupt corpus manifest ({e})") from e
     if not isinstance(manifest, dict) or not {"format_version", "recordings", "shards"} <= manifest.keys():
         raise CorpusError(f"{path}: not a corpus manifest (missing format_version/recordings/shards)")
-    if manifest["format_version"] != FORMAT_VERSION:
-        raise CorpusError(f"{path}: format_version {manifest['format_version']!r}, this code reads {FORMAT_VERSION}")
+    if manifest["format_version"] not in READ_VERSIONS or isinstance(manifest["format_version"], bool):
+        raise CorpusError(f"{path}: format_version {manifest['format_version']!r}, this code reads {READ_VERSIONS}")
     for key in ("recordings", "shards", "provenance"):
         if not isinstance(manifest.get(key, []), list):
             raise CorpusError(f"{path}: corrupt corpus manifest ({key} must be a list)")
+    generation = manifest.get("journal")
+    if generation is not None and not (_is_int(generation) and 0 <= generation <= MAX_SHARD_EVENTS):
+        raise CorpusError(f"{path}: corrupt corpus manifest (journal {generation!r:.40} is no generation number)")
     return manifest
 
 
-def write_manifest(root: Path, manifest: dict[str, Any]) -> None:
+def apply_journal(manifest: dict[str, Any], data: bytes, where: str) -> dict[str, Any]:
+    """``manifest`` with the changes of a journal's lines (``data``) applied in order. A last line without its
+    newline is one being written, or torn by a crash: it is not committed and left out; any other line that is not a
+    change is damage."""
+    lines = data.split(b"\n")[:-1]
+    if not lines:
+        return manifest
+    shards = {_key(e, "file", f"{where}: shard entry {k}"): e for k, e in enumerate(manifest["shards"])}
+    recordings: dict[str, Any] = {}
+    for k, entry in enumerate(manifest["recordings"]):
+        name = _key(entry, "name", f"{where}: recording entry {k}")
+        _require(name not in recordings, f"{where}: recording entry {k}", f"name {name!r} is listed twice")
+        recordings[name] = entry
+    for n, line in enumerate(lines, 1):
+        at = f"{where}: line {n}"
+        try:
+            change = json.loads(line)
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+            raise CorpusError(f"{at} is malformed: not JSON ({e})") from None
+        _require(isinstance(change, dict), at, "not an object")
+        for key in ("shards", "recordings", "removed"):
+            _require(isinstance(change.get(key, []), list), at, f"{key} must be a list")
+        for entry in change.get("shards", []):
+            shards[_key(entry, "file", at)] = entry
+        for name in change.get("removed", []):
+            _require(isinstance(name, str), at, f"removed {name!r:.60} is no recording name")
+            recordings.pop(name, None)
+        for entry in change.get("recordings", []):  # a new name goes last, a known one stays where it is
+            recordings[_key(entry, "name", at)] = entry
+    return {**manifest, "shards": list(shards.values()), "recordings": list(recordings.values())}
+
+
+def _key(entry: Any, key: str, where: str) -> str:
+    """The ``key`` (a string) of a manifest entry, which the journal's changes refer to it by."""
+    _require(isinstance(entry, dict) and isinstance(entry.get(key), str), where, f"an entry without a {key}")
+    return entry[key]
+
+
+def write_manifest(root: Path, manifest: dict[str, Any]) -> int:
     """Make ``manifest`` ``root``'s manifest, atomically and durably: tmp + fsync + ``os.replace`` + fsync of the
-    folder; an ``OSError`` leaves the previous manifest in place."""
+    folder; returns its size in bytes. An ``OSError`` leaves the previous manifest in place."""
     path = root / MANIFEST
     tmp = path.with_suffix(".json.tmp")
+    data = json.dumps(manifest, indent=1).encode()
     try:
-        with open(tmp, "w") as f:
-            json.dump(manifest, f, indent=1)
+        with open(tmp, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -141,6 +220,7 @@ def write_manifest(root: Path, manifest: dict[str, Any]) -> None:
         with contextlib.suppress(OSError):  # (the folder may be gone)
             tmp.unlink(missing_ok=True)
         raise
+    return len(data)
 
 
 def fsync_path(path: Path) -> None:

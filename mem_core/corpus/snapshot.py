@@ -45,6 +45,7 @@ def snapshot_corpus(root: str | os.PathLike, dest: str | os.PathLike, provenance
         **provenance,
         SNAPSHOT_OF: str(root.resolve()),
     }
+    manifest.pop("journal", None)  # (applied: the snapshot is its manifest alone)
     write_manifest(
         dest,
         {

@@ -24,6 +24,8 @@ from mem_core.corpus.format import (
     CHUNK_EVENTS,
     COLUMNS,
     FORMAT_VERSION,
+    JOURNAL,
+    JOURNAL_NAME,
     MANIFEST,
     CorpusError,
     CorpusFullError,
@@ -42,6 +44,7 @@ _RESERVE_BYTES = 16 << 20
 _MIN_RESERVE_BYTES = 1 << 20
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _SHARD_RE = re.compile(r"shard-(\d+)\.h5$")
+_MIN_FOLD_BYTES = 1 << 16  # a journal is folded into the manifest once larger than it, and than this
 
 
 def _full_errno(exc: BaseException) -> int | None:
@@ -136,6 +139,14 @@ class CorpusWriter:
         self._recording: dict[str, Any] | None = None  # manifest entry of the segment being recorded
         self._failed: str | None = None  # why the writer stopped (a message: the exception's frames hold HDF5 objects)
         self._closed = False
+        # What changed since the last commit, appended to the journal as one line at the next: shard entries by file,
+        # recording entries by name (the same dicts the manifest holds), names taken out.
+        self._changed_shards: dict[str, dict[str, Any]] = {}
+        self._changed: dict[str, dict[str, Any]] = {}
+        self._removed: list[str] = []
+        self._journal_fd: int | None = None  # opened at the first commit after a fold
+        self._journal_bytes = 0
+        self._manifest_bytes = 0
         try:
             self._open_manifest(provenance)
             reserve = min(_RESERVE_BYTES, max(shutil.disk_usage(self.root).free // 32, _MIN_RESERVE_BYTES))
@@ -143,7 +154,7 @@ class CorpusWriter:
             with open(self._reserve, "wb") as f:
                 os.posix_fallocate(f.fileno(), 0, reserve)
             self._free_seen = shutil.disk_usage(self.root).free
-            self._write_manifest()
+            self._fold()  # the journal a killed writer left becomes part of the manifest
         except BaseException:
             self._reserve.unlink(missing_ok=True)
             os.close(self._lock_fd)
@@ -163,6 +174,7 @@ class CorpusWriter:
             )
         else:
             self._manifest = {"format_version": FORMAT_VERSION, "provenance": [], "shards": [], "recordings": []}
+        self._manifest["format_version"] = FORMAT_VERSION  # (a version 1 corpus gets a journal from now on)
         self._next_shard = max(shards_on_disk, default=-1) + 1
         entry = {"opened_utc": datetime.now(UTC).isoformat(timespec="seconds"), **(provenance or {})}
         try:
@@ -234,7 +246,9 @@ class CorpusWriter:
 
     def end_recording(self) -> None:
         """Mark the open recording complete (committed with the next flush)."""
-        self._require_recording()["complete"] = True
+        rec = self._require_recording()
+        rec["complete"] = True
+        self._changed[rec["name"]] = rec
         self._recording = None
 
     def add_recording(
@@ -267,7 +281,12 @@ class CorpusWriter:
         if len(kept) == len(recordings):
             raise CorpusError(f"{self.root}: no recording named {name!r}")
         self._manifest["recordings"] = kept
-        self._names = {e["name"] for e in kept} | {e["session"] for e in kept}
+        for entry in recordings:
+            if entry["session"] == name:
+                self._names.discard(entry["name"])
+                self._changed.pop(entry["name"], None)
+                self._removed.append(entry["name"])
+        self._names.discard(name)
         self._commit()
 
     def rotate(self) -> None:
@@ -305,8 +324,10 @@ class CorpusWriter:
                     self.end_recording()
                 self._recording = None
                 self._commit(seal=True)
+                self._fold()  # a closed corpus is its manifest alone
         finally:
             self._closed = True
+            self._close_journal()
             try:
                 self._reserve.unlink(missing_ok=True)
             finally:
@@ -346,10 +367,12 @@ class CorpusWriter:
         }
         self._names.add(name)
         self._manifest["recordings"].append(self._recording)
+        self._changed[name] = self._recording
 
     def _next_segment(self) -> None:
         rec = self._recording
         rec["complete"] = True
+        self._changed[rec["name"]] = rec
         self._commit(seal=True)
         keys = ("session", "sensor", "label", "metadata")
         self._start_segment({**{k: rec[k] for k in keys}, "segment": rec["segment"] + 1})
@@ -382,6 +405,7 @@ class CorpusWriter:
         self._datasets = {key: f[key] for key in (*COLUMNS, "t_index")}
         self._shard_entry = {"file": name, "events": 0, "sealed": False}
         self._manifest["shards"].append(self._shard_entry)
+        self._changed_shards[name] = self._shard_entry
 
     def _commit(self, seal: bool = False) -> None:
         """Make everything appended durable and visible to readers; ``seal`` also closes the shard for good."""
@@ -396,7 +420,10 @@ class CorpusWriter:
                 self._shard_entry["sealed"] = True
             self._guard_h5(lambda: fsync_path(self.root / self._shard_entry["file"]))  # (EIO, a folder gone)
             self._shard_entry["events"] = self._written
-        self._write_manifest()
+            self._changed_shards[self._shard_entry["file"]] = self._shard_entry
+        if self._recording is not None:  # (its events and times grew)
+            self._changed[self._recording["name"]] = self._recording
+        self._append_journal()
         self._last_commit = time.monotonic()
 
     def _commit_if_due(self) -> None:
@@ -497,8 +524,50 @@ class CorpusWriter:
                 )
             )
 
-    def _write_manifest(self) -> None:
+    def _append_journal(self) -> None:
+        """Commit what changed since the last commit: one line appended to the journal and fsynced, its cost that of
+        the change, not of the corpus. Folded into the manifest once the journal outgrows it (and on close), so a
+        reader's fold stays as cheap as reading the manifest."""
+        change = {
+            "shards": list(self._changed_shards.values()),
+            "removed": self._removed,
+            "recordings": list(self._changed.values()),
+        }
+        change = {key: entries for key, entries in change.items() if entries}
+        if not change:
+            return
+        line = (json.dumps(change) + "\n").encode()
+        path = self.root / JOURNAL.format(self._manifest["journal"])
         try:
-            write_manifest(self.root, self._manifest)
+            if self._journal_fd is None:
+                self._journal_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                fsync_path(self.root)  # its name as durable as its lines
+            rest = memoryview(line)
+            while rest:
+                rest = rest[os.write(self._journal_fd, rest) :]
+            os.fsync(self._journal_fd)
+        except OSError as e:  # a line cut short here is one a reader leaves out: no newline
+            raise self._fail(e, path) from e
+        self._journal_bytes += len(line)
+        self._changed_shards, self._changed, self._removed = {}, {}, []
+        if self._journal_bytes > max(self._manifest_bytes, _MIN_FOLD_BYTES):
+            self._fold()
+
+    def _fold(self) -> None:
+        """Write the whole manifest (atomically), naming a new, empty journal, then remove the journals it holds."""
+        self._close_journal()
+        self._manifest["journal"] = self._manifest.get("journal", 0) + 1
+        try:
+            self._manifest_bytes = write_manifest(self.root, self._manifest)
+            for path in self.root.iterdir():  # the one folded in and any a crash left: the new one starts empty
+                if JOURNAL_NAME.fullmatch(path.name):
+                    path.unlink(missing_ok=True)
         except OSError as e:
             raise self._fail(e, self.root / MANIFEST) from e
+        self._journal_bytes = 0
+        self._changed_shards, self._changed, self._removed = {}, {}, []
+
+    def _close_journal(self) -> None:
+        if self._journal_fd is not None:
+            fd, self._journal_fd = self._journal_fd, None
+            os.close(fd)
