@@ -137,7 +137,7 @@ class LabelledCaptures(Closing):
             writer, self._writer = self._writer, None
             try:
                 writer.close()
-            except CorpusError as exc:
+            except (CorpusError, OSError) as exc:
                 raise RecorderError(f"{self.root}: cannot take the captures as they are now ({exc})") from None
         try:
             return snapshot_corpus(self.root, dest, provenance={"tool": "mem serve train"})

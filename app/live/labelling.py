@@ -362,8 +362,9 @@ class LabelDesk:
                 snapshot = self._open().snapshot(out / SNAPSHOT)
             except RecorderError as exc:
                 raise LabelError(f"train: {exc}") from None
-        about = f"{len(snapshot)} captures: " + ", ".join(f"{n} {name}" for name, n in snapshot.label_counts().items())
+        each = ", ".join(f"{count} {name}" for name, count in snapshot.label_counts().items())
         try:
+            about = f"{len(snapshot)} captures: {each}"
             self.job = TrainingJob(snapshot.root, pretrain, out, epochs or self.epochs, on_done, about).start()
         except OSError as exc:
             raise LabelError(f"train: cannot start the run in {out}: {exc}") from None
