@@ -59,7 +59,8 @@ class IngestItem:
 
 @dataclass
 class IngestReport:
-    """What happened to every file: ingested, skipped (already in the corpus) or failed (with the reason)."""
+    """What happened to every file found: ingested, skipped (already in the corpus), left out (not in the layout of
+    the ``--dataset``) or failed (with the reason)."""
 
     corpus: str
     started_utc: str
@@ -67,6 +68,8 @@ class IngestReport:
     ingested: list[dict[str, Any]] = field(default_factory=list)
     skipped: list[dict[str, Any]] = field(default_factory=list)
     failed: list[dict[str, Any]] = field(default_factory=list)
+    left_out: list[dict[str, Any]] = field(default_factory=list)  # event files under a --dataset root it does not list
+    files: int = 0  # files (and input corpora's recordings) found: ingested + skipped + left out + failed of them
     events: int = 0
     seconds: float = 0.0
     stopped: str | None = None  # why the run ended early (disk full), else None
@@ -101,13 +104,15 @@ def _name_for(path: Path, root: Path) -> str:
     return ":".join((root.name or "root", *path.relative_to(root).parts))
 
 
-def collect(config: IngestConfig) -> tuple[list[IngestItem], list[dict[str, Any]]]:
-    """The files to ingest, in a fixed order, and the input paths that failed outright (with the reason).
+def collect(config: IngestConfig) -> tuple[list[IngestItem], list[dict[str, Any]], list[dict[str, Any]]]:
+    """The files to ingest, in a fixed order; the input paths that failed outright (with the reason); the event files
+    under a ``--dataset`` root that the dataset does not list (left out, with the reason).
 
     Raises ``RecorderError`` for an unknown dataset name (a usage error, not a bad file).
     """
     items: list[IngestItem] = []
     failed: list[dict[str, Any]] = []
+    left_out: list[dict[str, Any]] = []
     out = config.out.resolve()
     if config.dataset is not None:
         from mem_core.datasets import dataset_names
@@ -115,13 +120,19 @@ def collect(config: IngestConfig) -> tuple[list[IngestItem], list[dict[str, Any]
         if config.dataset not in dataset_names():
             raise RecorderError(f"unknown dataset {config.dataset!r}; known: {', '.join(dataset_names())}")
     for root in config.paths:
-        if not root.exists():
-            failed.append({"path": str(root), "reason": "no such file or directory"})
-        elif config.dataset is not None:
+        try:
+            root.stat()
+        except OSError as e:  # missing, a name too long, a folder on the way that is not one
+            failed.append({"path": str(root), "reason": (e.strerror or str(e)).lower()})
+            continue
+        if config.dataset is not None:
             try:
-                items += _dataset_items(config.dataset, root)
+                found = _dataset_items(config.dataset, root)
             except RecorderError as e:
                 failed.append({"path": str(root), "reason": str(e)})
+                continue
+            items += found
+            left_out += _not_listed(root, found, config.dataset, out)
         elif root.is_file():
             items.append(IngestItem(root, root.name))
         elif not root.is_dir():  # a FIFO would block its reader, a device never end
@@ -140,7 +151,7 @@ def collect(config: IngestConfig) -> tuple[list[IngestItem], list[dict[str, Any]
             if not found:
                 failed.append({"path": str(root), "reason": f"no event files ({', '.join(EVENT_SUFFIXES)}) in it"})
             items += found
-    return items, failed
+    return items, failed, left_out
 
 
 def _corpus_items(root: Path, out: Path) -> list[IngestItem]:
@@ -168,13 +179,14 @@ def _corpus_items(root: Path, out: Path) -> list[IngestItem]:
 
 
 def _dataset_items(dataset: str, root: Path) -> list[IngestItem]:
-    """Every file of every split of ``dataset`` under ``root``, labelled with its class name."""
-    from mem_core.datasets import DatasetError, FileSource, open_source
+    """Every file of every split of ``dataset`` under ``root`` as the dataset ships them (nothing held out for
+    validation: training carves its splits from the corpus), labelled with its class name and shipped split."""
+    from mem_core.datasets import DatasetError, FileSource, open_shipped
 
     items, seen, problems = [], set(), []
     for split in SPLITS:
         try:
-            source = open_source(dataset, root, split)
+            source = open_shipped(dataset, root, split)
         except DatasetError as e:
             problems.append(f"{split}: {e}")
             continue
@@ -188,6 +200,17 @@ def _dataset_items(dataset: str, root: Path) -> list[IngestItem]:
     if not items:
         raise RecorderError(f"no {dataset} samples under {root} ({'; '.join(problems)})")
     return items
+
+
+def _not_listed(root: Path, items: list[IngestItem], dataset: str, out: Path) -> list[dict[str, Any]]:
+    """The event files under ``root`` (the output corpus aside) that none of ``items`` is: stray files beside the
+    dataset's layout, which the summary counts so that it accounts for every file."""
+    listed = {os.path.normpath(item.path) for item in items}
+    return [
+        {"path": str(path), "reason": f"not a {dataset} sample (outside its layout)"}
+        for path in event_files(root)
+        if os.path.normpath(path) not in listed and out not in path.resolve().parents
+    ]
 
 
 def read_item(item: IngestItem, follow_links: bool = False) -> tuple[np.ndarray, SensorSize] | str:
@@ -334,7 +357,8 @@ def run(config: IngestConfig) -> IngestReport:
     t0 = time.perf_counter()
     report = IngestReport(str(config.out), started.isoformat(timespec="seconds"), config.dataset)
     prepare_corpus_dir(config.out)
-    items, report.failed = collect(config)
+    items, report.failed, report.left_out = collect(config)
+    report.files = len(items) + len(report.left_out)
     report.unusable_inputs = [e["path"] for e in report.failed]
     done_keys, names = _ingested_keys(config.out)
     todo = []

@@ -11,6 +11,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from conftest import synthetic_events
 
 from mem_core.corpus import Corpus, CorpusError
 from mem_core.events import SensorSize
@@ -113,6 +114,66 @@ def test_dataset_layout_carries_labels(data_dir, tmp_path):
     assert {r.metadata["source_path"]: (r.label, r.metadata["split"]) for r in recs} == expected
     assert {r.sensor for r in recs} == {SensorSize(100, 120)}
     assert Corpus(tmp_path / "corpus").describe()["labels"] == {"cars": 4, "background": 4}
+
+
+def dataset_layout(root: Path, dataset: str, per_class: int) -> dict[str, tuple[str, str]]:
+    """A ``dataset`` tree of tiny files under ``root``, ``per_class`` training samples of each of two classes (enough
+    for the validation carve-out to leave guards) and a few test samples: {file: (class, shipped split)}."""
+    sensor = {"ncars": SensorSize(100, 120), "nmnist": SensorSize(34, 34), "ncaltech101": SensorSize(180, 240)}[dataset]
+    classes = {"ncars": ["background", "cars"], "nmnist": ["0", "1"], "ncaltech101": ["ant", "elephant"]}[dataset]
+    expected = {}
+    for split, n in (("train", per_class), ("test", 3)):
+        for cls in classes:
+            folder = {
+                "ncars": root / f"n-cars_{split}" / cls,
+                "nmnist": root / split.capitalize() / cls,
+                "ncaltech101": root / cls,
+            }[dataset]
+            folder.mkdir(parents=True, exist_ok=True)
+            for k in range(n):
+                path = folder / f"{split}{k}{'.dat' if dataset == 'ncars' else '.bin'}"
+                write_events(path, synthetic_events(20, sensor, seed=k), sensor)
+                expected[str(path.resolve())] = (cls, split)
+    if dataset == "ncaltech101":  # its test split is drawn from all samples: the shipped split is what it drew
+        from mem_core.datasets.ncaltech101 import ncaltech101_split
+
+        test = {str((root / rel).resolve()) for rel, _ in ncaltech101_split(root)["test"]}
+        expected = {path: (cls, "test" if path in test else "train") for path, (cls, _) in expected.items()}
+    return expected
+
+
+@pytest.mark.parametrize("dataset", ["ncars", "nmnist", "ncaltech101"])
+def test_a_dataset_goes_in_whole_and_the_summary_accounts_for_every_file(tmp_path, dataset):
+    """1,000 N-Cars files in gave 920 ingested, 0 failed, 0 skipped: the guards around the validation blocks the
+    dataset carves for training were missing. Ingest keeps every file, with its label and shipped split."""
+    root = tmp_path / dataset
+    # enough samples that the carve-out leaves guards (N-Caltech101 carves from the 80 % its test split leaves)
+    expected = dataset_layout(root, dataset, per_class=250 if dataset == "ncaltech101" else 200)
+    write_events(root / "stray.dat", synthetic_events(20, SensorSize(100, 120)), SensorSize(100, 120))
+    report = ingest([root], tmp_path / "corpus", dataset=dataset)
+    assert report.failed == [] and report.skipped == []
+    assert len(report.ingested) == len(expected)
+    assert report.files == len(expected) + 1  # the stray file, left out
+    assert report.left_out == [
+        {"path": str(root / "stray.dat"), "reason": f"not a {dataset} sample (outside its layout)"}
+    ]
+    recs = Corpus(tmp_path / "corpus").recordings
+    assert {r.metadata["source_path"]: (r.label, r.metadata["split"]) for r in recs} == expected
+
+
+def test_the_ingest_summary_counts_every_file_found(tmp_path, monkeypatch, capsys):
+    from app.cli import main
+
+    root = tmp_path / "ncars"
+    dataset_layout(root, "ncars", per_class=2)
+    write_events(root / "stray.dat", synthetic_events(20, SensorSize(100, 120)), SensorSize(100, 120))
+    monkeypatch.setattr(sys, "argv", ["mem", "ingest", str(root), "--dataset", "ncars", "--out", str(tmp_path / "c")])
+    with pytest.raises(SystemExit) as done:
+        main()
+    shown = capsys.readouterr().out
+    assert done.value.code == 0
+    assert "found" in shown and "11 files" in shown and "10 files" in shown and "left out (not ncars samples)" in shown
+    assert f"left out {root / 'stray.dat'}: not a ncars sample (outside its layout)" in shown
 
 
 def test_wrong_dataset_layout_is_reported_and_unknown_dataset_refused(tmp_path):

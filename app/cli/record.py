@@ -101,14 +101,19 @@ def ingest(
         raise fail(str(e)) from None
     console = Console()
     table = Table(title=f"ingest into {config.out}", show_header=False)
+    table.add_row("found", f"{report.files} files")
     table.add_row("ingested", f"{len(report.ingested)} files, {report.events:,} events")
     table.add_row("skipped (already ingested)", str(len(report.skipped)))
+    if report.left_out:
+        table.add_row(f"left out (not {config.dataset} samples)", str(len(report.left_out)))
     table.add_row("failed", str(len(report.failed)))
     table.add_row("time", f"{report.seconds:.1f} s ({report.events / max(report.seconds, 1e-9) / 1e6:.1f} Mev/s)")
     console.print(table)
     typer.echo(f"report: {report.report_path}")
     for entry in report.failed:  # plain lines (no wrapping): one per file, easy to grep
         typer.echo(f"failed {entry['path']}: {entry['reason']}")
+    for entry in report.left_out:
+        typer.echo(f"left out {entry['path']}: {entry['reason']}")
     if (failure := report.failure()) is not None:
         raise fail(failure, code=1)
     if strict and report.failed:

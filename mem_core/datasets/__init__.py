@@ -7,7 +7,14 @@ names and how to load sample ``i``. One module per dataset family (``ncars``, ``
 """
 
 from mem_core.datasets.base import DatasetError, EventSource, FileSource
-from mem_core.datasets.registry import REGISTRY, dataset_names, open_source, register, sample_span_us
+from mem_core.datasets.registry import (
+    REGISTRY,
+    dataset_names,
+    open_shipped,
+    open_source,
+    register,
+    sample_span_us,
+)
 from mem_core.datasets.splits import label_subset, stratified_split
 from mem_core.datasets.windows import WindowDataset, collate_windows, sample_rng
 
@@ -20,6 +27,7 @@ __all__ = [
     "collate_windows",
     "dataset_names",
     "label_subset",
+    "open_shipped",
     "open_source",
     "register",
     "sample_rng",

@@ -64,13 +64,26 @@ def write_split(split_file: Path, split: dict[str, list[list]]) -> None:
         Path(tmp).unlink(missing_ok=True)
 
 
-def ncaltech101(root: Path, split: str, split_file: Path | None = None) -> EventSource:
+def ncaltech101(root: Path, split: str, split_file: Path | None = None, held_out: bool = True) -> EventSource:
+    """``split`` of the fixed split (``ncaltech101_split``). ``held_out=False``: test, and as train every other sample
+    of the classes (val and the guards around it, which neither split uses, included); no val."""
     root = require_dir(Path(root), "N-Caltech101 root")
     table = ncaltech101_split(root, split_file)
-    if split not in table:
-        raise DatasetError(f"N-Caltech101 has splits train, val, test, not {split!r}")
+    if split not in table or (split == "val" and not held_out):
+        shipped = "train, val, test" if held_out else "train, test"
+        raise DatasetError(f"N-Caltech101 has splits {shipped}, not {split!r}")
     classes = sorted({cls for entries in table.values() for _, cls in entries})
     index = {c: i for i, c in enumerate(classes)}
-    files = [sample_file(root / rel) for rel, _ in table[split]]
-    labels = [index[cls] for _, cls in table[split]]
+    if split == "train" and not held_out:
+        test = {Path(rel).with_suffix("") for rel, _ in table["test"]}  # by name: a sample may have been packed since
+        kept = [
+            (path, cls)
+            for cls in classes
+            for path in sorted_files(root / cls, (".bin",))
+            if path.relative_to(root).with_suffix("") not in test
+        ]
+        files, labels = [path for path, _ in kept], [index[cls] for _, cls in kept]
+    else:
+        files = [sample_file(root / rel) for rel, _ in table[split]]
+        labels = [index[cls] for _, cls in table[split]]
     return FileSource("ncaltech101", files, labels, classes, NCALTECH_SENSOR)

@@ -14,7 +14,9 @@ NCARS_SENSOR = SensorSize(100, 120)
 NCARS_SAMPLE_US = 100_000  # every sample is 100 ms of events (Sironi et al., 2018)
 
 
-def ncars(root: Path, split: str) -> EventSource:
+def ncars(root: Path, split: str, held_out: bool = True) -> EventSource:
+    """``split`` of the N-Cars layout under ``root``; without a ``val/`` folder val is carved from train (10 % in
+    blocks, with guards that neither split uses). ``held_out=False``: the splits as shipped, nothing carved."""
     root = require_dir(Path(root), "N-Cars root")
     official = {"train": "n-cars_train", "test": "n-cars_test"}
     carved = False
@@ -22,7 +24,7 @@ def ncars(root: Path, split: str) -> EventSource:
         folder = root / split
     elif split in official and (root / official[split]).is_dir():
         folder = root / official[split]
-    elif split == "val" and ((root / "train").is_dir() or (root / "n-cars_train").is_dir()):
+    elif held_out and split == "val" and ((root / "train").is_dir() or (root / "n-cars_train").is_dir()):
         folder, carved = (root / "train" if (root / "train").is_dir() else root / "n-cars_train"), True
     else:
         raise DatasetError(f"{root}: no N-Cars split {split!r} (expected {split}/ or n-cars_{split}/ folders)")
@@ -32,6 +34,6 @@ def ncars(root: Path, split: str) -> EventSource:
         found = sorted_files(sub, (".dat",))
         files += found
         labels += [label] * len(found)
-    if carved or (split == "train" and not (root / "val").is_dir()):
+    if carved or (held_out and split == "train" and not (root / "val").is_dir()):
         files, labels = carve(files, labels, "val" if carved else "train")
     return FileSource("ncars", files, labels, NCARS_CLASSES, NCARS_SENSOR)

@@ -13,8 +13,12 @@ from mem_core.io.evz import EXTENSION as PACKED
 NMNIST_SENSOR = SensorSize(34, 34)
 
 
-def nmnist(root: Path, split: str) -> EventSource:
+def nmnist(root: Path, split: str, held_out: bool = True) -> EventSource:
+    """``split`` of N-MNIST under ``root``: val is carved from train (10 % in blocks, with guards that neither split
+    uses). ``held_out=False``: train and test as shipped, nothing carved (and no val)."""
     root = require_dir(Path(root), "N-MNIST root")
+    if not held_out and split == "val":
+        raise DatasetError("N-MNIST ships no val split (it is carved from train)")
     classes = [str(d) for d in range(10)]
     base = "test" if split == "test" else "train"
     official = root / base.capitalize()
@@ -43,7 +47,8 @@ def nmnist(root: Path, split: str) -> EventSource:
             files.append(path)
             labels.append(label)
     if split in ("train", "val"):
-        files, labels = carve(files, labels, split)
+        if held_out:
+            files, labels = carve(files, labels, split)
     elif split != "test":
         raise DatasetError(f"N-MNIST has splits train, val, test, not {split!r}")
     return FileSource("nmnist", files, labels, classes, NMNIST_SENSOR)

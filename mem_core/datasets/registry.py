@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from pathlib import Path
 
@@ -57,6 +58,18 @@ def sample_span_us(name: str | None) -> int | None:
 
 def dataset_names() -> list[str]:
     return sorted(REGISTRY)
+
+
+def open_shipped(name: str, root: Path | str | None, split: str) -> EventSource:
+    """``split`` of dataset ``name`` as the dataset ships it, nothing held out of it: the validation split a dataset
+    carves from its training samples and the guards around it (which neither split uses) stay in train. What
+    ``mem ingest`` keeps: every file goes into the corpus, and the splits are carved when training reads it.
+    A dataset that carves takes ``held_out=False``; the others ship their splits whole."""
+    factory = REGISTRY.get(name)
+    if factory is None:
+        raise DatasetError(f"unknown dataset {name!r}; known: {', '.join(sorted(REGISTRY))}")
+    options = {"held_out": False} if "held_out" in inspect.signature(factory).parameters else {}
+    return factory(root, split, **options)
 
 
 def open_source(name: str, root: Path | str | None, split: str, **options) -> EventSource:
