@@ -41,7 +41,6 @@ MEM, SCRATCH = "mem", "scratch"
 # the STAGE of --set STAGE:key=value; "yardstick" applies to the CNN arm's finetuning config after "finetune"
 STAGE_OVERRIDES = ("tokenizer", "pretrain", "finetune", "yardstick", "all")
 NO_YARDSTICK = "none"
-LATENCY_WINDOWS = 100  # windows timed per arm for its latency (after a few untimed ones)
 TEST_SCORES = "eval-test.json"  # beside a run's result.json: its kept model's top-1 on the test split
 
 
@@ -62,12 +61,13 @@ class LabelEfficiencyConfig:
     equal_steps: bool = True
     overrides: dict[str, list[str]] = field(default_factory=dict)  # stage -> ["key=value", ...]
     jobs: int = 1  # finetuning runs at once, each in its own process
+    latency_windows: int = 100  # windows timed per arm for its CPU latency per live window (after 5 untimed)
 
     def __post_init__(self) -> None:
         from mem_core.configuration import ConfigError, Interval, check_ranges
         from mem_core.models.cnn import CNN_ARCHS
 
-        check_ranges(self, {"jobs": Interval(1)})
+        check_ranges(self, {"jobs": Interval(1), "latency_windows": Interval(1)})
         if not self.fractions or not all(0 < f <= 1 for f in self.fractions):
             raise ConfigError(f"fractions must be label fractions in (0, 1], got {self.fractions}")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
@@ -83,7 +83,8 @@ class LabelEfficiencyConfig:
         return (MEM, SCRATCH) if self.yardstick == NO_YARDSTICK else (MEM, SCRATCH, self.yardstick)
 
 
-def _stage_config(cfg: LabelEfficiencyConfig, stage: str, *extra: str):
+def stage_config_of(cfg: LabelEfficiencyConfig, stage: str, *extra: str):
+    """The config of ``stage`` in the experiment ``cfg``: its preset, config file and ``--set`` overrides."""
     from mem_core.train.configs import stage_config
 
     values = {"data.dataset": cfg.dataset, **({"data.path": cfg.data} if cfg.data else {})}
@@ -98,7 +99,7 @@ def finetune_config(cfg: LabelEfficiencyConfig, arm: str, fraction: float, seed:
     from mem_core.configuration import apply_overrides
     from mem_core.train.finetune import yardstick_config
 
-    ft = _stage_config(cfg, "finetune", f"seed={seed}", f"data.labels={fraction}", f"data.label_seed={seed}")
+    ft = stage_config_of(cfg, "finetune", f"seed={seed}", f"data.labels={fraction}", f"data.label_seed={seed}")
     if arm not in (MEM, SCRATCH):
         ft = apply_overrides(yardstick_config(ft, arm), cfg.overrides.get("yardstick", []))
     if not cfg.equal_steps or fraction >= 1:
@@ -145,12 +146,12 @@ def run(cfg: LabelEfficiencyConfig) -> dict[str, Any]:
 
     tok_path, pre_path = out / "tokenizer", out / "pretrain"
     if not RunDir(tok_path).finished:
-        timed("tokenizer", lambda: tokenizer.run(_stage_config(cfg, "tokenizer"), tok_path, resume=tok_path.exists()))
+        timed("tokenizer", lambda: tokenizer.run(stage_config_of(cfg, "tokenizer"), tok_path, resume=tok_path.exists()))
     if not RunDir(pre_path).finished:
         timed(
             "pretrain",
             lambda: pretrain.run(
-                _stage_config(cfg, "pretrain"), pre_path, tokenizer=tok_path, resume=pre_path.exists()
+                stage_config_of(cfg, "pretrain"), pre_path, tokenizer=tok_path, resume=pre_path.exists()
             ),
         )
     runs = [
@@ -160,7 +161,7 @@ def run(cfg: LabelEfficiencyConfig) -> dict[str, Any]:
         for arm in cfg.arms
     ]
     todo = [(path, arm, fraction, seed) for path, arm, fraction, seed in runs if not RunDir(path).finished]
-    train_source = training_split(_stage_config(cfg, "finetune")) if todo else None
+    train_source = training_split(stage_config_of(cfg, "finetune")) if todo else None
     pending = [
         (path, arm, finetune_config(cfg, arm, fraction, seed, train_source), pre_path if arm == MEM else None)
         for path, arm, fraction, seed in todo
@@ -190,7 +191,8 @@ def run(cfg: LabelEfficiencyConfig) -> dict[str, Any]:
             }
         )
     headline = "test_top1" if test else "val_final_top1"
-    arms = timed("latency", lambda: describe_arms(cfg, {arm: path for path, arm, *_ in reversed(runs)}))
+    first_runs = {arm: next(path for path, a, *_ in runs if a == arm) for arm in cfg.arms}
+    arms = timed("latency", lambda: describe_arms(cfg, first_runs))
     report = {
         "dataset": cfg.dataset,
         "data": cfg.data,
@@ -218,12 +220,12 @@ def score_on_test(cfg: LabelEfficiencyConfig, paths: list[Path]) -> dict[Path, d
     from mem_core.train.evaluate import evaluate_runs
 
     try:
-        open_for_input(cfg.dataset, cfg.data, "test", _stage_config(cfg, "finetune").input)
+        open_for_input(cfg.dataset, cfg.data, "test", stage_config_of(cfg, "finetune").input)
     except DatasetError:
         return {}
     todo = [path for path in paths if not (path / TEST_SCORES).is_file()]
     if todo:
-        workers = _stage_config(cfg, "finetune").data.num_workers
+        workers = stage_config_of(cfg, "finetune").data.num_workers
         print(f"scoring {len(todo)} kept model(s) on the test split", file=sys.stderr, flush=True)
         scores = evaluate_runs(todo, cfg.dataset, cfg.data, "test", num_workers=workers)
         for path, result in zip(todo, scores, strict=True):
@@ -235,7 +237,7 @@ def score_on_test(cfg: LabelEfficiencyConfig, paths: list[Path]) -> dict[Path, d
 def describe_arms(cfg: LabelEfficiencyConfig, runs: dict[str, Path]) -> dict[str, dict[str, Any]]:
     """Per arm (one finished run each): its model's parameters and what the live path pays per window on this
     machine's CPU (the histogram and model input, then the model; milliseconds, median and 95th percentile over
-    ``LATENCY_WINDOWS`` windows of the evaluation data, the arms taking turns window by window)."""
+    ``cfg.latency_windows`` windows of the evaluation data, the arms taking turns window by window)."""
     import numpy as np
     import torch
 
@@ -246,7 +248,7 @@ def describe_arms(cfg: LabelEfficiencyConfig, runs: dict[str, Path]) -> dict[str
     spec = next(iter(predictors.values())).spec
     split = "test" if (Path(next(iter(runs.values()))) / TEST_SCORES).is_file() else "val"
     source = open_for_input(cfg.dataset, cfg.data, split, spec)
-    picks = np.linspace(0, len(source) - 1, LATENCY_WINDOWS + 5).astype(int)
+    picks = np.linspace(0, len(source) - 1, cfg.latency_windows + 5).astype(int)
     timings: dict[str, list[float]] = {arm: [] for arm in predictors}
     for i, index in enumerate(picks):
         events = source.load_window(int(index), spec.n_max, None)

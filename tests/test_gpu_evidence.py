@@ -1,0 +1,61 @@
+"""The GPU evidence call, run as its CPU smoke: the same script packs a few real N-Cars files, measures, trains every
+stage within its time, scores MEM, scratch and the CNN on the test split, and returns the pretrained model in parts
+that rebuild a pretraining run a CPU finetunes from."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from bench.gpu_evidence import SMOKE
+from mem_core.runs.rundir import load_checkpoint
+from mem_core.train import finetune
+from mem_core.train.configs import stage_config
+from mem_core.train.evaluate import evaluate_run
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_the_gpu_call_runs_as_its_cpu_smoke_and_its_model_comes_back(tmp_path, data_dir):
+    out = tmp_path / "out"
+    smoke = ["bash", "bench/gpu_evidence.sh", "smoke", "--out", str(out), "--data", str(data_dir / "ncars-dev")]
+    done = subprocess.run(smoke, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "# GPU evidence: smoke on CPU" in done.stdout and "**test top-1 (kept model)**" in done.stdout
+    report = json.loads((out / "results.json").read_text())
+    assert report["scale"] == "smoke" and report["seconds"] <= report["budget_s"] + 30
+    assert set(report["stages"]) == {"tokenizer", "pretrain", "finetune"}
+    assert all(stage["epochs"] >= 1 and stage["images_per_s"] > 0 for stage in report["stages"].values())
+    rows = report["experiment"]["rows"]
+    assert {(r["labels"], r["arm"]) for r in rows if r["labels"] == 0.1} == {
+        (0.1, arm) for arm in ("mem", "scratch", "resnet10t")
+    }
+    assert all(0 <= r["test_top1"] <= 1 for r in rows)
+    assert set(report["not_run"]) <= {"100% of the labels"}  # what did not fit is named, never dropped silently
+    assert (out / "results.md").read_text().startswith("# GPU evidence: smoke")
+    assert (out / "label_efficiency.png").stat().st_size > 10_000
+    parts = sorted(out.glob("pretrained-*.safetensors"))
+    assert parts and all(p.stat().st_size <= 15 * 2**20 for p in parts)
+
+    run = tmp_path / "pretrain"
+    assemble = ["bash", "bench/gpu_evidence.sh", "assemble", str(out), "--out", str(run)]
+    done = subprocess.run(assemble, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rebuilt = load_checkpoint(run / "checkpoint.pt")["model"]
+    returned = {k: v for p in parts for k, v in load_file(str(p)).items()}
+    assert rebuilt.keys() == returned.keys()
+    assert all(torch.equal(rebuilt[k], v.float()) for k, v in returned.items() if v.is_floating_point())
+    assert json.loads((run / "config.json").read_text())["stage"] == "pretrain"
+
+    # a CPU finetunes from it with the call's own settings (the same ViT), and scores the result on test
+    smoke = [*SMOKE.overrides["all"], *SMOKE.overrides["finetune"], "epochs=1", "data.max_samples=16"]
+    values = {"data.dataset": "ncars", "data.path": str(data_dir / "ncars-dev")}
+    cfg = stage_config("finetune", preset="gpu-small", values=values, overrides=smoke)
+    tuned = finetune.run(cfg, tmp_path / "ft", init=run)
+    assert 0 <= evaluate_run(tuned.path, "ncars", data_dir / "ncars-dev", "test")["top1"] <= 1
