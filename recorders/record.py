@@ -15,6 +15,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -184,11 +185,19 @@ def run(config: RecordConfig, *, source: LiveSource | None = None, stop: threadi
                 min_free_bytes=config.min_free_bytes,
             )
         )
-        metadata = {**source.metadata, "start_utc": started.isoformat(timespec="milliseconds"), "source": config.source}
-        writer.begin_recording(name, source.sensor, metadata=metadata)
+
+        def begin() -> None:
+            start = started.isoformat(timespec="milliseconds")
+            metadata = {**source.metadata, "start_utc": start, "source": config.source}
+            writer.begin_recording(name, source.sensor, metadata=metadata)
+
+        late = source.sensor is None  # a tcp:// source knows its sensor from its first batch: recorded from there
+        if not late:
+            begin()
         clock = _Clock(config.speed)
         with _Signals(stop) as signals, _Status(config.status, config.out, name) as status:
-            total, reason, error = _record_loop(config, source, writer, publisher, stop, status, clock)
+            loop = (config, source, writer, publisher, stop, status, clock)
+            total, reason, error = _record_loop(*loop, begin if late else None)
         if reason == "stopped" and signals.reason:
             reason = signals.reason
     corpus = Corpus(config.out)
@@ -250,9 +259,11 @@ def _record_loop(
     stop: threading.Event,
     status: _Status,
     clock: _Clock,
+    begin: Callable[[], None] | None = None,
 ) -> tuple[int, str, str | None]:
     """Append batches until a stop condition: (events delivered, stop reason, error message or None).
-    ``duration_s`` (the source's time) and segments count from the first events."""
+    ``duration_s`` (the source's time) and segments count from the first events; ``begin`` (when given) starts the
+    recording at the first events, for a source that does not know its sensor before."""
     segment_s = None if config.segment_minutes is None else config.segment_minutes * 60
     segment_start = last_flush = time.monotonic()
     total = flushed = 0
@@ -266,6 +277,9 @@ def _record_loop(
                 if config.duration_s is not None:
                     batch = clock.within(batch, config.duration_s)
             if batch.size:
+                if begin is not None:  # the first events of a source that did not know its sensor
+                    begin()
+                    begin = None
                 writer.append(batch)  # commits by itself at least every flush_interval_s
                 total += batch.size
                 if publisher is not None:

@@ -10,13 +10,13 @@ import numpy as np
 import zmq
 
 from mem_core.events import SensorSize
+from mem_core.limits import MAX_EVENT_QUEUE_BYTES, MAX_EVENTS_BYTES, MAX_EVENTS_FRAMES
 from mem_core.protocol import ProtocolError, decode, decode_events
 from recorders.base import LiveSource, RecorderError, empty_batch
+from recorders.zmq_receive import recv_bounded
 
 POLL_MS = 50  # longest wait before a heartbeat (empty batch), so the consumer can check its stop flag
-# Decoded events waiting for the consumer, in bytes (~10 M events, 0.3 s of a 30 Mev/s camera): a batch arriving
-# beyond it is dropped and counted. ZMQ's queue counts messages only: 1000 large ones held 0.9 GB.
-MAX_QUEUED_BYTES = 128 << 20
+MAX_QUEUED_BYTES = MAX_EVENT_QUEUE_BYTES
 RCVHWM = 16  # messages ZMQ itself may hold: a thread of this source drains them into the queue as they come
 
 
@@ -82,7 +82,11 @@ class ZmqEventSource(LiveSource):
         try:
             while not (stop.is_set() or self._closed.is_set()):
                 if socket.poll(POLL_MS, zmq.POLLIN):
-                    self._put(self._decode([f.buffer for f in socket.recv_multipart(copy=False)]))
+                    frames = recv_bounded(socket, MAX_EVENTS_FRAMES, MAX_EVENTS_BYTES)
+                    if frames is None:  # dropped as it was read: larger than any batch the queue could take
+                        self.malformed += 1
+                    else:
+                        self._put(self._decode([f.buffer for f in frames]))
         except zmq.ZMQError as e:  # the context was terminated: the iterating thread reports it
             self._failure = e
         finally:

@@ -17,6 +17,7 @@ import time
 import tracemalloc
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -440,3 +441,112 @@ def test_real_messages_are_accepted_as_they_are(server, messages):
     for command, _ in CONTROL_REQUESTS:
         reply = decode_reply(decode(server.reply_frames(messages[f"control-{command}"], 0)))
         assert reply["command"] == command and (reply["ok"] or "live source" in reply["error"])
+
+
+# ---- messages too large to be read: refused frame by frame, their memory given back -----------------------------
+
+HUGE_FRAMES = 200  # of 1 MiB each: far beyond any request or batch, within each frame's own size limit
+GROWTH_BOUND = 64 * 2**20  # what a process may keep after two such messages (it kept 200-400 MB)
+
+
+def rss_bytes(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return int(next(line for line in status if line.startswith("VmRSS:")).split()[1]) * 1024
+
+
+def free_port() -> int:
+    socket = zmq.Context.instance().socket(zmq.REP)
+    port = socket.bind_to_random_port("tcp://127.0.0.1", min_port=20000, max_port=40000)
+    socket.close(0)
+    return port
+
+
+def huge_message(first: bytes) -> list:
+    frame = b"x" * (1 << 20)
+    return [first, *[frame] * HUGE_FRAMES]  # sent without copying: the test itself holds 1 MiB
+
+
+@contextlib.contextmanager
+def mem_process(*args: str):
+    """``mem ARGS`` as a user starts it, stopped with SIGINT (killed if it does not stop)."""
+    import signal
+    import subprocess
+    import sys
+
+    process = subprocess.Popen([sys.executable, "-m", "app.cli", *args], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        yield process
+        process.send_signal(signal.SIGINT)
+        out, _ = process.communicate(timeout=WAIT_S)
+        assert process.returncode == 0 and "Traceback" not in out, out[-3000:]
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_a_control_request_of_many_frames_is_refused_and_the_server_keeps_no_memory_of_it(tmp_path):
+    """One control request of 400 frames of 1 MiB grew the server by 800 MB and kept it (libzmq's MAXMSGSIZE bounds
+    each frame only): it is read frame by frame, dropped, answered as malformed, and the next request answered."""
+    pub, control = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    socket = zmq.Context.instance().socket(zmq.REQ)
+    socket.setsockopt(zmq.LINGER, 0)
+    with mem_process("serve", "--source", "synthetic:0.01", "--pub", pub, "--control", control) as server:
+        socket.connect(control)
+
+        def ask(frames: list) -> dict:
+            socket.send_multipart(frames, copy=False)
+            assert socket.poll(WAIT_S * 1000), "no reply"
+            return decode_reply(decode(socket.recv_multipart(), expect=("control",)))
+
+        assert ask(encode_control(0, "state"))["ok"]
+        before = rss_bytes(server.pid)
+        replies = [ask(huge_message(b"control")) for _ in range(2)]
+        assert ask(encode_control(0, "state"))["ok"]
+        grown = rss_bytes(server.pid) - before
+        socket.close(0)
+    assert grown < GROWTH_BOUND, f"the server kept {grown / 2**20:.0f} MiB"
+    for reply in replies:
+        assert not reply["ok"] and reply["error"].startswith("control message: more than 2 frames")
+
+
+def test_an_events_message_of_many_frames_is_dropped_and_the_source_keeps_no_memory_of_it(tmp_path, recording):
+    """``--source tcp://`` read the same way: a message beyond any batch is dropped as it is read, the next batch
+    recorded, and nothing of it kept."""
+    from mem_core.corpus import Corpus, CorpusError
+
+    events, sensor = read_events(recording)
+    publisher = zmq.Context.instance().socket(zmq.XPUB)  # XPUB: tells when the subscriber is there
+    publisher.setsockopt(zmq.LINGER, 0)
+    port = publisher.bind_to_random_port("tcp://127.0.0.1", min_port=20000, max_port=40000)
+    out = tmp_path / "corpus"
+
+    def recorded() -> int:
+        with contextlib.suppress(CorpusError, OSError, ValueError), Corpus(out) as corpus:  # (not written yet)
+            return sum(r.n_events for r in corpus.recordings)
+        return 0
+
+    def send_until_recorded(seq: int, t0: int) -> None:
+        batch = events[:1000].copy()
+        batch["t"] += t0 - batch["t"][0]
+        total, deadline = recorded(), time.monotonic() + 2 * WAIT_S
+        while recorded() <= total:
+            assert time.monotonic() < deadline, "no batch was recorded"
+            publisher.send_multipart(encode_events(seq, batch, sensor))
+            batch["t"] += 1_000_000
+            seq += 1
+            time.sleep(0.2)
+
+    try:
+        with mem_process("record", "--source", f"tcp://127.0.0.1:{port}", "--out", str(out)) as recorder:
+            assert publisher.poll(WAIT_S * 1000), "the source never subscribed"
+            publisher.recv()  # its subscription
+            send_until_recorded(0, 0)
+            before = rss_bytes(recorder.pid)
+            for _ in range(2):
+                publisher.send_multipart(huge_message(b"events"), copy=False)
+            send_until_recorded(1000, 100_000_000)
+            grown = rss_bytes(recorder.pid) - before
+    finally:
+        publisher.close(0)
+    assert grown < GROWTH_BOUND, f"the source kept {grown / 2**20:.0f} MiB"

@@ -206,3 +206,17 @@ def test_a_labels_folder_of_a_path_longer_than_a_text_field_reaches_the_viewer_b
     stats = protocol.decode_stats(protocol.decode(protocol.encode("stats", 0, labels=labels, training=training)))
     assert len(str(root)) > limits.MAX_TEXT and stats["labels"]["root"] == limits.fit_path(root)
     assert stats["labels"]["root"].endswith("d" * 200 + "/labels")
+
+
+def test_the_largest_messages_the_wire_allows_pass_the_socket_limits():
+    """The frame and byte limits the server's sockets read within (``MAX_CONTROL_*``, ``MAX_EVENTS_*``) let through
+    every message the protocol allows there: a control request with a header of the largest size, an events message
+    of every buffer it may carry and of the largest batch the ``tcp://`` source could queue."""
+    request = protocol.encode_control(0, "capture", label=names(1)[0])
+    header = request[1][:-1] + b" " * (limits.MAX_HEADER_BYTES - len(request[1])) + b"}"  # padded to the limit
+    assert len(request) <= limits.MAX_CONTROL_FRAMES
+    assert len(request[0]) + len(header) <= limits.MAX_CONTROL_BYTES
+    assert limits.MAX_EVENTS_FRAMES == 2 + protocol.MAX_BUFFERS
+    largest_batch = limits.MAX_EVENT_QUEUE_BYTES // events.EVENT_DTYPE.itemsize  # events the queue takes at most
+    widest = 4 * 8  # bytes an event takes on the wire in four 8-byte columns
+    assert limits.MAX_HEADER_BYTES + largest_batch * widest <= limits.MAX_EVENTS_BYTES

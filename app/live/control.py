@@ -15,9 +15,10 @@ import zmq
 
 from app.live.labelling import LabelError
 from mem_core.errors import RunError
-from mem_core.limits import MAX_TEXT
+from mem_core.limits import MAX_CONTROL_BYTES, MAX_CONTROL_FRAMES, MAX_TEXT
 from mem_core.protocol import ProtocolError, decode, decode_control, encode_control
 from recorders.base import RecorderError
+from recorders.zmq_receive import recv_bounded
 
 Command = Callable[[str, dict[str, Any]], None]  # (command, its checked arguments); raises to refuse
 
@@ -44,26 +45,32 @@ class ControlHandler:
         self.carried_out = 0
 
     def serve(self, socket: zmq.Socket, stop: threading.Event) -> None:
-        """Answer the requests on the REP ``socket`` until ``stop`` is set (the control thread)."""
+        """Answer the requests on the REP ``socket`` until ``stop`` is set (the control thread); a request beyond
+        ``MAX_CONTROL_FRAMES`` frames or ``MAX_CONTROL_BYTES`` is dropped as it is read, and answered as malformed."""
         seq = 0
         while not stop.is_set():
             if not socket.poll(100, zmq.POLLIN):
                 continue
-            frames = socket.recv_multipart()
-            socket.send_multipart(self.reply_frames(frames, seq))
+            frames = recv_bounded(socket, MAX_CONTROL_FRAMES, MAX_CONTROL_BYTES)
+            socket.send_multipart(self.reply_frames([f.buffer for f in frames] if frames is not None else None, seq))
             seq += 1
 
-    def reply_frames(self, frames: list[bytes], seq: int) -> list[bytes]:
-        """The encoded reply to one request. Never raises."""
+    def reply_frames(self, frames: list[bytes] | None, seq: int) -> list[bytes]:
+        """The encoded reply to one request (None: one dropped for its size). Never raises."""
         try:
             return encode_control(seq, **self.handle(frames))
         except Exception as exc:  # a bug in a command must not end the control thread
             error = f"{type(exc).__name__}: {exc}"[:MAX_TEXT]
             return encode_control(seq, "error", ok=False, error=error, state=None)
 
-    def handle(self, frames: list[bytes]) -> dict[str, Any]:
-        """The reply fields for one request: ``command``, ``ok``, ``error`` (or None) and ``state``."""
+    def handle(self, frames: list[bytes] | None) -> dict[str, Any]:
+        """The reply fields for one request (None: one dropped for its size): ``command``, ``ok``, ``error`` (or
+        None) and ``state``."""
         try:
+            if frames is None:
+                raise ProtocolError(
+                    "control", f"more than {MAX_CONTROL_FRAMES} frames or {MAX_CONTROL_BYTES} bytes, dropped unread"
+                )
             command, args = decode_control(decode(frames, expect=("control",)))
         except ProtocolError as exc:
             self.malformed += 1

@@ -10,7 +10,7 @@ import zmq
 from mem_core.configuration import ConfigError
 from mem_core.limits import MAX_HEADER_BYTES
 from mem_core.protocol import encode
-from recorders.publish import CLOSE_LINGER_MS
+from recorders.publish import CLOSE_LINGER_MS, bind_problem
 
 TOPICS = ("sensor", "hist", "tokens", "pred", "stats")
 
@@ -26,6 +26,8 @@ def control_endpoint_for(pub: str) -> str:
         return pub
     if not port.isdigit():
         raise ConfigError(f"endpoint {pub!r} has a bad port {port!r}")
+    if (problem := bind_problem(pub)) is not None:  # before int(): 5,000 digits are no port either
+        raise ConfigError(f"endpoint {pub!r}: {problem}")
     return f"{host}:{int(port) + 1}"
 
 
