@@ -1,3 +1,4 @@
+import dataclasses
 import math
 
 import numpy as np
@@ -258,3 +259,40 @@ def test_rand_augment_is_the_drawn_plan_applied():
     y = x.clone()
     out = rand_augment(y, generator=torch.Generator().manual_seed(5), inplace=True)
     assert out.data_ptr() == y.data_ptr() and torch.equal(out, expected)
+
+
+def test_zoom_scales_a_window_about_its_events_and_settings_at_zero_draw_nothing(events_factory):
+    """``scale_jitter`` zooms a training window about its events' centre by a factor within [1/(1+j), 1+j], the
+    other augmentations unchanged; a setting at 0 draws nothing, so the windows of a recipe without it do not move."""
+    sensor = SensorSize(100, 120)
+    ev = events_factory(4000, sensor)
+    ev = ev[(np.abs(ev["x"].astype(int) - 60) < 20) & (np.abs(ev["y"].astype(int) - 50) < 20)]  # an object
+    plain = InputSpec(shift_px=0, flip_polarity_p=0.0, hflip_p=0.0)
+    spreads = []
+    for seed in range(40):
+        out = augment_events(ev, sensor, dataclasses.replace(plain, scale_jitter=0.5), np.random.default_rng(seed))
+        spreads.append(out["x"].astype(float).std() / ev["x"].astype(float).std())
+        assert abs(out["x"].mean() - ev["x"].mean()) < 1.5 and abs(out["y"].mean() - ev["y"].mean()) < 1.5
+    assert 1 / 1.5 - 0.05 < min(spreads) < 0.8 and 1.3 < max(spreads) < 1.5 + 0.05
+    a, b = np.random.default_rng(7), np.random.default_rng(7)
+    augment_events(ev, sensor, InputSpec(), a)
+    augment_events(ev, sensor, dataclasses.replace(InputSpec(), scale_jitter=0.0, noise_events=0.0), b)
+    assert a.random() == b.random()
+
+
+def test_background_activity_adds_uniform_events_in_time_order(events_factory):
+    """``noise_events`` adds up to that share of a window's events at uniform pixels and times within its span,
+    merged in time order; the window's own events are all still there, in their order."""
+    ev = events_factory(2000, SENSOR)
+    spec = InputSpec(shift_px=0, flip_polarity_p=0.0, hflip_p=0.0, noise_events=0.5)
+    added = []
+    for seed in range(20):
+        out = augment_events(ev, SENSOR, spec, np.random.default_rng(seed))
+        validate_events(out, SENSOR)
+        assert np.all(np.diff(out["t"]) >= 0) and out["t"][0] >= ev["t"][0] and out["t"][-1] <= ev["t"][-1]
+        added.append(len(out) - len(ev))
+        mine = np.isin(out, ev)
+        np.testing.assert_array_equal(out[mine], ev)  # a stable merge: the window's events keep their order
+    assert min(added) >= 0 and max(added) <= 1000 and max(added) > 500
+    with pytest.raises(ValueError, match="noise_events must be in"):
+        InputSpec(noise_events=2.0)

@@ -54,6 +54,8 @@ class InputSpec:
     flip_polarity_p: float = 0.5
     hflip_p: float = 0.5
     event_drop_p: float = 0.0  # EventDrop (mem_core.augment.drop_events) on this share of training windows
+    scale_jitter: float = 0.0  # zoom of training windows by up to 1 + this (or its inverse), about their events
+    noise_events: float = 0.0  # background activity added to training windows: up to this share of their events
     randaug_ops: int = 2
     randaug_magnitude: float = 20
     temporal_bins: int = 4
@@ -79,6 +81,9 @@ class InputSpec:
         for name in ("flip_polarity_p", "hflip_p", "event_drop_p"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be a probability in [0, 1], got {getattr(self, name)}")
+        for name in ("scale_jitter", "noise_events"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         if not 0 <= self.randaug_magnitude <= MAX_MAGNITUDE:
             raise ValueError(f"randaug_magnitude must be in [0, {MAX_MAGNITUDE}], got {self.randaug_magnitude}")
 
