@@ -130,6 +130,17 @@ def predictor_window() -> np.ndarray:
     return make_events(np.arange(n), rng.integers(0, 128, n), rng.integers(0, 128, n), rng.integers(0, 2, n))
 
 
+def test_each_arm_of_the_experiment_takes_its_own_overrides_after_the_shared_ones():
+    from mem_core.train.experiment import LabelEfficiencyConfig, finetune_config
+
+    overrides = {"finetune": ["lr=0.01", "epochs=7"], "mem": ["layer_decay=0.5"], "yardstick": ["lr=0.02"]}
+    cfg = LabelEfficiencyConfig(dataset="sim", preset="cpu-tiny", overrides=overrides)
+    mem, scratch, cnn = (finetune_config(cfg, arm, 1.0, 0) for arm in ("mem", "scratch", "resnet18"))
+    assert (mem.layer_decay, mem.lr, mem.epochs) == (0.5, 0.01, 7)
+    assert (scratch.layer_decay, scratch.lr, scratch.epochs) == (0.75, 0.01, 7)
+    assert (cnn.arch, cnn.lr, cnn.epochs, cnn.betas) == ("resnet18", 0.02, 7, (0.9, 0.999))
+
+
 def test_a_label_fraction_trains_the_steps_and_validations_of_all_labels():
     """A run on a fraction of the labels takes the epochs, steps and validations of the run on all of them: an epoch
     of 300 or 30 labelled samples draws 3,000 (46 steps of 64, as all labels make), in passes over the labelled

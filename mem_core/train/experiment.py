@@ -38,8 +38,10 @@ from typing import Any
 # are imported by ``run`` (every ``mem`` command would pay seconds for them otherwise).
 
 MEM, SCRATCH = "mem", "scratch"
-# the STAGE of --set STAGE:key=value; "yardstick" applies to the CNN arm's finetuning config after "finetune"
-STAGE_OVERRIDES = ("tokenizer", "pretrain", "finetune", "yardstick", "all")
+# the STAGE of --set STAGE:key=value; "mem", "scratch" and "yardstick" apply to that arm's finetuning config after
+# "finetune" (each arm's recipe may be chosen on the validation split, as the yardstick's optimiser is its own)
+ARM_OVERRIDES = (MEM, SCRATCH, "yardstick")
+STAGE_OVERRIDES = ("tokenizer", "pretrain", "finetune", *ARM_OVERRIDES, "all")
 NO_YARDSTICK = "none"
 TEST_SCORES = "eval-test.json"  # beside a run's result.json: its kept model's top-1 on the test split
 
@@ -94,13 +96,15 @@ def stage_config_of(cfg: LabelEfficiencyConfig, stage: str, *extra: str):
 
 def finetune_config(cfg: LabelEfficiencyConfig, arm: str, fraction: float, seed: int, train_source=None):
     """The finetuning config of one run: the preset's with the label fraction and seed, the yardstick's recipe for
-    the CNN arm (then its ``yardstick:`` overrides), stretched to the steps of a run on all labels (``equal_steps``,
-    counted on ``train_source``, the training split, opened here when None)."""
+    the CNN arm, then the arm's own overrides (``mem:``, ``scratch:``, ``yardstick:``), stretched to the steps of a
+    run on all labels (``equal_steps``, counted on ``train_source``, the training split, opened here when None)."""
     from mem_core.configuration import apply_overrides
     from mem_core.train.finetune import yardstick_config
 
     ft = stage_config_of(cfg, "finetune", f"seed={seed}", f"data.labels={fraction}", f"data.label_seed={seed}")
-    if arm not in (MEM, SCRATCH):
+    if arm in (MEM, SCRATCH):
+        ft = apply_overrides(ft, cfg.overrides.get(arm, []))
+    else:
         ft = apply_overrides(yardstick_config(ft, arm), cfg.overrides.get("yardstick", []))
     if not cfg.equal_steps or fraction >= 1:
         return ft
