@@ -40,8 +40,9 @@ def normalize_address(address: str) -> str:
 
 def bind_problem(endpoint: str) -> str | None:
     """Why ``endpoint`` cannot be bound, or None: checked as a client's endpoint (``protocol.endpoint_problem``),
-    with ``*`` taken for a host (every interface) and a port (any free one). ZMQ took a port of 5,000 digits."""
-    return endpoint_problem(re.sub(r":\*$", ":1", endpoint.replace("tcp://*:", "tcp://0.0.0.0:", 1)))
+    with ``*`` taken for a host (every interface) and ``*`` or 0 for a port (any free one). ZMQ took a port of
+    5,000 digits."""
+    return endpoint_problem(re.sub(r":(\*|0)$", ":1", endpoint.replace("tcp://*:", "tcp://0.0.0.0:", 1)))
 
 
 class EventPublisher(Closing):
