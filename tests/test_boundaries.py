@@ -24,6 +24,7 @@ from conftest import synthetic_events
 from mem_core.configuration import to_dict
 from mem_core.corpus import CorpusWriter
 from mem_core.events import SensorSize
+from mem_core.io import write_events
 from mem_core.models import MEMViT, ViTConfig
 from mem_core.protocol import decode, encode_control
 from mem_core.representation import InputSpec
@@ -472,8 +473,6 @@ COMMANDS_THAT_WRITE = {
 @pytest.mark.parametrize("command", COMMANDS_THAT_WRITE)
 def test_out_that_cannot_hold_the_output_is_one_line_for_every_command(tmp_path, mem, out_paths, command, kind):
     events = tmp_path / "events.npz"
-    from mem_core.io import write_events
-
     write_events(events, synthetic_events(100), SensorSize(32, 48))
     run = finetune_run(tmp_path / "run")
     pretraining_run(tmp_path / "pre")
@@ -496,3 +495,38 @@ def test_demo_fresh_deletes_only_a_folder_of_the_demo_s_own(tmp_path, mem):
     (tmp_path / "notes.txt").write_text("mine")
     line = refused(mem("demo", "--fresh", "--out", str(tmp_path)), str(tmp_path))
     assert "'notes.txt'" in line and (tmp_path / "notes.txt").read_text() == "mine"
+
+
+# ------------------------------------------------------------------- a dataset's list and split files (item 5)
+
+
+def nmnist_with_list(root: Path, line: str) -> Path:
+    root.mkdir()
+    write_events(root / "1.bin", synthetic_events(50, SensorSize(34, 34)), SensorSize(34, 34))
+    (root / "train.txt").write_text(f"{line}\n")
+    return root / "train.txt"
+
+
+def test_a_class_in_a_dataset_list_file_python_cannot_convert_is_one_line_naming_it(tmp_path, mem):
+    listed = nmnist_with_list(tmp_path / "nmnist", "1 " + DIGITS)
+    args = ["--dataset", "nmnist", "--data", str(tmp_path / "nmnist"), *TINY[2:], "--out", str(tmp_path / "run")]
+    assert "line 1: class '99999" in refused(mem("finetune", *args), str(listed))
+
+
+def test_a_hand_edited_split_file_is_one_line_naming_it(tmp_path, mem):
+    root = tmp_path / "ncaltech"
+    for cls in ("a", "b"):
+        (root / cls).mkdir(parents=True)
+        for k in range(3):
+            write_events(root / cls / f"{k}.bin", synthetic_events(50, SensorSize(180, 240)), SensorSize(180, 240))
+    (root / "mem-split.json").write_text('{"train": [["a/0.bin"]]}')
+    args = ["--dataset", "ncaltech101", "--data", str(root), *TINY[2:], "--out", str(tmp_path / "run")]
+    assert "not a split file" in refused(mem("finetune", *args), str(root / "mem-split.json"))
+
+
+@pytest.mark.slow
+def test_a_dataset_list_file_that_is_a_fifo_is_one_line_not_a_hang(tmp_path):
+    listed = nmnist_with_list(tmp_path / "nmnist", "1 1")
+    fifo_in_place_of(listed)
+    args = ["--dataset", "nmnist", "--data", str(tmp_path / "nmnist"), *TINY[2:], "--out", str(tmp_path / "run")]
+    assert "not a regular file (a FIFO)" in one_error_line(mem_child("finetune", *args), str(listed))

@@ -10,8 +10,10 @@ import numpy as np
 
 from mem_core.errors import MemError
 from mem_core.events import SensorSize, window_start
+from mem_core.files import file_problem, read_bounded
 from mem_core.io import read_events
 from mem_core.io.evz import EXTENSION as PACKED
+from mem_core.limits import MAX_LIST_BYTES
 
 
 class DatasetError(MemError, ValueError):
@@ -86,6 +88,17 @@ def sample_file(path: Path) -> Path:
     """``path``, or the ``.evz`` packed from it when only that exists (split and list files name the original)."""
     packed = path.with_suffix(PACKED)
     return packed if not path.exists() and packed.exists() else path
+
+
+def read_text(path: Path) -> str:
+    """The text of a dataset's list or split file, read as every file a user names is (``mem_core.files``: a regular
+    file of bounded size); ``DatasetError`` naming it otherwise."""
+    try:
+        return read_bounded(path, MAX_LIST_BYTES).decode("utf-8")
+    except OSError as e:
+        raise DatasetError(f"{path}: {file_problem(e)}") from None
+    except UnicodeDecodeError as e:
+        raise DatasetError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
 def require_dir(path: Path, what: str) -> Path:

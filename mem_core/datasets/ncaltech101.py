@@ -9,7 +9,15 @@ from pathlib import Path
 
 import numpy as np
 
-from mem_core.datasets.base import DatasetError, EventSource, FileSource, require_dir, sample_file, sorted_files
+from mem_core.datasets.base import (
+    DatasetError,
+    EventSource,
+    FileSource,
+    read_text,
+    require_dir,
+    sample_file,
+    sorted_files,
+)
 from mem_core.datasets.splits import SPLIT_SEED, VAL_FRACTION, block_split, stratified_split
 from mem_core.events import SensorSize
 
@@ -27,7 +35,7 @@ def ncaltech101_split(root: Path, split_file: Path | None = None) -> dict[str, l
     root = Path(root)
     split_file = Path(split_file) if split_file else root / "mem-split.json"
     if split_file.is_file():
-        return json.loads(split_file.read_text())
+        return _read_split(split_file)
     classes = sorted(d.name for d in root.iterdir() if d.is_dir())
     if not classes:
         raise DatasetError(f"{root}: no N-Caltech101 class folders")
@@ -46,6 +54,22 @@ def ncaltech101_split(root: Path, split_file: Path | None = None) -> dict[str, l
     if int(os.environ.get("RANK", "0")) == 0:  # under torchrun every process makes the same split, one writes it
         write_split(split_file, split)
     return split
+
+
+def _read_split(path: Path) -> dict[str, list[list]]:
+    """A split file written by ``write_split`` (or by hand): ``{split: [[relative path, class name], ...]}``."""
+    text = read_text(path)
+    try:
+        table = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise DatasetError(f"{path}: not a split file ({e})") from None
+    if not (isinstance(table, dict) and all(isinstance(v, list) and all(map(_is_pair, v)) for v in table.values())):
+        raise DatasetError(f"{path}: not a split file ({{split: [[path, class], ...]}})")
+    return table
+
+
+def _is_pair(entry: object) -> bool:
+    return isinstance(entry, list) and len(entry) == 2 and all(isinstance(v, str) for v in entry)
 
 
 def write_split(split_file: Path, split: dict[str, list[list]]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mem_core.datasets.base import DatasetError, EventSource, FileSource, require_dir, sorted_files
+from mem_core.datasets.base import DatasetError, EventSource, FileSource, read_text, require_dir, sorted_files
 from mem_core.datasets.splits import carve
 from mem_core.events import SensorSize
 from mem_core.io.evz import EXTENSION as PACKED
@@ -33,11 +33,14 @@ def nmnist(root: Path, split: str, held_out: bool = True) -> EventSource:
         lists = sorted(p for p in root.glob("*.txt") if p.name.lower().startswith(base))
         if not lists:
             raise DatasetError(f"{root}: no N-MNIST {base} list file ({base}*.txt with '<id> <class>' lines)")
-        for line in lists[0].read_text().splitlines():
+        for n, line in enumerate(read_text(lists[0]).splitlines(), 1):
             parts = line.split()
             if len(parts) < 2 or line.lstrip().startswith("#"):
                 continue
-            sample, label = parts[0], int(parts[1])
+            sample, label = parts[0], parts[1]
+            if label not in classes:  # compared as text: int() of 5,000 digits raised
+                raise DatasetError(f"{lists[0]}: line {n}: class {label[:20]!r} is not a digit 0-9")
+            label = int(label)
             path = next(
                 (root / f"{sample}{ext}" for ext in (".bs2", ".bin", PACKED) if (root / f"{sample}{ext}").exists()),
                 None,
