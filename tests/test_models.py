@@ -30,6 +30,7 @@ from mem_core.models import (
     vit_tiny,
 )
 from mem_core.models.tokenizer import gumbel_softmax
+from mem_core.models.vit import TensorDropPath, compile_blocks, masked_positions
 
 IMG, PATCH, DIM, DEPTH, TOKENS = 32, 8, 64, 2, 64
 GRID = (IMG // PATCH, IMG // PATCH)
@@ -319,6 +320,18 @@ def test_pretrain_loss_is_cross_entropy_on_masked_patches_only():
     assert not torch.allclose(model(x, mask, (targets + 1) % TOKENS)["loss"], out["loss"])
 
 
+def test_pretrain_loss_is_the_same_with_the_masked_positions_passed_in():
+    """What pretraining does: the masked positions found on the host and passed in, so that a compiled model never
+    searches for them in its graph."""
+    model = MEMPretrainModel(tiny_vit(), TOKENS).eval()
+    x, mask = histograms(), half_mask()
+    targets = torch.randint(0, TOKENS, (2, N), generator=torch.Generator().manual_seed(0))
+    positions = masked_positions(mask)
+    assert torch.equal(positions, mask.flatten().nonzero()[:, 0])
+    given, found = model(x, mask, targets, positions), model(x, mask, targets)
+    assert torch.equal(given["logits"], found["logits"]) and torch.equal(given["loss"], found["loss"])
+
+
 def test_pretrain_runs_under_bf16_autocast():
     model = MEMPretrainModel(tiny_vit(), TOKENS)
     targets = torch.randint(0, TOKENS, (2, N))
@@ -327,6 +340,43 @@ def test_pretrain_runs_under_bf16_autocast():
     out["loss"].backward()
     assert math.isfinite(out["loss"].item())
     assert model.backbone.mask_token.grad is not None
+
+
+# ---------------------------------------------------------------- compiling the blocks
+
+
+def test_compile_blocks_compiles_each_block_in_place_and_keeps_the_weights():
+    """``compile = "blocks"``: every transformer block (the encoder's, an eMAE decoder's) compiled on its own, the
+    model, its parameters and its state dict's names as they were, so checkpoints and exports do not change."""
+    model = MEMPretrainModel(tiny_vit(drop_path=0.1), TOKENS)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    parameters = list(model.parameters())
+    assert compile_blocks(model) == DEPTH
+    assert all(block._compiled_call_impl is not None for block in model.backbone.blocks)
+    assert list(model.parameters()) == parameters
+    assert model.state_dict().keys() == weights.keys()
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in weights.items())
+    rates = [(b.drop_path1.rate, b.drop_path2.rate) for b in model.backbone.blocks]
+    assert all(type(b.drop_path1) is TensorDropPath for b in model.backbone.blocks)
+    assert rates == [(0.0, 0.0), pytest.approx((0.1, 0.1))]  # timm's linear rule over the depth
+    encoder = tiny_vit(rel_pos_bias=False, abs_pos_emb=True)
+    emae = EMAEPretrainModel(encoder, loss_on="all", decoder_dim=32, decoder_depth=2, decoder_heads=2)
+    assert compile_blocks(emae) == DEPTH + 2
+    assert compile_blocks(DiscreteVAE(TokenizerConfig(img_size=IMG, num_layers=3, num_tokens=TOKENS))) == 0
+
+
+def test_tensor_drop_path_drops_samples_at_its_rate_and_keeps_the_mean():
+    drop = TensorDropPath(0.25).train()
+    x = torch.ones(20_000, 3, 4)
+    torch.manual_seed(0)
+    y = drop(x)
+    per_sample = y[:, 0, 0]
+    assert per_sample.unique().tolist() == [0.0, pytest.approx(1 / 0.75)]
+    assert (y == y[:, :1, :1]).all()  # a whole sample is dropped or kept
+    assert (per_sample == 0).float().mean().item() == pytest.approx(0.25, abs=0.01)
+    assert y.mean().item() == pytest.approx(1.0, abs=0.02)
+    assert torch.equal(TensorDropPath(0.0).train()(x), x)
+    assert torch.equal(drop.eval()(x), x)
 
 
 # ---------------------------------------------------------------- task models and the optimizer interface

@@ -1,6 +1,6 @@
 """What a CPU can check of training at the paper's scale (GPUs, DDP, torch.compile): steps that never wait for the
 device, FlexAttention against timm's attention, the compiled DDP model, SyncBatchNorm, each process's own dropout,
-fp32 tokenizer targets, one writer of the N-Caltech101 split."""
+fp32 tokenizer targets and their bf16 switch, compiled pretraining, one writer of the N-Caltech101 split."""
 
 from __future__ import annotations
 
@@ -19,19 +19,23 @@ import torch.nn.attention.flex_attention as flex_module
 from conftest import synthetic_events
 from torch.overrides import TorchFunctionMode
 
+from mem_core.configuration import ConfigError
+from mem_core.datasets import open_source
 from mem_core.datasets.ncaltech101 import ncaltech101_split
+from mem_core.errors import MemError
 from mem_core.events import SensorSize
 from mem_core.io import write_events
 from mem_core.models import BlockMaskGenerator, DiscreteVAE, MEMViT, SegmentationModel, ViTConfig, attention
-from mem_core.representation import collate_events, prepare_events
+from mem_core.representation import batch_preprocess, collate_events, prepare_events
 from mem_core.runs.export import export_tokenizer
 from mem_core.runs.rundir import RunDir
+from mem_core.train import runtime as runtime_module
 from mem_core.train.common import sync_batch_norm, wrap_model
 from mem_core.train.configs import stage_config
 from mem_core.train.engine import seed_everything
 from mem_core.train.finetune import FinetuneStage
 from mem_core.train.pretrain import PretrainStage
-from mem_core.train.runtime import Runtime
+from mem_core.train.runtime import Runtime, setup_runtime
 from mem_core.train.segment import SegmentStage
 from mem_core.train.tokenizer import TokenizerStage
 
@@ -134,9 +138,109 @@ def test_pretraining_targets_are_the_tokenizers_fp32_ids_in_a_bf16_step(tmp_path
     with torch.autocast("cpu", dtype=torch.bfloat16):
         in_bf16 = stage.tokenizer.token_ids(x).reshape(16, -1)
         seen = []
-        stage.forward(lambda x, mask, ids: seen.append(ids) or {}, x, np.random.default_rng(0))
+        stage.forward(lambda x, mask, ids, masked: seen.append(ids) or {}, x, np.random.default_rng(0))
     assert not torch.equal(in_bf16, fp32)  # bf16 picks other tokens for some patches of this tokenizer
     assert torch.equal(seen[0], fp32)
+
+
+def test_bf16_targets_keep_the_fp32_token_of_most_cells_of_real_windows(tmp_path, tokenizer_export, data_dir):
+    """``MEM_BF16_TARGETS=1`` (the targets in bf16 with channels-last inputs and weights, for a GPU's convolutions)
+    changes the token of a few cells. On 64 N-Cars validation windows through this random 512-token tokenizer 98 % of
+    the cells keep theirs, of those with events too; through a trained one (the cpu preset's, 512 tokens at 64 x 64)
+    95 % (docs/BENCHMARKS.md)."""
+    cfg = PretrainStage.configure(tiny_config("pretrain"))
+    source = open_source("ncars", data_dir / "ncars-dev", "val")
+    picks = np.linspace(0, len(source) - 1, 64).astype(int)
+    windows = [
+        prepare_events(source.load_window(int(i), cfg.input.n_max, None), source.sensor, cfg.input, train=False)
+        for i in picks
+    ]
+    x = batch_preprocess(collate_events(windows, source.sensor), cfg.input, train=False, device=torch.device("cpu"))
+
+    def targets(bf16: bool) -> torch.Tensor:
+        runtime = Runtime(device=torch.device("cpu"))
+        return PretrainStage(cfg, runtime, RunDir(tmp_path), tokenizer=tokenizer_export, bf16_targets=bf16).targets(x)
+
+    exact, fast = targets(False), targets(True)
+    active = torch.nn.functional.max_pool2d(x.sum(1, keepdim=True), 8).flatten(1) > 0  # (B, N): cells with events
+    assert 0.3 < active.float().mean() < 0.9
+    assert not torch.equal(fast, exact)  # the switch computes in bf16
+    assert (fast == exact).float().mean() >= 0.9
+    assert (fast == exact)[active].float().mean() >= 0.9
+
+
+def test_a_gpu_runtime_times_cudnns_convolution_algorithms_unless_told_not_to(monkeypatch):
+    """``torch.backends.cudnn.benchmark`` on a GPU (a step's convolutions keep their shapes), off with
+    ``MEM_CUDNN_BENCHMARK=0``; a CPU run leaves it alone."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    flags = (torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+    try:
+        torch.backends.cudnn.benchmark = False
+        setup_runtime("cpu")
+        assert not torch.backends.cudnn.benchmark
+        assert setup_runtime("cuda").device.type == "cuda"
+        assert torch.backends.cudnn.benchmark
+        monkeypatch.setattr(runtime_module, "CUDNN_BENCHMARK", False)  # MEM_CUDNN_BENCHMARK=0
+        setup_runtime("cuda")
+        assert not torch.backends.cudnn.benchmark
+    finally:
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = flags
+
+
+def test_compile_is_true_false_or_blocks():
+    assert tiny_config("pretrain", "compile=blocks").compile == "blocks"
+    assert tiny_config("finetune", "compile=true").compile is True
+    assert tiny_config("finetune").compile is False
+    with pytest.raises(ConfigError, match="compile"):
+        tiny_config("pretrain", "compile=model")
+
+
+@pytest.mark.slow  # dynamo traces the tiny ViT twice
+def test_a_compiled_pretraining_model_is_one_graph_given_the_masked_positions(tmp_path, tokenizer_export):
+    """Pretraining finds the masked positions on the host and hands them to the model: compiled whole
+    (``compile = true``), its forward is one graph and gives eager's loss. A model left to find them itself breaks
+    its graph there (``nonzero``: a result whose size depends on the data)."""
+    torch._dynamo.reset()
+    cfg = PretrainStage.configure(tiny_config("pretrain"))
+    stage = PretrainStage(cfg, Runtime(device=torch.device("cpu")), RunDir(tmp_path), tokenizer=tokenizer_export)
+    torch.manual_seed(0)
+    model = stage.build_model().train()
+    batch = windows_batch(cfg)
+    eager = stage.step(copy.deepcopy(model), batch, epoch=0, step=0).loss
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)  # fullgraph: a graph break is an error
+    torch.testing.assert_close(stage.step(compiled, batch, epoch=0, step=0).loss, eager)
+
+    x = torch.rand(4, 2, 32, 32, generator=torch.Generator().manual_seed(0))
+    mask = stage.masks.batch(4, np.random.default_rng(0))
+    found_inside = torch._dynamo.explain(model)(x, mask, stage.targets(x))
+    assert found_inside.graph_break_count > 0 and "nonzero" in str(found_inside.break_reasons)
+    torch._dynamo.reset()
+
+
+@pytest.mark.slow  # inductor compiles a block's forward and backward on the CPU (about a minute on 2 busy cores)
+def test_compiling_the_blocks_trains_as_eager_does(tmp_path, tokenizer_export):
+    """``compile = "blocks"``: the blocks of the trained model itself compiled (no wrapper), the same losses and
+    gradients as the eager model, step after step."""
+    torch._dynamo.reset()
+    cfg = PretrainStage.configure(tiny_config("pretrain", "compile=blocks"))
+    runtime = Runtime(device=torch.device("cpu"))
+    stage = PretrainStage(cfg, runtime, RunDir(tmp_path), tokenizer=tokenizer_export)
+    torch.manual_seed(0)
+    model = stage.build_model().train()
+    eager = copy.deepcopy(model)
+    trained = wrap_model(model, cfg, runtime)
+    assert trained is model and all(block._compiled_call_impl is not None for block in model.backbone.blocks)
+    batch = windows_batch(cfg)
+    for step in range(2):
+        expected = stage.step(eager, batch, epoch=0, step=step).loss
+        got = stage.step(trained, batch, epoch=0, step=step).loss
+        torch.testing.assert_close(got, expected)
+        expected.backward()
+        got.backward()
+    for (name, p), q in zip(model.named_parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
+    torch._dynamo.reset()
 
 
 # ------------------------------------------------------------------------------------------ FlexAttention
@@ -196,6 +300,62 @@ def test_flex_attention_gives_timms_outputs_and_gradients(kernel):
     assert reference_grads["blocks.0.attn.relative_position_bias_table"].abs().sum() > 0
 
 
+def test_the_chunked_bias_gradient_gives_timms_outputs_and_gradients(kernel, monkeypatch):
+    """``MEM_ATTENTION=chunked``: SDPA on the bias as a constant plus the bias gradient summed over the batch by
+    ``bias_gradient`` gives timm's plain attention's outputs and gradients, the relative position bias tables'
+    included."""
+    vit = biased_vit()
+    chunked = copy.deepcopy(vit)
+    kernel("plain")
+    reference, reference_grads = features_and_gradients(vit)
+    batches = []
+    real = attention.bias_gradient
+    monkeypatch.setattr(attention, "bias_gradient", lambda q, *args: batches.append(q.shape[0]) or real(q, *args))
+    kernel("chunked")
+    out, grads = features_and_gradients(chunked)
+    assert batches == [3, 3]  # one call per block, for the whole batch
+    torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-5)
+    assert grads.keys() == reference_grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, reference_grads[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("bias_shape", [(1, 3, 9, 9), (3, 9, 9), (9, 9)])
+def test_the_bias_gradient_summed_in_chunks_is_autograds(monkeypatch, bias_shape):
+    """Per head or shared by the heads, over 5 samples in chunks of 2 (the last one short)."""
+    monkeypatch.setattr(attention, "BIAS_GRAD_CHUNK_ELEMENTS", 2 * 3 * 9 * 9)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(5, 3, 9, 4, generator=g) for _ in range(3))
+    bias = torch.randn(bias_shape, generator=g, requires_grad=True)
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    d_out = torch.randn(out.shape, generator=g)
+    (expected,) = torch.autograd.grad(out, bias, d_out)
+    got = attention.bias_gradient(q, k, v, bias.detach(), out.detach(), d_out)
+    assert got.shape == bias.shape and got.dtype == bias.dtype
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_on_a_gpu_the_chunked_bias_gradient_gives_sdpas_outputs_and_gradients(monkeypatch):
+    """Under the bf16 autocast of a training step, with ViT-B's heads of 64: SDPA (cuDNN's where it takes the bias)
+    on the bias as a constant and the bias gradient in chunks, against SDPA with the bias's own gradient."""
+    vit = biased_vit(embed_dim=128, num_heads=2).cuda()
+    chunked = copy.deepcopy(vit)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        monkeypatch.setattr(attention, "GPU_TRAINING_KERNEL", "sdpa")
+        reference, reference_grads = features_and_gradients(vit, "cuda")
+        monkeypatch.setattr(attention, "GPU_TRAINING_KERNEL", "chunked")
+        out, grads = features_and_gradients(chunked, "cuda")
+    assert all(block.attn.kernel == "chunked" for block in chunked.blocks)
+
+    def relative(a, b):
+        return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+    assert relative(out, reference) < 2e-2
+    for name, grad in grads.items():
+        assert relative(grad, reference_grads[name]) < 5e-2, name
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_on_a_gpu_compiled_flex_attention_gives_sdpas_outputs_and_gradients(monkeypatch):
     """In fp32 (IEEE products on both sides: TF32 would round flex's and not SDPA's) and, with ViT-B's heads of 64,
@@ -204,11 +364,12 @@ def test_on_a_gpu_compiled_flex_attention_gives_sdpas_outputs_and_gradients(monk
     monkeypatch.setattr(attention, "_flex_failed", False)
     vit = biased_vit().cuda()
     flex = copy.deepcopy(vit)
-    monkeypatch.setattr(attention, "FLEX_ATTENTION", False)  # MEM_FLEX_ATTENTION=0: SDPA
+    monkeypatch.setattr(attention, "GPU_TRAINING_KERNEL", "sdpa")
     reference, reference_grads = features_and_gradients(vit, "cuda")
-    monkeypatch.setattr(attention, "FLEX_ATTENTION", True)
+    monkeypatch.setattr(attention, "GPU_TRAINING_KERNEL", "flex")
     out, grads = features_and_gradients(flex, "cuda")
-    assert all(block.attn.flex for block in flex.blocks) and not any(block.attn.flex for block in vit.blocks)
+    assert all(block.attn.kernel == "flex" for block in flex.blocks)
+    assert all(block.attn.kernel == "sdpa" for block in vit.blocks)
     torch.testing.assert_close(out, reference, rtol=1e-3, atol=1e-3)
     for name, grad in grads.items():
         torch.testing.assert_close(grad, reference_grads[name], rtol=1e-3, atol=1e-3, msg=name)
@@ -216,11 +377,11 @@ def test_on_a_gpu_compiled_flex_attention_gives_sdpas_outputs_and_gradients(monk
     vit = biased_vit(embed_dim=128, num_heads=2).cuda()  # heads of 64
     flex = copy.deepcopy(vit)
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        monkeypatch.setattr(attention, "FLEX_ATTENTION", False)
+        monkeypatch.setattr(attention, "GPU_TRAINING_KERNEL", "sdpa")
         reference, reference_grads = features_and_gradients(vit, "cuda")
-        monkeypatch.setattr(attention, "FLEX_ATTENTION", True)
+        monkeypatch.setattr(attention, "GPU_TRAINING_KERNEL", "flex")
         out, grads = features_and_gradients(flex, "cuda")
-    assert not attention._flex_failed and all(block.attn.flex for block in flex.blocks)
+    assert not attention._flex_failed and all(block.attn.kernel == "flex" for block in flex.blocks)
     assert out.dtype == reference.dtype
 
     def relative(a, b):
@@ -266,7 +427,7 @@ def test_a_gpu_where_flex_does_not_compile_trains_on_sdpa(monkeypatch, caplog):
         return compiled
 
     monkeypatch.setattr(attention, "_flex_failed", False)
-    monkeypatch.setattr(attention, "FLEX_ATTENTION", True)  # MEM_FLEX_ATTENTION=1
+    monkeypatch.setattr(attention, "GPU_TRAINING_KERNEL", "flex")  # MEM_ATTENTION=flex
     monkeypatch.setattr(attention, "_runs_as_traced", lambda device: False)  # as on a GPU, outside a compiled model
     monkeypatch.setattr(attention, "_compiled_flex_attention", refuse)
     on_gpu = SimpleNamespace(device=torch.device("cuda"))
@@ -280,9 +441,10 @@ def test_a_gpu_where_flex_does_not_compile_trains_on_sdpa(monkeypatch, caplog):
     assert attention.attention_kernel(on_gpu) == "sdpa"
 
 
-def test_gpu_training_steps_take_sdpa_unless_the_user_asks_for_flex(monkeypatch):
-    """SDPA by default (faster than flex at the paper's sizes on an H200); MEM_FLEX_ATTENTION=1 makes a GPU training
-    step take flex, and inference keeps SDPA; TIMM_FUSED_ATTN=0 turns both off."""
+def test_gpu_training_steps_take_sdpa_unless_the_user_asks_for_another_kernel(monkeypatch):
+    """SDPA by default (faster than flex at the paper's sizes on an H200); MEM_ATTENTION=flex (or the older
+    MEM_FLEX_ATTENTION=1) or MEM_ATTENTION=chunked makes a GPU training step take that kernel, and inference keeps
+    SDPA; TIMM_FUSED_ATTN=0 turns them all off; a kernel MEM does not know is an error naming it."""
     from types import SimpleNamespace
 
     import timm.layers.config
@@ -294,16 +456,29 @@ def test_gpu_training_steps_take_sdpa_unless_the_user_asks_for_flex(monkeypatch)
         return f"{attention.attention_kernel(x)} {inference}"
 
     # the variable as a user sets it reaches the module where it is imported (one interpreter: 5 s)
-    probe = "from mem_core.models import attention; print(attention.FLEX_ATTENTION)"
-    env = {k: v for k, v in os.environ.items() if k != "TIMM_FUSED_ATTN"} | {"MEM_FLEX_ATTENTION": "1"}
-    r = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    probe = "from mem_core.models import attention; print(attention.GPU_TRAINING_KERNEL)"
+    env = {k: v for k, v in os.environ.items() if k not in ("TIMM_FUSED_ATTN", "MEM_ATTENTION")}
+    r = subprocess.run(
+        [sys.executable, "-c", probe],
+        env=env | {"MEM_FLEX_ATTENTION": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.strip() == "True"
+    assert r.stdout.strip() == "flex"
+    assert attention.training_kernel_from_env({}) == "sdpa"
+    assert attention.training_kernel_from_env({"MEM_ATTENTION": "chunked"}) == "chunked"
+    assert attention.training_kernel_from_env({"MEM_ATTENTION": "flex", "MEM_FLEX_ATTENTION": "0"}) == "flex"
+    with pytest.raises(MemError, match="MEM_ATTENTION='flash': expected one of sdpa, flex, chunked"):
+        attention.training_kernel_from_env({"MEM_ATTENTION": "flash"})
 
-    monkeypatch.setattr(attention, "FLEX_ATTENTION", False)  # the variable unset
+    monkeypatch.setattr(attention, "GPU_TRAINING_KERNEL", "sdpa")  # the variables unset
     assert kernels() == "sdpa sdpa"
-    monkeypatch.setattr(attention, "FLEX_ATTENTION", True)  # MEM_FLEX_ATTENTION=1
+    monkeypatch.setattr(attention, "GPU_TRAINING_KERNEL", "flex")
     assert kernels() == "flex sdpa"
+    attention.use_gpu_training_kernel("chunked")  # what a benchmark comparing kernels does
+    assert kernels() == "chunked sdpa"
     monkeypatch.setattr(timm.layers.config, "_USE_FUSED_ATTN", 0)  # what TIMM_FUSED_ATTN=0 sets when timm is imported
     assert kernels() == "plain plain"
 

@@ -16,7 +16,8 @@ from typing import Any, Literal, NamedTuple
 import torch
 import torch.nn.functional as F
 from timm import create_model
-from timm.layers import resample_abs_pos_embed, resize_rel_pos_bias_table, trunc_normal_
+from timm.layers import DropPath, resample_abs_pos_embed, resize_rel_pos_bias_table, trunc_normal_
+from timm.models import beit, vision_transformer
 from timm.models.beit import Beit
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -338,7 +339,11 @@ class MEMPretrainModel(BackboneModel):
         nn.init.zeros_(self.lm_head.bias)
 
     def forward(
-        self, x: torch.Tensor, bool_masked_pos: torch.Tensor, target_ids: torch.Tensor
+        self,
+        x: torch.Tensor,
+        bool_masked_pos: torch.Tensor,
+        target_ids: torch.Tensor,
+        masked: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
         """Cross-entropy over the masked patches only.
 
@@ -346,26 +351,35 @@ class MEMPretrainModel(BackboneModel):
             x: ``(B, C, H, W)`` histograms.
             bool_masked_pos: ``(B, N)`` or ``(B, h, w)`` bool, True = masked.
             target_ids: ``(B, N)`` or ``(B, h, w)`` token ids from ``DiscreteVAE.token_ids``.
+            masked: ``(M,)`` the masked patches' positions, ``masked_positions(bool_masked_pos)``, on ``x``'s device
+                with the mask (what pretraining passes). Without them they are found here, where the mask is: on the
+                CPU a GPU step does not wait for them, but ``torch.compile`` cannot trace a search whose result's size
+                depends on the data, so a compiled model breaks its graph there.
 
         Returns:
             ``loss`` (scalar), ``acc`` (fraction of masked patches predicted right), ``logits`` ``(M, num_tokens)``
             for the ``M`` masked patches in row-major (batch, patch) order.
-
-        The mask may stay on the CPU (as pretraining passes it): the masked positions are found there, so a GPU step
-        never waits to learn how many patches are masked.
         """
         batch = x.shape[0]
         mask = bool_masked_pos.reshape(batch, -1)  # (B, N)
         targets = target_ids.reshape(batch, -1)  # (B, N)
         if targets.shape != mask.shape:
             raise ValueError(f"target_ids {tuple(target_ids.shape)} do not match the mask {tuple(mask.shape)}")
-        masked = to_device(mask.flatten().nonzero()[:, 0], x.device)  # (M,) flat (sample, patch) positions
-        tokens = self.backbone.forward_tokens(x, to_device(mask, x.device))  # (B, N, D)
+        if masked is None:
+            masked = to_device(masked_positions(mask), x.device)
+            mask = to_device(mask, x.device)
+        tokens = self.backbone.forward_tokens(x, mask)  # (B, N, D)
         logits = self.lm_head(tokens.flatten(0, 1)[masked])  # (M, num_tokens): the head only runs on masked patches
         target = targets.flatten().to(x.device)[masked]  # (M,)
         loss = F.cross_entropy(logits.float(), target)
         acc = (logits.argmax(-1) == target).float().mean()
         return {"loss": loss, "acc": acc, "logits": logits}
+
+
+def masked_positions(bool_masked_pos: torch.Tensor) -> torch.Tensor:
+    """``(M,)`` flat (sample, patch) positions of the masked patches of a ``(B, N)`` or ``(B, h, w)`` mask, in row-major
+    order, found where the mask is: pretraining finds them on the CPU, where its masks are made."""
+    return bool_masked_pos.reshape(bool_masked_pos.shape[0], -1).flatten().nonzero()[:, 0]
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -374,6 +388,51 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     if device.type == "cuda" and t.device.type == "cpu":
         t = t.pin_memory()
     return t.to(device, non_blocking=True)
+
+
+TRANSFORMER_BLOCKS = (beit.Block, vision_transformer.Block)  # the MEM ViT's blocks, the eMAE decoder's
+
+
+def compile_blocks(model: nn.Module, **options: Any) -> int:
+    """Compile every transformer block of ``model`` on its own, in place (``Module.compile``, ``options`` for
+    ``torch.compile``); returns how many. The parameters, the state dict's names and the model object stay what
+    they were, so checkpoints, EMA and exports see the same model.
+
+    A block is where the element-wise half of a ViT step sits (layer scale, casts, drop path, GELU, residuals) and
+    what inductor fuses; the code around the blocks (masking, heads, losses) runs as it is, so no host work there can
+    break a graph. The blocks' drop path rates differ (0 to ``drop_path`` over the depth), and dynamo compiles a float
+    attribute as a constant: each block would be a program of its own, past dynamo's recompilation limit for ViT-B's
+    12. Their drop paths become ``TensorDropPath``, the rate a tensor, so all the blocks share one program.
+    """
+    blocks = [m for m in model.modules() if isinstance(m, TRANSFORMER_BLOCKS)]
+    for block in blocks:
+        for name in ("drop_path1", "drop_path2"):
+            path = getattr(block, name)
+            if isinstance(path, nn.Identity) or (isinstance(path, DropPath) and path.scale_by_keep):
+                setattr(block, name, TensorDropPath(path.drop_prob if isinstance(path, DropPath) else 0.0))
+        block.compile(**options)
+    return len(blocks)
+
+
+class TensorDropPath(nn.Module):
+    """Stochastic depth as timm's ``DropPath`` (a sample's residual branch dropped with probability ``rate``, the
+    kept ones scaled by 1 / (1 - rate)), the rate held in buffers: blocks of different rates are one compiled
+    program. A rate of 0 draws and keeps every sample (what timm's ``Identity`` there computes)."""
+
+    def __init__(self, rate: float) -> None:
+        super().__init__()
+        self.rate = rate
+        self.register_buffer("keep", torch.tensor(1.0 - rate), persistent=False)
+        self.register_buffer("scale", torch.tensor(1.0 / (1.0 - rate) if rate < 1 else 0.0), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            return x
+        kept = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(self.keep.to(x.dtype))  # (B, 1, ...)
+        return x * (kept * self.scale.to(x.dtype))
+
+    def extra_repr(self) -> str:
+        return f"rate={self.rate:.3f}"
 
 
 class LoadReport(NamedTuple):

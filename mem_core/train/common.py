@@ -10,6 +10,7 @@ import torch
 
 from mem_core.configuration import to_dict
 from mem_core.datasets import EventSource, label_subset, open_source
+from mem_core.models.vit import compile_blocks
 from mem_core.runs.rundir import RunDir
 from mem_core.train.runtime import Runtime, setup_runtime
 
@@ -80,16 +81,19 @@ def device_generator(g: torch.Generator, device: torch.device) -> torch.Generato
 def wrap_model(model: torch.nn.Module, cfg, runtime: Runtime) -> torch.nn.Module:
     """DDP (and optionally torch.compile) around ``model`` for training; ``model`` itself stays the saved one.
 
-    The DDP-wrapped model is the one compiled, the order torch supports: the compiled graph is split at DDP's
-    gradient buckets, so their all-reduce overlaps the backward (around a compiled model DDP reduces after it).
+    ``cfg.compile = true``: the DDP-wrapped model is the one compiled, the order torch supports: the compiled graph is
+    split at DDP's gradient buckets, so their all-reduce overlaps the backward (around a compiled model DDP reduces
+    after it). ``"blocks"``: each transformer block of ``model`` is compiled on its own, in place
+    (``models.vit.compile_blocks``), validation included; a model without such blocks is compiled whole.
     """
     sync_batch_norm(model, runtime)
     runtime.place(model)
+    blocks = cfg.compile == "blocks" and compile_blocks(model) > 0
     train_model = model
     if runtime.distributed:
         device_ids = [runtime.device.index] if runtime.device.type == "cuda" else None
         train_model = torch.nn.parallel.DistributedDataParallel(train_model, device_ids=device_ids)
-    if cfg.compile:
+    if cfg.compile and not blocks:
         train_model = torch.compile(train_model)
     return train_model
 

@@ -115,7 +115,9 @@ class StageConfig:
     accum_steps: int = 1  # micro-batches per optimizer step: a batch larger than the device holds, same recipe
     amp: bool = True  # bf16 autocast on GPU (ignored on CPU)
     cpu_bf16: bool = False  # bf16 training steps on a CPU with native bf16 (AVX512-BF16, AMX); validation in fp32
-    compile: bool = False  # torch.compile the model (GPU)
+    # torch.compile (GPU): true, the whole model; "blocks", each transformer block on its own (a model without any:
+    # whole), which leaves the code around them eager
+    compile: bool | Literal["blocks"] = False
     eval_every: int = 1
     # stop after the epoch that passes this many seconds of training (0: no limit), validated there; the result says
     # the run was cut short (the schedule was set for ``epochs``)

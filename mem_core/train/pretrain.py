@@ -9,6 +9,7 @@ Picture: ``predictions.png`` (input, masked input, decoded prediction, decoded t
 
 from __future__ import annotations
 
+import os
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from mem_core.models import (
     RandomMaskGenerator,
     unpatchify,
 )
+from mem_core.models.vit import masked_positions, to_device
 from mem_core.representation import batch_preprocess
 from mem_core.runs.export import load_tokenizer
 from mem_core.runs.lineage import TOKENIZER_LINK
@@ -34,6 +36,8 @@ from mem_core.train.stage import Stage, run_stage
 from mem_core.visualize import histogram_rgb, save_png, tile, upscale
 
 NEEDS_TOKENIZER = "MEM pretraining needs --tokenizer RUN (a trained tokenizer run directory)"
+# MEM_BF16_TARGETS=1: the tokenizer's targets in bf16 with channels-last inputs and weights (PretrainStage.targets)
+BF16_TARGETS = os.environ.get("MEM_BF16_TARGETS", "0") == "1"
 
 
 class PretrainStage(Stage):
@@ -41,13 +45,23 @@ class PretrainStage(Stage):
 
     name = "pretrain"
 
-    def __init__(self, cfg: PretrainStageConfig, runtime, run: RunDir, tokenizer: Path | str | None = None) -> None:
+    def __init__(
+        self,
+        cfg: PretrainStageConfig,
+        runtime,
+        run: RunDir,
+        tokenizer: Path | str | None = None,
+        bf16_targets: bool = BF16_TARGETS,
+    ) -> None:
         super().__init__(cfg, runtime, run)
         self.tokenizer = None
+        self.bf16_targets = bf16_targets
         if cfg.method == "mem":
             if tokenizer is None:
                 raise RunError(NEEDS_TOKENIZER)
             self.tokenizer = runtime.place(load_tokenizer(tokenizer, runtime.device))
+            if bf16_targets:
+                self.tokenizer.to(memory_format=torch.channels_last)
             tok = self.tokenizer.config
             if tok.grid_size != cfg.model.grid_size or tok.in_chans != cfg.model.in_chans:
                 raise RunError(
@@ -85,22 +99,33 @@ class PretrainStage(Stage):
         )
 
     def forward(self, model, x: torch.Tensor, mask_rng: np.random.Generator) -> dict[str, torch.Tensor]:
-        """The model's outputs (loss, acc) on inputs ``x`` (B, C, H, W) with masks drawn from ``mask_rng``."""
-        mask = self.masks.batch(x.shape[0], mask_rng)  # on the CPU: the models find the masked positions there
-        if x.device.type == "cuda":
-            mask = mask.pin_memory()  # copied to the GPU as it comes, not after the work queued there
-        if self.tokenizer is None:
-            return model(x, mask)
-        return model(x, mask, self.targets(x))
+        """The model's outputs (loss, acc) on inputs ``x`` (B, C, H, W) with masks drawn from ``mask_rng``.
+
+        The masks are made on the CPU, and so are MEM's masked positions: no step waits for the GPU to count them,
+        and a compiled model gets them as an input instead of searching for them in its graph."""
+        mask = self.masks.batch(x.shape[0], mask_rng)  # (B, N) on the CPU
+        if self.tokenizer is None:  # eMAE finds its visible patches on the CPU
+            return model(x, mask.pin_memory() if x.device.type == "cuda" else mask)
+        masked = masked_positions(mask)  # (M,)
+        targets = self.targets(x)
+        return model(x, to_device(mask, x.device), targets, to_device(masked, x.device))
 
     def targets(self, x: torch.Tensor) -> torch.Tensor:
         """The tokenizer's ids of ``x`` (B, N), computed in fp32 inside a bf16 training step too: in bf16 the argmax
         over the codebook's logits picks another token for some patches, so the targets would depend on the
-        precision the step runs in."""
+        precision the step runs in. With ``bf16_targets`` (``MEM_BF16_TARGETS=1``) they are computed in bf16 with
+        channels-last inputs and weights, cuDNN's fast layout, which changes the token of a few cells
+        (tests/test_scale.py measures how many)."""
         device = x.device.type
-        exact = torch.autocast(device, enabled=False) if torch.amp.is_autocast_available(device) else nullcontext()
-        with torch.no_grad(), exact:
-            return self.tokenizer.token_ids(x.float()).reshape(x.shape[0], -1)
+        with torch.no_grad():
+            if self.bf16_targets:
+                with torch.autocast(device, dtype=torch.bfloat16):
+                    ids = self.tokenizer.token_ids(x.contiguous(memory_format=torch.channels_last))
+            else:
+                exact = torch.autocast(device, enabled=False) if torch.amp.is_autocast_available(device) else None
+                with exact or nullcontext():
+                    ids = self.tokenizer.token_ids(x.float())
+        return ids.reshape(x.shape[0], -1)
 
     def step(self, model: torch.nn.Module, batch, epoch: int, step: int) -> StepResult:
         x, _, _ = self.train_inputs(batch[0], epoch, step)

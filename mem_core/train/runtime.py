@@ -20,6 +20,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+# MEM_CUDNN_BENCHMARK=0: cuDNN's heuristics pick each convolution's algorithm instead of timing the candidates
+CUDNN_BENCHMARK = os.environ.get("MEM_CUDNN_BENCHMARK", "1") != "0"
+
 
 @dataclass(frozen=True)
 class Runtime:
@@ -99,6 +102,9 @@ def setup_runtime(device: str = "auto", amp: bool = True, cpu_bf16: bool = False
     if dev.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True  # TF32 matmuls: free speed on Ampere+, ample precision here
         torch.backends.cudnn.allow_tf32 = True
+        # a training step's convolutions (the tokenizer, convolutional stems) keep their shapes: timing cuDNN's
+        # algorithms once per shape beats its heuristics' pick in every later step
+        torch.backends.cudnn.benchmark = CUDNN_BENCHMARK
     amp_dtype = torch.bfloat16 if amp and dev.type == "cuda" and torch.cuda.is_bf16_supported() else None
     train_amp_dtype = None
     if cpu_bf16 and dev.type == "cpu":
