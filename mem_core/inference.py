@@ -1,10 +1,16 @@
 """Inference on one event window: an exported (or trained) model, and optionally its tokenizer, under inference mode.
 
-The live server (``app/live``) runs a ``Predictor`` on the newest window of a source.
+The live server (``app/live``) runs a ``Predictor`` on the newest window of a source. On a GPU a window reads nothing
+back before its model runs (the histogram it publishes is copied to the host behind the model's kernels), and two
+switches cut the per-window work further: ``bf16_weights`` casts the model's weights once instead of autocast casting
+them in every window, and ``cuda_graph`` records the model and the tokenizer as one CUDA graph at ``warm_up``, replayed
+per window (the model input's shape is fixed by the input spec), instead of launching their kernels one by one from
+Python. docs/BENCHMARKS.md (live, GPU) says how each is measured.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +37,12 @@ class Output:
     tokens: np.ndarray | None = None  # (h, w) int32 token ids, with a tokenizer
     probs: np.ndarray | None = None  # (K,) float32 class probabilities (classification)
     mask: np.ndarray | None = None  # (H, W) uint8 / uint16 class ids (segmentation)
+    # ms per stage: "preprocess", "model", "tokenizer" (with a CUDA graph, "model" is the model and the tokenizer). On a
+    # GPU a stage lasts until its result is on the host, so the model's includes the preprocessing's queued kernels.
     stages_ms: dict[str, float] = field(default_factory=dict)
+
+
+log = logging.getLogger(__name__)
 
 
 class Predictor:
@@ -41,9 +52,21 @@ class Predictor:
         model: export directory or finetune/segment run directory (``mem_core.runs.export.load_model``).
         tokenizer: tokenizer run or export directory; default: the one that belongs to the model, if any.
         device: torch device for the model and tokenizer.
+        bf16_weights: the model's weights in bf16, cast once (any device; the tokenizer stays in fp32, so the tokens do
+            not change). Without it the model runs under bf16 autocast on a GPU and in fp32 on a CPU.
+        cuda_graph: on a GPU, the model and the tokenizer recorded as one CUDA graph at ``warm_up`` and replayed for
+            every window; elsewhere (or should the recording fail, with a warning) they run as they are.
     """
 
-    def __init__(self, model: Path | str, tokenizer: Path | str | None = None, device: str = "cpu") -> None:
+    def __init__(
+        self,
+        model: Path | str,
+        tokenizer: Path | str | None = None,
+        device: str = "cpu",
+        *,
+        bf16_weights: bool = False,
+        cuda_graph: bool = False,
+    ) -> None:
         self.model, self.meta = load_model(model, device)
         tokenizer = tokenizer if tokenizer is not None else tokenizer_of(model)
         self.tokenizer = load_tokenizer(tokenizer, device) if tokenizer is not None else None
@@ -56,6 +79,11 @@ class Predictor:
                 f"{tokenizer}: the tokenizer takes {self.tokenizer.config.in_chans} input channels but the model "
                 f"input ({self.spec.channels}) of {model} has {self.spec.in_chans}"
             )
+        self.bf16_weights = bf16_weights
+        if bf16_weights:
+            self.model.to(torch.bfloat16)
+        self.cuda_graph = cuda_graph and self.device.type == "cuda"
+        self._graph: _Graph | None = None
 
     @property
     def training_window(self) -> tuple[int, float | None]:
@@ -86,26 +114,38 @@ class Predictor:
         """(h, w) of the token ids, or None without a tokenizer."""
         return None if self.tokenizer is None else self.tokenizer.config.grid_size
 
+    @property
+    def graphed(self) -> bool:
+        """Whether windows replay a CUDA graph of the model and the tokenizer (``cuda_graph``, after ``warm_up``)."""
+        return self._graph is not None
+
     def warm_up(self) -> None:
         """Run once on a small synthetic window: compiles the histogram kernels and lets torch allocate, so that
-        the first real window is not slow (and its events are not counted as skipped)."""
+        the first real window is not slow (and its events are not counted as skipped); with ``cuda_graph`` on a GPU,
+        then records the graph."""
         sensor = SensorSize(32, 32)
         n = 1000
         rng = np.random.default_rng(0)
-        self(make_events(np.arange(n), rng.integers(0, 32, n), rng.integers(0, 32, n), rng.integers(0, 2, n)), sensor)
+        events = make_events(np.arange(n), rng.integers(0, 32, n), rng.integers(0, 32, n), rng.integers(0, 2, n))
+        self(events, sensor)
+        if self.cuda_graph and self._graph is None:
+            self._record_graph(sensor, events)
 
     @torch.inference_mode()
     def __call__(self, events: np.ndarray, sensor: SensorSize) -> Output:
         """Run the whole window ``events`` (time-sorted ``EVENT_DTYPE``) on ``sensor``."""
-        spec = self.spec
         start = time.perf_counter()
-        counts = torch.from_numpy(input_histogram(events, sensor, spec.channels, spec.temporal_bins))
-        x = histograms_to_input(counts[None].to(self.device), spec, train=False)  # (1, C, H, W)
-        out = Output(hist=_fold_polarity(x[0], spec), region=self.input_region(sensor, counts))
+        x, counts = self._input(events, sensor)
+        hist = _to_host_behind(_fold_polarity(x[0], self.spec))  # read at the end, once later copies have waited
+        out = Output(hist=np.empty(0, np.float16), region=self.input_region(sensor, counts))
         stages = out.stages_ms
         stages["preprocess"], start = _ms_since(start)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
-            logits = self.model(x)
+        if self._graph is not None and x.shape == self._graph.x.shape:
+            self._graph.x.copy_(x)
+            self._graph.graph.replay()
+            logits, ids = self._graph.out
+        else:
+            logits, ids = self._model(x), None
         if self.task == "classification":
             out.probs = logits[0].float().softmax(0).cpu().numpy()  # (K,)
         else:
@@ -113,20 +153,90 @@ class Predictor:
             out.mask = logits[0].argmax(0).cpu().numpy().astype(mask_dtype)  # (H, W)
         stages["model"], start = _ms_since(start)
         if self.tokenizer is not None:
-            size = self.tokenizer.config.img_size
-            x_tok = x if x.shape[-2:] == (size, size) else F.interpolate(x, size=(size, size), mode="bilinear")
-            out.tokens = self.tokenizer.token_ids(x_tok)[0].cpu().numpy().astype(np.int32)  # (h, w)
-            stages["tokenizer"], start = _ms_since(start)
+            recorded = ids is not None
+            ids = ids if recorded else self._token_ids(x)
+            out.tokens = ids[0].cpu().numpy().astype(np.int32)  # (h, w)
+            if not recorded:
+                stages["tokenizer"], start = _ms_since(start)
+        out.hist = hist.numpy()  # the prediction's copy to the host came after the histogram's: it is there
         return out
 
+    def _input(self, events: np.ndarray, sensor: SensorSize) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model input ``(1, C, H, W)`` on the device, and the window's histogram on the host ``(C, h, w)``."""
+        spec = self.spec
+        counts = torch.from_numpy(input_histogram(events, sensor, spec.channels, spec.temporal_bins))
+        return histograms_to_input(counts[None].to(self.device), spec, train=False), counts
 
-def _fold_polarity(x: torch.Tensor, spec: InputSpec) -> np.ndarray:
-    """(C, H, W) model input -> (2, H, W) float16 OFF / ON picture (temporal bins summed, timestamp dropped)."""
+    def _model(self, x: torch.Tensor) -> torch.Tensor:
+        """The model's logits on the input ``x``: in bf16 weights, under bf16 autocast on a GPU, or in fp32."""
+        if self.bf16_weights:
+            return self.model(x.to(torch.bfloat16))
+        # no cast cache: one forward per window, and a CUDA graph must record the casts, not reuse stale ones
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda", cache_enabled=False):
+            return self.model(x)
+
+    def _token_ids(self, x: torch.Tensor) -> torch.Tensor:
+        """The tokenizer's ids ``(1, h, w)`` of the input ``x``, resized to the tokenizer's input where they differ."""
+        size = self.tokenizer.config.img_size
+        x_tok = x if x.shape[-2:] == (size, size) else F.interpolate(x, size=(size, size), mode="bilinear")
+        return self.tokenizer.token_ids(x_tok)
+
+    @torch.inference_mode()
+    def _record_graph(self, sensor: SensorSize, events: np.ndarray) -> None:
+        """Record the model and the tokenizer on a static input of the model input's shape as one CUDA graph (after a
+        few runs on a side stream, which set up cuBLAS and cuDNN outside the recording). A failure is logged and the
+        windows keep running as they are: a served model never stops for its speed-up."""
+        static_x = self._input(events, sensor)[0].clone()
+        tokens = self.tokenizer is not None
+
+        def forward() -> tuple[torch.Tensor, torch.Tensor | None]:
+            return self._model(static_x), self._token_ids(static_x) if tokens else None
+
+        try:
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    forward()
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            # thread-local: a model being swapped in is recorded while the one it replaces serves in another thread
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                out = forward()
+        except RuntimeError as e:
+            log.warning("the CUDA graph of the model could not be recorded (%s); windows run without it", e)
+            return
+        self._graph = _Graph(graph, static_x, out)
+
+
+@dataclass
+class _Graph:
+    """A recorded CUDA graph: its static input, which a window's input is copied into, and its outputs (logits,
+    token ids or None), which each replay overwrites."""
+
+    graph: torch.cuda.CUDAGraph
+    x: torch.Tensor
+    out: tuple[torch.Tensor, torch.Tensor | None]
+
+
+def _fold_polarity(x: torch.Tensor, spec: InputSpec) -> torch.Tensor:
+    """(C, H, W) model input -> (2, H, W) float16 OFF / ON picture (temporal bins summed, timestamp dropped), where
+    ``x`` is."""
     counts = x[: spec.count_channels]
     if spec.channels == "temporal":
         counts = counts.reshape(-1, 2, *counts.shape[-2:]).sum(0)  # (bins, 2, H, W) -> (2, H, W)
         counts = counts / counts.max().clamp_min(1e-12)
-    return counts.to(torch.float16).cpu().numpy()
+    return counts.to(torch.float16)
+
+
+def _to_host_behind(t: torch.Tensor) -> torch.Tensor:
+    """``t`` on the host. From a GPU: copied into page-locked memory behind the work queued so far, without waiting
+    for it; its values are there once a later blocking copy to the host on the same stream has returned (every window
+    makes one: its prediction)."""
+    if t.device.type != "cuda":
+        return t.cpu()
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    return host.copy_(t, non_blocking=True)
 
 
 def _ms_since(start: float) -> tuple[float, float]:
