@@ -45,6 +45,7 @@ from mem_core.limits import (
     MAX_WINDOW_FLOPS,
 )
 from mem_core.models import DiscreteVAE, MEMViT, SegmentationModel, TokenizerConfig, ViTConfig
+from mem_core.models.cnn import VIT, Arch, build_cnn
 from mem_core.models.sizes import INPUT_RANGES, check_model_sizes
 from mem_core.representation import InputSpec
 from mem_core.runs.lineage import MODEL_JSON, TOKENIZER_LINK, read_json, tokenizer_of
@@ -78,10 +79,12 @@ class TrainingWindow(TypedDict):
 
 class ModelMeta(TypedDict):
     """A model's description (``model.json`` less its ``format_version``); ``architecture`` is a ``ViTConfig`` and
-    ``input`` an ``InputSpec``, checked as a training config's."""
+    ``input`` an ``InputSpec``, checked as a training config's; ``arch`` other than "vit" (a classifier only) is the
+    timm CNN the model is instead."""
 
     task: Literal["classification", "segmentation"]
     classes: ClassNames
+    arch: NotRequired[Arch]
     architecture: dict[str, Any]
     input: dict[str, Any]
     head_channels: Annotated[StrictInt, Field(ge=1, le=MAX_WIDTH)] | None
@@ -91,6 +94,9 @@ class ModelMeta(TypedDict):
 
 def build_task_model(meta: dict[str, Any]) -> torch.nn.Module:
     """An untrained classifier or segmenter with the architecture, classes and head that ``meta`` describes."""
+    if meta.get("arch", VIT) != VIT:
+        spec = from_dict(InputSpec, meta["input"])
+        return build_cnn(meta["arch"], spec.in_chans, len(meta["classes"]))
     arch = from_dict(ViTConfig, meta["architecture"])
     if meta["task"] == "classification":
         return MEMViT(arch, len(meta["classes"]))
@@ -180,6 +186,7 @@ def _run_model(run: RunDir) -> tuple[dict[str, Any], Path]:
     classes = read_json(run.path / "classes.json")
     meta = {
         "task": TASKS[stage],
+        "arch": config.get("arch", VIT),
         "architecture": config.get("model"),
         "classes": classes.get("classes"),
         "input": config.get("input"),
@@ -210,6 +217,8 @@ def check_meta(meta: dict[str, Any], where: Path) -> None:
         raise RunError(f"{where}: {problem}")
     if meta["task"] == "segmentation" and meta["head_channels"] is None:
         raise RunError(f"{where}: head_channels: a segmentation model needs its head's width")
+    if meta["task"] == "segmentation" and meta.get("arch", VIT) != VIT:
+        raise RunError(f"{where}: arch: a segmentation model is a ViT, not {meta['arch']!r}")
     try:
         check_model_sizes(from_dict(ViTConfig, meta["architecture"], "architecture."), "architecture.")
         check_ranges(from_dict(InputSpec, meta["input"], "input."), INPUT_RANGES, "input.")
@@ -338,6 +347,7 @@ def export_model(
     architecture: dict[str, Any],
     classes: list[str],
     input_spec: InputSpec,
+    arch: str = VIT,
     head_channels: int | None = None,
     tokenizer: DiscreteVAE | None = None,
     source_run: str | None = None,
@@ -350,6 +360,7 @@ def export_model(
     meta = {
         "format_version": EXPORT_VERSION,
         "task": task,
+        "arch": arch,
         "architecture": architecture,
         "classes": classes,
         "input": to_dict(input_spec),
@@ -410,6 +421,7 @@ def export_run(run_path: Path | str, out: Path | str) -> Path:
         architecture=meta["architecture"],
         classes=meta["classes"],
         input_spec=from_dict(InputSpec, meta["input"]),
+        arch=meta["arch"],
         head_channels=meta["head_channels"],
         tokenizer=load_tokenizer(tokenizer_run) if tokenizer_run is not None else None,
         source_run=str(Path(run_path).resolve()),
