@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -310,7 +311,7 @@ def test_checkpoints_at_most_once_per_interval_and_always_after_the_last_epoch(t
 
 def test_a_run_started_before_a_setting_existed_resumes_with_its_default(tmp_path):
     """A run directory written before a setting existed lacks it in config.json: --resume takes it as the default it
-    ran with, and refuses another value."""
+    ran with, and refuses another value; its data folder named relative or absolute is the same folder."""
     cfg = config("finetune", "epochs=2")
     run = finetune.run(dataclasses.replace(cfg, epochs=1), tmp_path / "ft")
     (run.path / "result.json").unlink()
@@ -322,7 +323,17 @@ def test_a_run_started_before_a_setting_existed_resumes_with_its_default(tmp_pat
         finetune.run(
             dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, epoch_samples=7)), run.path, resume=True
         )
-    finetune.run(cfg, run.path, resume=True)
+    elsewhere = tmp_path / "data"
+    elsewhere.mkdir()
+    relative = os.path.relpath(elsewhere)  # the same folder named from here, as it was named when the run started
+    stored["config"]["data"]["path"] = relative
+    run.config_path.write_text(json.dumps(stored))
+    moved = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=str(elsewhere.resolve())))
+    with pytest.raises(RunError, match=r"differs in data.path"):  # the sim dataset takes no path: a real difference
+        finetune.run(
+            dataclasses.replace(moved, data=dataclasses.replace(moved.data, path=str(tmp_path))), run.path, resume=True
+        )
+    finetune.run(moved, run.path, resume=True)
     assert [r["epoch"] for r in RunDir(run.path).metrics()] == [0, 1]
 
 

@@ -147,7 +147,12 @@ def _check_same_config(
     new = json.loads(json.dumps(json_safe(config)))  # as it would be stored: lists for tuples, None for NaN
     if defaults is not None:
         stored = _filled(stored, json.loads(json.dumps(json_safe(defaults))))
-    differ = [key for key in _differences(stored, new) if key not in RESUME_MAY_CHANGE]
+    differ = [
+        key
+        for key in _differences(stored, new)
+        if key not in RESUME_MAY_CHANGE
+        and not (key in PATH_KEYS and _same_place(_value_at(stored, key), _value_at(new, key)))
+    ]
     if differ:
         shown = ", ".join(f"{k} ({_at(stored, k)!r} -> {_at(new, k)!r})" for k in differ[:4])
         more = f" and {len(differ) - 4} more" if len(differ) > 4 else ""
@@ -168,6 +173,19 @@ def _filled(stored: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+PATH_KEYS = ("data.path", "data.split_file")  # the same folder written relative or absolute is the same setting
+
+
+def _same_place(a: Any, b: Any) -> bool:
+    """Whether two stored paths name the same existing place from here (``../data`` and ``/work/data``)."""
+    if not (isinstance(a, str) and isinstance(b, str) and a and b):
+        return False
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):
+        return False
+
+
 def _differences(a: Any, b: Any, prefix: str = "") -> list[str]:
     """The dotted keys where the (nested) JSON objects ``a`` and ``b`` differ."""
     if not (isinstance(a, dict) and isinstance(b, dict)):
@@ -175,10 +193,16 @@ def _differences(a: Any, b: Any, prefix: str = "") -> list[str]:
     return [d for key in sorted(a.keys() | b.keys()) for d in _differences(a.get(key), b.get(key), f"{prefix}{key}.")]
 
 
-def _at(config: dict[str, Any], key: str) -> Any:
+def _value_at(config: dict[str, Any], key: str) -> Any:
     value: Any = config
     for part in key.split("."):
         value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def _at(config: dict[str, Any], key: str) -> Any:
+    """The value at ``key`` as an error message shows it (at most 60 characters)."""
+    value = _value_at(config, key)
     return value if len(repr(value)) <= 60 else f"{repr(value)[:57]}..."
 
 
