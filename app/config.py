@@ -1,55 +1,87 @@
 """What the app's commands do, as dataclasses: ``mem serve``, ``mem view`` and ``mem demo``.
 
-Light to import on purpose (no torch, Qt or ZMQ): the command line takes its option defaults from these fields.
+Each field with a ``Help`` is a command option (``app/cli/options.py``): its type, default, bounds and help are
+declared here once. Light to import on purpose (no torch, Qt or ZMQ): the command line reads these fields.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
-from mem_core.configuration import ConfigError, Interval, check_ranges
-from mem_core.limits import MAX_WINDOW_EVENTS, MAX_WINDOW_MS
+from mem_core.errors import ConfigError
+from mem_core.fields import (
+    AT_LEAST_1,
+    POSITIVE,
+    Help,
+    Speed,
+    TrainEpochs,
+    WindowEvents,
+    WindowMs,
+    check_fields,
+)
+from recorders.config import SIM_SOURCES, SPECS
+
+LABEL_EPOCHS = 150  # epochs of a run on the viewer's captures: `mem serve`'s Train and `mem train-labels`
 
 
 @dataclass(frozen=True)
 class ServeConfig:
     """Everything ``mem serve`` needs; ``control=None`` binds the control socket on the port after ``pub``."""
 
-    model: Path | None = None  # None: no model yet (sensor view, labelling and training only)
-    source: str = "sim"
-    tokenizer: Path | None = None
-    window: int | None = None  # events per window; None: the model's n_max
-    window_ms: float | None = None  # and no older than this before the newest event (None: the model's training
-    # samples' span where its export records one, else no limit; 0: no limit)
-    pub: str = "tcp://127.0.0.1:5557"
-    control: str | None = None
-    speed: float = 1.0  # replay / simulator speed (x real time)
-    loop: bool = True  # replay files in a loop
-    top_k: int = 5
-    threads: int = 1  # torch CPU threads for inference
-    device: str = "cpu"
-    stats_interval_s: float = 0.5
-    record_dir: Path = Path("recordings")
-    duration_s: float | None = None  # stop after this long (None: until interrupted)
+    model: Annotated[
+        Path | None,
+        Help(
+            "Export directory (mem export) or finetune/segment run. Without one the server streams the sensor "
+            "view for labelling (mem view: number keys capture, Train finetunes --pretrain on the captures)."
+        ),
+    ] = None
+    source: Annotated[str, Help(f"{SPECS} (a file is replayed, in a loop unless --no-loop). {SIM_SOURCES}")] = "sim"
+    tokenizer: Annotated[
+        Path | None,
+        Help("Tokenizer run or export for the token overlay (default: the one exported with the model)."),
+    ] = None
+    window: Annotated[
+        WindowEvents | None,
+        Help("Events per window (default: the model's n_max, 30000 for the paper's models; mem view can change it)."),
+    ] = None
+    window_ms: Annotated[
+        WindowMs | None,
+        Help(
+            "Also cap the window's time span (ms); 0: no cap. Default: the span of the model's training samples "
+            "where its export records one (100 for N-Cars, 50 for sim), else no cap."
+        ),
+    ] = None
+    pub: Annotated[str, Help("PUB endpoint to bind.")] = "tcp://127.0.0.1:5557"
+    control: Annotated[str | None, Help("Control (REP) endpoint to bind (default: the --pub port + 1).")] = None
+    speed: Annotated[Speed, Help("Replay / simulator speed (x real time); 0: as fast as possible.")] = 1.0
+    loop: Annotated[bool, Help("Replay a file in a loop.", flag="--loop/--no-loop")] = True
+    top_k: Annotated[int, AT_LEAST_1] = 5
+    threads: Annotated[int, AT_LEAST_1, Help("Torch CPU threads for inference.")] = 1
+    device: Annotated[str, Help("cpu or cuda[:N].")] = "cpu"
+    stats_interval_s: Annotated[float, POSITIVE] = 0.5
+    record_dir: Annotated[Path, Help("Corpus that record_start writes into (camera and sim sources).")] = Path(
+        "recordings"
+    )
+    duration_s: Annotated[float | None, POSITIVE, Help("Stop after S seconds.", flag="--duration")] = None
     # the label-a-few loop: captures go to ``labels`` (a labelled corpus), "Train" finetunes the pretraining run
     # ``pretrain`` (default: the one behind ``model``) on them into ``train_out``; ``watch``: load newer exports of
     # ``model`` as they appear
-    labels: Path = Path("labels")
-    classes: tuple[str, ...] = ()  # class names to label (default: the model's, else those already captured)
-    pretrain: Path | None = None
-    train_out: Path = Path("label-runs")
-    train_epochs: int = 150
-    watch: bool = False
+    labels: Annotated[Path, Help("Labelled corpus that the viewer's captures go into (created).")] = Path("labels")
+    classes: Annotated[
+        tuple[str, ...],
+        Help("Comma-separated class names to label (default: the model's, else those captured)."),
+    ] = ()
+    pretrain: Annotated[
+        Path | None, Help("Pretraining run that Train finetunes (default: the one behind --model).")
+    ] = None
+    train_out: Annotated[Path, Help("Where Train writes its runs and exports.")] = Path("label-runs")
+    train_epochs: Annotated[TrainEpochs, Help("Epochs of a Train run.")] = LABEL_EPOCHS
+    watch: Annotated[bool, Help("Load a newer export of --model when one appears (no restart).")] = False
 
     def __post_init__(self) -> None:
-        if self.window is not None and not 1 <= self.window <= MAX_WINDOW_EVENTS:
-            raise ConfigError(f"window must be 1 to {MAX_WINDOW_EVENTS:,} events, got {self.window}")
-        if self.window_ms is not None and self.window_ms not in Interval(0, MAX_WINDOW_MS):
-            raise ConfigError(f"window_ms must be 0 (no time limit) to {MAX_WINDOW_MS:g} ms, got {self.window_ms}")
-        check_ranges(
-            self, {"top_k": Interval(1), "train_epochs": Interval(1), "stats_interval_s": Interval(0, lo_open=True)}
-        )
+        check_fields(self)
         if self.classes:
             from mem_core.schema import SchemaError, class_names  # pydantic: imported only where classes are given
 
@@ -63,9 +95,33 @@ class ServeConfig:
 class ViewConfig:
     """``mem view`` options: where to connect, and an optional snapshot + exit for headless use."""
 
-    connect: str = "tcp://127.0.0.1:5557"
-    snapshot: Path | None = None
-    quit_after_s: float | None = None
+    connect: Annotated[str, Help("The server's PUB endpoint.")] = "tcp://127.0.0.1:5557"
+    snapshot: Annotated[Path | None, Help("Save the window as PNG (plus a .json of what it shows) when quitting.")] = (
+        None
+    )
+    quit_after_s: Annotated[float | None, POSITIVE, Help("Quit after S seconds.", flag="--quit-after")] = None
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True)
+class TrainLabelsConfig:
+    """``mem train-labels``: finetune the pretraining run ``init`` on the captures in ``labels`` into the run
+    ``out``, and export it to ``export`` (default: ``out/export``)."""
+
+    labels: Annotated[Path, Help("Labelled capture corpus (mem view's captures).")]
+    init: Annotated[Path, Help("Pretraining run to finetune (its model and input).")]
+    out: Annotated[Path, Help("Run directory to write.")]
+    export: Annotated[Path | None, Help("Export directory for mem serve (default: OUT/export).")] = None
+    epochs: Annotated[TrainEpochs, Help("Training epochs (tens of samples: a few steps each).")] = LABEL_EPOCHS
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+    @property
+    def export_dir(self) -> Path:
+        return self.export or self.out / "export"
 
 
 @dataclass(frozen=True)
@@ -73,14 +129,21 @@ class DemoConfig:
     """``mem demo``: where it writes, window or snapshots (None: snapshots when there is no display), fresh start,
     the labels of each finetuning run and the label seeds that draw them, finetuning runs at once."""
 
-    out: Path = Path("mem-demo")
-    headless: bool | None = None
-    fresh: bool = False
-    labels_per_class: int = 10
-    label_seeds: tuple[int, ...] = (0, 1, 2)
-    jobs: int = 2  # two single-threaded runs at once finish sooner on 2 cores than one run on both
+    out: Annotated[Path, Help("Where the demo writes everything.")] = Path("mem-demo")
+    headless: Annotated[
+        bool | None,
+        Help("Snapshots and a report instead of a window (default: no display).", flag="--headless/--window"),
+    ] = None
+    fresh: Annotated[bool, Help("Start over instead of reusing the last demo's work.")] = False
+    labels_per_class: Annotated[int, Help("Labelled samples per class in each finetuning run.")] = 10
+    label_seeds: Annotated[
+        tuple[int, ...],
+        Help("Comma-separated label seeds: each draws other labelled samples for both arms.", flag="--seeds"),
+    ] = (0, 1, 2)
+    # two single-threaded runs at once finish sooner on 2 cores than one run on both
+    jobs: Annotated[int, AT_LEAST_1, Help("Finetuning runs at once, each in its own process.")] = 2
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if not self.label_seeds or len(set(self.label_seeds)) != len(self.label_seeds):
             raise ConfigError(f"label seeds must be distinct and at least one, got {self.label_seeds}")
-        check_ranges(self, {"jobs": Interval(1)})

@@ -3,7 +3,8 @@
 A config is a (possibly nested) dataclass whose defaults are the only defaults there are. ``merge`` applies a
 (nested or dotted) table of values, ``apply_overrides`` the ``--set`` strings of the command line; every key is
 checked against the dataclass: an unknown key or a value of the wrong type (the field's annotation, checked by
-``mem_core.schema``) is a ``ConfigError`` that names the key.
+``mem_core.schema``) is a ``ConfigError`` that names the key, and so is a value outside the bounds the field declares
+(``mem_core.fields``: the dataclass checks them itself, however it is built).
 Which tables of a preset apply to which training stage is ``mem_core.train.configs.stage_config``'s business.
 """
 
@@ -11,60 +12,19 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
 import sys
 import tomllib
 import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
-from mem_core.errors import MemError
+from mem_core.errors import ConfigError
+from mem_core.fields import ConfigConflict, FieldError
 from mem_core.limits import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH
 
 T = TypeVar("T")
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
-
-
-class ConfigError(MemError, ValueError):
-    """A config key or value that does not fit the config's dataclass."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Interval:
-    """The values a numeric field may take: ``lo``/``hi`` (None = unbounded), each end closed unless ``*_open``."""
-
-    lo: float | None = None
-    hi: float | None = None
-    lo_open: bool = False
-    hi_open: bool = False
-
-    def __contains__(self, x: float) -> bool:
-        if not math.isfinite(x):
-            return False
-        above = self.lo is None or (x > self.lo if self.lo_open else x >= self.lo)
-        below = self.hi is None or (x < self.hi if self.hi_open else x <= self.hi)
-        return above and below
-
-    def __str__(self) -> str:
-        if self.hi is None:
-            return f"a number {'>' if self.lo_open else '>='} {_number(self.lo)}" if self.lo is not None else "finite"
-        left = ("(" if self.lo_open else "[") + ("-inf" if self.lo is None else _number(self.lo))
-        return f"in {left}, {_number(self.hi)}{')' if self.hi_open else ']'}"
-
-
-def _number(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
-
-
-def check_ranges(config: Any, ranges: dict[str, Interval], prefix: str = "") -> None:
-    """Raise a ``ConfigError`` naming the first field of ``config`` (a number, a tuple of numbers or None) that lies
-    outside its interval; ``prefix`` is the field's path in the stage config (``data.``)."""
-    for name, interval in ranges.items():
-        value = getattr(config, name)
-        values = value if isinstance(value, tuple | list) else (value,)
-        if any(v is not None and v not in interval for v in values):
-            raise ConfigError(f"{prefix}{name} must be {interval}, got {value!r}")
 
 
 def preset_names() -> list[str]:
@@ -188,6 +148,8 @@ def merge(config: T, values: dict[str, Any], prefix: str = "") -> T:
             changes[key] = _coerce(value, types_[key], f"{prefix}{key}")
     try:
         return dataclasses.replace(config, **changes)
+    except FieldError as exc:  # the nested config's own check names its field; the path to it is known here
+        raise exc.under(prefix) from None
     except ZeroDivisionError:  # a 0 that a __post_init__ divides by (num_heads, patch_size) before its range check
         raise ConfigError(
             f"{', '.join(prefix + key for key in changes)}: must not be 0 (the config divides by it)"
@@ -236,6 +198,8 @@ def apply_overrides(config: T, overrides: list[str] | tuple[str, ...]) -> T:
         waiting.pop(key, None)
         try:
             config = merge(config, {key: value})
+        except ConfigConflict:  # inconsistent with the other fields as they stand: maybe not once all are in
+            waiting[key] = (value, text)
         except ConfigError:
             if raw == value:
                 raise
@@ -243,7 +207,7 @@ def apply_overrides(config: T, overrides: list[str] | tuple[str, ...]) -> T:
                 config = merge(config, {key: raw})
             except ConfigError:
                 raise ConfigError(f"--set {text}: " + str(_override_error(config, key, value))) from None
-        except ValueError:  # inconsistent with the other fields as they stand: maybe not once all are in
+        except ValueError:  # a model config's own consistency check (``ViTConfig``): as a ConfigConflict
             waiting[key] = (value, text)
     if waiting:
         try:

@@ -8,6 +8,10 @@ class MemError(Exception):
     """A user-facing error: the message names the file or value and what is wrong."""
 
 
+class ConfigError(MemError, ValueError):
+    """A config key or value that does not fit the config's dataclass."""
+
+
 class RunError(MemError, RuntimeError):
     """A run or export directory that cannot be used: missing, incomplete, malformed or from another stage."""
 

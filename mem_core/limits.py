@@ -24,6 +24,12 @@ MAX_SYNTHETIC_MEV_S = 1000.0  # rate of the synthetic load-test source (the fast
 # --------------------------------------------------------------------------------------------------- the wire
 
 MAX_HEADER_BYTES = 1 << 20  # a message's JSON header
+MAX_JSON_DEPTH = 16  # nesting of a header (the deepest the server writes is 4: a reply's state.source.replay)
+MAX_BUFFERS = 16  # raw frames after the header
+MAX_NDIM = 8  # dimensions of one buffer
+MAX_ELEMENTS = 1 << 40  # product of a buffer's non-zero sizes (an empty buffer could otherwise declare any shape)
+MAX_SEQ = (1 << 63) - 1  # a message's sequence number
+MAX_IPC_PATH = 107  # bytes of a Unix socket path (ipc:// endpoints)
 MAX_TEXT = 1024  # characters of a free text field: a path, an error message, a session name
 MAX_IMAGE_SIDE = 2048  # px of a picture the viewer draws: the model input, a mask, a token grid, the sensor view
 MAX_NUM_TOKENS = 1 << 16  # codebook size a token grid may declare (the paper's dVAE has 8192)
@@ -43,6 +49,13 @@ MAX_CLASS_NAME = ((MAX_HEADER_BYTES - HEADER_RESERVE) // MAX_CLASSES - NAME_COPI
     NAME_COPIES * CHAR_BYTES
 )
 MAX_LABEL_NAMES = 2 * MAX_CLASSES  # names offered for labelling: a model's classes and the labels corpus's own
+MAX_LABEL = MAX_CLASS_NAME  # a captured window's label becomes a class name of the labels corpus
+
+# ------------------------------------------------------------------------------------------ live control
+
+MAX_SPEED = 1000.0  # replay and simulator speed, x real time
+MAX_SEEK_S = 1e9  # a replay position (31 years): in microseconds it stays a 64-bit integer
+MAX_TRAIN_EPOCHS = 10_000  # epochs of a run on labelled captures (tens of samples: 150 is the default)
 
 # ------------------------------------------------------------------------------------------------------ models
 
@@ -83,7 +96,7 @@ MAX_CHECKPOINT_BYTES = 4 * MAX_WEIGHTS_BYTES
 # beyond these is dropped, frame by frame, as it is read.
 MAX_CONTROL_FRAMES = 2  # a control request: topic and header
 MAX_CONTROL_BYTES = 2 * MAX_HEADER_BYTES
-MAX_EVENTS_FRAMES = 2 + 16  # an events message: topic, header and up to protocol.MAX_BUFFERS columns
+MAX_EVENTS_FRAMES = 2 + MAX_BUFFERS  # an events message: topic, header and its columns
 # Decoded events the ``tcp://`` source holds for its consumer (~10 M events, 0.3 s of a 30 Mev/s camera): a batch
 # arriving beyond it is dropped and counted. ZMQ's queue counts messages only: 1000 large ones held 0.9 GB.
 MAX_EVENT_QUEUE_BYTES = 128 << 20

@@ -34,16 +34,25 @@ from typing_extensions import TypedDict  # pydantic reads typing.TypedDict only 
 
 from mem_core.errors import MemError
 from mem_core.events import EVENT_DTYPE, SensorSize, validate_events
+from mem_core.fields import Speed, TrainEpochs, WindowEvents, WindowMs
 from mem_core.limits import (
+    MAX_BUFFERS,
     MAX_CLASS_NAME,
     MAX_CLASSES,
+    MAX_ELEMENTS,
     MAX_HEADER_BYTES,
     MAX_IMAGE_SIDE,
+    MAX_IPC_PATH,
+    MAX_JSON_DEPTH,
+    MAX_LABEL,
+    MAX_NDIM,
     MAX_NUM_TOKENS,
+    MAX_SEEK_S,
     MAX_SENSOR_SIDE,
+    MAX_SEQ,
+    MAX_SPEED,
     MAX_TEXT,
-    MAX_WINDOW_EVENTS,
-    MAX_WINDOW_MS,
+    MAX_TRAIN_EPOCHS,
 )
 from mem_core.schema import (
     ClassName,
@@ -60,14 +69,19 @@ from mem_core.schema import (
 
 PROTOCOL_VERSION = 1
 TOPICS = ("events", "sensor", "hist", "tokens", "pred", "stats", "control")
-MAX_BUFFERS = 16
-# Limits on what a message may declare, so that a few bytes can never ask a receiver for gigabytes:
-MAX_JSON_DEPTH = 16  # nesting of the header (the deepest the server writes is 4: a reply's state.source.replay)
-MAX_NDIM = 8
-MAX_ELEMENTS = 1 << 40  # product of a buffer's non-zero sizes (an empty buffer could otherwise declare any shape)
-MAX_SEQ = (1 << 63) - 1
-MAX_IPC_PATH = 107  # bytes of a Unix socket path
-MAX_LABEL = MAX_CLASS_NAME  # a captured window's label becomes a class name of the labels corpus
+__all__ = [  # the limits a receiver holds a message to live in mem_core/limits.py; these names stay importable here
+    "MAX_BUFFERS",
+    "MAX_CLASS_NAME",
+    "MAX_ELEMENTS",
+    "MAX_IPC_PATH",
+    "MAX_JSON_DEPTH",
+    "MAX_LABEL",
+    "MAX_NDIM",
+    "MAX_SEEK_S",
+    "MAX_SEQ",
+    "MAX_SPEED",
+    "MAX_TRAIN_EPOCHS",
+]
 
 _DTYPES = {  # accepted dtype strings: NumPy's ``dtype.str`` (what ``encode`` writes) and ``dtype.name``
     name: dtype
@@ -89,8 +103,6 @@ def _ints(lo: int, hi: int) -> Any:
 
 Side = _ints(0, MAX_SENSOR_SIDE)
 ImageSide = _ints(1, MAX_IMAGE_SIDE)
-WindowEvents = _ints(1, MAX_WINDOW_EVENTS)
-WindowMs = _between(0.0, MAX_WINDOW_MS, lo_open=True)
 
 
 class ProtocolError(MemError, ValueError):
@@ -630,9 +642,6 @@ CONTROL_COMMANDS = (
     "undo_capture",
     "train",
 )
-MAX_TRAIN_EPOCHS = 10_000
-MAX_SPEED = 1000.0
-MAX_SEEK_S = 1e9  # 31 years: a position in microseconds stays a 64-bit integer
 
 
 def _recording_name(name: str) -> str:
@@ -642,7 +651,7 @@ def _recording_name(name: str) -> str:
 
 
 class _Speed(TypedDict):
-    value: _between(0.0, MAX_SPEED, lo_open=True)
+    value: Speed
 
 
 class _Seek(TypedDict):
@@ -664,7 +673,7 @@ class _Capture(TypedDict, total=False):
 
 
 class _Train(TypedDict, total=False):
-    epochs: _ints(1, MAX_TRAIN_EPOCHS) | None
+    epochs: TrainEpochs | None
     classes: LabelNames | None  # the classes the client offers: each needs its captures before a run starts
 
 
@@ -686,9 +695,10 @@ def encode_control(seq: int, command: str, **args: Any) -> list[bytes]:
 def decode_control(message: Message) -> tuple[str, dict[str, Any]]:
     """The command and its checked arguments of a ``control`` request; ``ProtocolError`` names what is wrong.
 
-    ``speed`` needs ``value`` in (0, MAX_SPEED]; ``seek`` needs ``position_s`` in [0, MAX_SEEK_S] (seconds from
-    the start of the file); ``window`` needs ``events`` in [1, MAX_WINDOW_EVENTS] and takes ``ms`` in
-    (0, MAX_WINDOW_MS] or null (no time limit); ``record_start`` takes an optional ``name``; ``capture`` needs a
+    ``speed`` needs ``value`` in [0, MAX_SPEED] (``fields.Speed``: 0 as fast as possible); ``seek`` needs
+    ``position_s`` in [0, MAX_SEEK_S] (seconds from the start of the file); ``window`` needs ``events``
+    (``fields.WindowEvents``) and takes ``ms`` (``fields.WindowMs``) or null, 0 or null meaning no time limit (the
+    reply has null); ``record_start`` takes an optional ``name``; ``capture`` needs a
     class name ``label`` (1 to MAX_LABEL printable characters, not only spaces) and takes the ``frame`` id of the
     window to capture (default: the newest); ``train`` takes ``epochs`` in [1, MAX_TRAIN_EPOCHS] and the ``classes``
     the client offers for labelling (class names, in their NFC spelling as every class name); the other commands
@@ -712,7 +722,7 @@ def decode_control(message: Message) -> tuple[str, dict[str, Any]]:
             )
         raise ProtocolError("control", f"{command}: {reason}") from None
     if command == "window":
-        args.setdefault("ms", None)
+        args["ms"] = args.get("ms") or None  # 0: no time limit, as `mem serve --window-ms 0` says
     return command, {key: value for key, value in args.items() if value is not None or key == "ms"}
 
 

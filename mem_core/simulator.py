@@ -18,12 +18,14 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
+from typing import Annotated
 
 import numba
 import numpy as np
 
-from mem_core.configuration import ConfigError, Interval, check_ranges
+from mem_core.errors import ConfigError
 from mem_core.events import EVENT_DTYPE, SensorSize, sensor_problem
+from mem_core.fields import AT_LEAST_0, POSITIVE, ConfigConflict, Range, check_fields
 from mem_core.limits import MAX_SIM_OBJECTS, is_int
 
 SHAPES: tuple[str, ...] = ("disc", "square", "triangle", "cross", "ring")
@@ -32,6 +34,8 @@ DEFAULT_SENSOR = SensorSize(128, 128)
 # Pixel thresholds drawn below this fraction of the nominal threshold are clipped (a zero threshold never settles).
 _MIN_THRESHOLD_FRACTION = 0.2
 _NEVER_US = -(2**62)
+NonNegative = Annotated[float, AT_LEAST_0]
+Positive = Annotated[float, POSITIVE]
 
 
 @dataclass(frozen=True)
@@ -40,17 +44,18 @@ class SimulatorConfig:
 
     sensor: SensorSize = DEFAULT_SENSOR
     classes: tuple[str, ...] = SHAPES
-    n_objects: int = 2
-    size_range: tuple[float, float] = (0.1, 0.2)  # object radius as a fraction of the shorter sensor side
-    speed_range: tuple[float, float] = (60.0, 240.0)  # px/s
-    max_angular_speed: float = 3.0  # rad/s
-    contrast_threshold: float = 0.2  # log-intensity change per event
-    threshold_sigma: float = 0.03  # per-pixel threshold mismatch (std)
-    refractory_us: int = 100
-    noise_rate_hz: float = 0.1  # background events per pixel per second
-    step_us: int = 1000  # render interval; events in between are interpolated
-    texture: float = 0.3  # log-intensity std of background/object textures; 0 = flat
-    scene_us: int = 0  # cut to new objects (classes and poses) every scene_us; 0 = one scene forever
+    n_objects: Annotated[int, Range(0, MAX_SIM_OBJECTS)] = 2
+    size_range: tuple[Positive, Positive] = (0.1, 0.2)  # object radius as a fraction of the shorter sensor side
+    speed_range: tuple[NonNegative, NonNegative] = (60.0, 240.0)  # px/s
+    max_angular_speed: NonNegative = 3.0  # rad/s
+    contrast_threshold: Positive = 0.2  # log-intensity change per event
+    threshold_sigma: NonNegative = 0.03  # per-pixel threshold mismatch (std)
+    refractory_us: Annotated[int, AT_LEAST_0] = 100
+    noise_rate_hz: NonNegative = 0.1  # background events per pixel per second
+    step_us: Annotated[int, Range(1)] = 1000  # render interval; events in between are interpolated
+    texture: NonNegative = 0.3  # log-intensity std of background/object textures; 0 = flat
+    # cut to new objects (classes and poses) every scene_us; 0 = one scene forever
+    scene_us: Annotated[int, AT_LEAST_0] = 0
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -66,27 +71,11 @@ class SimulatorConfig:
             value = getattr(self, name)
             if not (is_int(value) or isinstance(value, np.integer)):
                 raise ConfigError(f"{name} must be an integer, got {value!r}")
-        check_ranges(self, SIMULATOR_RANGES)
+        check_fields(self)
         for name in ("size_range", "speed_range"):
             low, high = getattr(self, name)
             if low > high:
-                raise ConfigError(f"{name} must be (low, high) with low <= high, got {getattr(self, name)}")
-
-
-# Every number of a simulator config (one may come from a corpus's metadata): a value outside is a ConfigError.
-SIMULATOR_RANGES = {
-    "n_objects": Interval(0, MAX_SIM_OBJECTS),
-    "size_range": Interval(0, lo_open=True),
-    "speed_range": Interval(0),
-    "max_angular_speed": Interval(0),
-    "contrast_threshold": Interval(0, lo_open=True),
-    "threshold_sigma": Interval(0),
-    "refractory_us": Interval(0),
-    "noise_rate_hz": Interval(0),
-    "step_us": Interval(1),
-    "texture": Interval(0),
-    "scene_us": Interval(0),
-}
+                raise ConfigConflict(f"{name} must be (low, high) with low <= high, got {getattr(self, name)}")
 
 
 def fast_config(seed: int = 0) -> SimulatorConfig:

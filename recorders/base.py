@@ -18,6 +18,7 @@ import numpy as np
 
 from mem_core.errors import MemError
 from mem_core.events import EVENT_DTYPE, SensorSize
+from mem_core.fields import Speed, check_value
 
 HEARTBEAT_S = 0.05  # longest a paused or waiting source stays silent
 
@@ -51,13 +52,20 @@ class LiveSource(Closing, ABC):
 
 
 class Pacer:
-    """Sleeps so that event time advances at ``speed`` times wall-clock time; ``speed`` 0 means no waiting."""
+    """Sleeps so that event time advances at ``speed`` times wall-clock time (``fields.Speed``: a ``FieldError``
+    outside it); ``speed`` 0 means no waiting."""
 
     def __init__(self, speed: float) -> None:
-        if speed < 0:
-            raise ValueError(f"speed must be >= 0 (0 = as fast as possible), got {speed}")
         self.speed = speed
         self._anchor: tuple[int, float] | None = None  # (event time, wall time) that pacing counts from
+
+    @property
+    def speed(self) -> float:
+        return self._speed
+
+    @speed.setter
+    def speed(self, value: float) -> None:
+        self._speed = check_value("speed", value, Speed)
 
     def reset(self) -> None:
         """Forget the anchor (after a pause, seek or speed change): the next ``wait`` starts a new timeline."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import tracemalloc
 
 import numpy as np
@@ -136,7 +137,7 @@ def test_control_requests_round_trip_and_are_checked():
     for command, args, reason in (
         ("explode", {}, "unknown control command"),
         ("speed", {}, "value"),
-        ("speed", {"value": 0}, "speed: value: must be greater than 0"),
+        ("speed", {"value": -1.0}, "speed: value: must be in [0, 1000], got -1.0"),
         ("speed", {"value": True}, "number"),
         ("seek", {"position_s": -1.0}, "seek: position_s: must be greater than or equal to 0"),
         (
@@ -148,12 +149,12 @@ def test_control_requests_round_trip_and_are_checked():
         ("window", {"ms": 50.0}, "window: events"),
         ("window", {"events": 0}, "window: events"),
         ("window", {"events": 10**7}, "window: events"),  # a ring of 150 MB
-        ("window", {"events": 5000, "ms": 0}, "window: ms"),
+        ("window", {"events": 5000, "ms": -1.0}, "window: ms"),
         ("window", {"events": 5000, "ms": 1e6}, "window: ms"),
         ("window", {"events": 5000.5}, "window: events"),
         ("train", {"classes": ["disc", 3]}, "train: classes.1: expected a string"),
     ):
-        with pytest.raises(ProtocolError, match=reason):
+        with pytest.raises(ProtocolError, match=re.escape(reason)):
             decode_control(decode(encode_control(0, command, **args)))
 
 

@@ -1,5 +1,4 @@
-"""``mem demo``: the whole product on the simulated camera. Each option is a field of ``DemoConfig`` (its type and
-default) with its flag and help declared here."""
+"""``mem demo``: the whole product on the simulated camera. Each option is a field of ``DemoConfig``."""
 
 from __future__ import annotations
 
@@ -8,19 +7,8 @@ import typer
 from app.cli.options import comma_separated, with_options
 from app.config import DemoConfig
 
-DEMO_OPTIONS = {
-    "out": typer.Option("--out", help="Where the demo writes everything."),
-    "headless": typer.Option(
-        "--headless/--window", help="Snapshots and a report instead of a window (default: no display)."
-    ),
-    "fresh": typer.Option("--fresh", help="Start over instead of reusing the last demo's work."),
-    "labels_per_class": typer.Option("--labels-per-class", help="Labelled samples per class in each finetuning run."),
-    "label_seeds": comma_separated(
-        typer.Option("--seeds", help="Comma-separated label seeds: each draws other labelled samples for both arms."),
-        int,
-    ),
-    "jobs": typer.Option("--jobs", help="Finetuning runs at once, each in its own process."),
-}
+# the fields given in another form on the command line; every other option is a field's own (``app.config``)
+DEMO_OPTIONS = {"label_seeds": comma_separated(typer.Option("--seeds"), int)}
 
 
 @with_options(config=DEMO_OPTIONS)

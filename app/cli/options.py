@@ -1,8 +1,9 @@
 """Option types the ``mem`` commands share, option groups that build a command's config, and the one way the commands
 report a usage error.
 
-An option is declared once: a config dataclass holds its type and default, the command module its flag and help
-(``with_options``), and the command receives the dataclass built from the options.
+An option is declared once, as a field of a config dataclass: its type, default, bounds and help (``Help`` and
+``Range`` of ``mem_core.fields``); ``with_options`` makes the fields the command's options and hands the command the
+dataclass built from them. A command module only says how a field is given in another form (``Converted``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import typer
 from typer.core import TyperGroup
 from typer.models import OptionInfo, ParameterInfo
 
+from mem_core.fields import help_of
+
 DatasetOpt = Annotated[
     str,
     typer.Option("--dataset", help="Dataset name: ncars, nmnist, ncaltech101, nimagenet, dsec-semantic, corpus, sim."),
@@ -34,7 +37,6 @@ ConfigOpt = Annotated[
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a config field: key=value (repeatable).")]
 ResumeOpt = Annotated[bool, typer.Option("--resume", help="Continue an interrupted run in --out.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (the last line of stdout).")]
-SIM_SOURCES = "sim: the sim dataset's 128 x 128 camera; sim:fast: a 640 x 480 load test (about 100 Mev/s)."
 
 
 class PlainHelp(TyperGroup):
@@ -131,10 +133,10 @@ class _Field(typing.NamedTuple):
 def with_options(**declared: Mapping[str, ParameterInfo | Converted]) -> Callable[[Callable], Callable]:
     """Make a typer command of a function whose dataclass-typed parameters are built from options.
 
-    Each parameter annotated with a dataclass becomes options in its place: one for each field named in
-    ``declared[parameter]`` (in that order, with the option or ``Converted`` given there), then one for each other
-    field annotated with a typer option. An option takes its field's type and default, and its name from its first
-    flag; the function receives the dataclass built from the options' values. Other parameters stay as they are.
+    Each parameter annotated with a dataclass becomes options in its place, one for each field that is an option
+    (``_options``; ``declared[parameter]`` gives a field's option or ``Converted`` form). An option takes its
+    field's type, default and help, and its name from its first flag; the function receives the dataclass built
+    from the options' values (whose ``__post_init__`` checks their bounds). Other parameters stay as they are.
     """
 
     def decorate(func: Callable) -> Callable:
@@ -164,20 +166,25 @@ def with_options(**declared: Mapping[str, ParameterInfo | Converted]) -> Callabl
 
 
 def _options(cls: type, declared: Mapping[str, ParameterInfo | Converted]) -> list[tuple[inspect.Parameter, _Field]]:
-    """The options of dataclass ``cls``'s fields: the ``declared`` ones, then the others annotated with an option."""
+    """The options of dataclass ``cls``'s fields, in field order: each one ``declared``, annotated with a typer
+    option, or declared an option by its ``Help`` (``mem_core.fields``), which also gives an option its help."""
     types = typing.get_type_hints(cls)
-    specs = dict(declared)
-    for name, hint in typing.get_type_hints(cls, include_extras=True).items():
-        infos = [m for m in getattr(hint, "__metadata__", ()) if isinstance(m, ParameterInfo)]
-        if infos and name not in specs:
-            specs[name] = infos[0]
-    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls, include_extras=True)
     options = []
-    for name, spec in specs.items():
+    for field in dataclasses.fields(cls):
+        name, about = field.name, help_of(cls, field.name)
+        infos = [m for m in getattr(hints[name], "__metadata__", ()) if isinstance(m, ParameterInfo)]
+        spec = declared.get(name) or (infos[0] if infos else None)
+        if spec is None and about is not None:
+            spec = typer.Option(about.flag or f"--{name.replace('_', '-')}")
+        if spec is None:
+            continue
         converted = spec if isinstance(spec, Converted) else None
         info = converted.option if converted else spec
+        if info.help is None and about is not None:
+            info.help = about.text
         flag = info.default.split("/")[0] if isinstance(info, OptionInfo) else name  # Option("--flag", ...)
-        default = defaults[name]
+        default = field.default
         if default is dataclasses.MISSING:
             default = inspect.Parameter.empty
         elif converted:
@@ -186,4 +193,7 @@ def _options(cls: type, declared: Mapping[str, ParameterInfo | Converted]) -> li
         option = flag.lstrip("-").replace("-", "_")
         parameter = inspect.Parameter(option, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default)
         options.append((parameter, _Field(name, converted.to_field if converted else None, flag)))
+    unknown = sorted(set(declared) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+        raise TypeError(f"{cls.__name__} has no field(s) {', '.join(unknown)}")
     return options

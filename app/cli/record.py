@@ -1,5 +1,4 @@
-"""``mem record`` and ``mem ingest``: events in. Each option of ``record`` and ``ingest`` is a field of
-``RecordConfig`` / ``IngestConfig`` (its type and default) with its flag and help declared here."""
+"""``mem record`` and ``mem ingest``: events in. Each option is a field of ``RecordConfig`` / ``IngestConfig``."""
 
 from __future__ import annotations
 
@@ -8,51 +7,14 @@ from typing import Annotated
 
 import typer
 
-from app.cli.options import SIM_SOURCES, Converted, fail, with_options
-from recorders.config import SPECS, IngestConfig, RecordConfig
+from app.cli.options import Converted, fail, with_options
+from recorders.config import IngestConfig, RecordConfig
 
 MB = 1 << 20
-MIN_FREE = Converted(
-    typer.Option("--min-free-mb", help="Stop before the disk has less than this free."),
-    float,
-    lambda mb: int(mb * MB),
-    lambda size: size / MB,
-)
-RECORD_OPTIONS = {
-    "source": typer.Option("--source", help=f"{SPECS} (a file is replayed). {SIM_SOURCES}"),
-    "out": typer.Option("--out", help="Corpus directory (created, or appended to)."),
-    "duration_s": typer.Option(
-        "--duration",
-        help="Stop after this many seconds of the source's time (its events' clock): with --speed 0 a file or the "
-        "simulator records that much of its time however fast it runs; a camera's time is the wall clock's.",
-    ),
-    "segment_minutes": typer.Option("--segment-minutes", help="Start a new segment (shard) every M minutes."),
-    "publish": typer.Option("--publish", help="Also publish the events over ZMQ: tcp://127.0.0.1:PORT or PORT."),
-    "name": typer.Option("--name", help="Session name (default: <kind>-<UTC time>)."),
-    "speed": typer.Option("--speed", help="File replay / simulator speed: 1 = real time, 0 = as fast as possible."),
-    "loop": typer.Option("--loop", help="Replay the file over and over."),
-    "min_free_bytes": MIN_FREE,
-}
-INGEST_OPTIONS = {
-    "paths": Converted(
-        typer.Argument(
-            help="Event files, folders (searched recursively) or corpora (each recording kept with its label)."
-        ),
-        list[Path],
-        tuple,
-        list,
-    ),
-    "out": typer.Option("--out", help="Corpus directory (created, or appended to)."),
-    "dataset": typer.Option(
-        "--dataset", help="Read PATHS as this dataset's layout and keep labels: ncars, nmnist, ..."
-    ),
-    "workers": typer.Option("--workers", help="Reader processes (1 = read in this process)."),
-    "min_free_bytes": MIN_FREE,
-    "follow_links": typer.Option(
-        "--follow-links",
-        help="Also read HDF5 data a file keeps elsewhere (soft and external links, external storage, virtual datasets), refused by default: such a file can name any file on the machine.",
-    ),
-}
+# the fields given in another form on the command line; every other option is a field's own (``recorders.config``)
+MIN_FREE = Converted(typer.Option("--min-free-mb"), float, lambda mb: int(mb * MB), lambda size: size / MB)
+RECORD_OPTIONS = {"min_free_bytes": MIN_FREE}
+INGEST_OPTIONS = {"paths": Converted(typer.Argument(), list[Path], tuple, list), "min_free_bytes": MIN_FREE}
 
 
 @with_options(config=RECORD_OPTIONS)

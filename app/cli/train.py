@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from app.cli.options import ConfigOpt, DataOpt, DatasetOpt, OutOpt, PresetOpt, ResumeOpt, SetOpt, fail, with_options
+from app.config import TrainLabelsConfig
 from mem_core.train.experiment import STAGE_OVERRIDES, LabelEfficiencyConfig
 
 InitOpt = Annotated[Path | None, typer.Option("--init", help="Pretraining run to start from (default: scratch).")]
@@ -101,23 +102,16 @@ def finetune(
     typer.echo((result.path / "result.json").read_text() if (result.path / "result.json").exists() else "")
 
 
-def train_labels(
-    labels: Annotated[Path, typer.Option("--labels", help="Labelled capture corpus (mem view's captures).")],
-    init: Annotated[Path, typer.Option("--init", help="Pretraining run to finetune (its model and input).")],
-    out: OutOpt,
-    export: Annotated[
-        Path | None, typer.Option("--export", help="Export directory for mem serve (default: OUT/export).")
-    ] = None,
-    epochs: Annotated[int, typer.Option("--epochs", help="Training epochs (tens of samples: a few steps each).")] = 150,
-    set_: SetOpt = None,
-) -> None:
+@with_options()
+def train_labels(config: TrainLabelsConfig, set_: SetOpt = None) -> None:
     """Finetune a pretraining run on a few labelled captures and export it (what the viewer's Train runs)."""
     from mem_core.train.captures import train_captures
 
-    result = train_captures(labels, init, out, export or out / "export", epochs=epochs, overrides=set_ or [])
+    export = config.export_dir
+    result = train_captures(config.labels, config.init, config.out, export, epochs=config.epochs, overrides=set_ or [])
     typer.echo(
         f"held-out captures: top-1 {result['top1']:.3f} on {result['n']} ({', '.join(result['classes'])}); "
-        f"exported to {export or out / 'export'}"
+        f"exported to {export}"
     )
 
 

@@ -15,7 +15,8 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6 import QtCore, QtGui, QtWidgets
 
-from mem_core.protocol import MAX_WINDOW_EVENTS, MAX_WINDOW_MS, SensorView
+from mem_core.limits import MAX_WINDOW_EVENTS, MAX_WINDOW_MS
+from mem_core.protocol import SensorView
 from mem_core.visualize import POLARITY_RGBX, label_palette, polarity_index
 
 pg.setConfigOptions(imageAxisOrder="row-major", antialias=True, background="#16181d", foreground="#c8ccd4")

@@ -1,9 +1,10 @@
-"""The sizes a model and its input may have: every training config and every export is checked against them, so a
-typo such as ``depth=100000`` is an error naming the key, not an allocation until the machine runs out of memory."""
+"""The sizes a model may have: every training config and every export is checked against them, so a typo such as
+``depth=100000`` is an error naming the key, not an allocation until the machine runs out of memory."""
 
 from __future__ import annotations
 
-from mem_core.configuration import ConfigError, Interval, check_ranges
+from mem_core.errors import ConfigError
+from mem_core.fields import AT_LEAST_0, FRACTION, Range, check_value, ranges_of
 from mem_core.limits import (
     MAX_CHANNELS,
     MAX_DEPTH,
@@ -12,50 +13,44 @@ from mem_core.limits import (
     MAX_NUM_TOKENS,
     MAX_PARAMETERS,
     MAX_PATCHES,
-    MAX_TEMPORAL_BINS,
     MAX_WIDTH,
-    MAX_WINDOW_EVENTS,
 )
 from mem_core.models.tokenizer import MAX_LAYERS, TokenizerConfig
 from mem_core.models.vit import ViTConfig
 
-FRACTION, AT_LEAST_0 = Interval(0, 1, hi_open=True), Interval(0)
-
-# generous for the paper's ViT-B/16 (the bounds are in mem_core/limits.py)
-SIDE, WIDTH = Interval(1, MAX_INPUT_SIDE), Interval(1, MAX_WIDTH)
-VIT_RANGES = {
-    "img_size": SIDE,
-    "patch_size": SIDE,
-    "in_chans": Interval(1, MAX_CHANNELS),
-    "embed_dim": WIDTH,
-    "depth": Interval(1, MAX_DEPTH),
-    "num_heads": WIDTH,
-    "mlp_ratio": Interval(0, MAX_MLP_RATIO, lo_open=True),
-    "drop_path": FRACTION,
-    "layer_scale_init": AT_LEAST_0,
-}
-TOKENIZER_RANGES = {
-    "in_chans": Interval(1, MAX_CHANNELS),
-    "img_size": SIDE,
-    "num_tokens": Interval(2, MAX_NUM_TOKENS),  # the diversity term divides by log(num_tokens)
-    "codebook_dim": WIDTH,
-    "num_layers": Interval(1, MAX_LAYERS),
-    "hidden_dim": WIDTH,
-    "num_resnet_blocks": Interval(0, MAX_DEPTH),
-}
-INPUT_RANGES = {
-    "n_max": Interval(1, MAX_WINDOW_EVENTS),  # the live server serves a model on windows of n_max events
-    "size": SIDE,
-    "resize_to": SIDE,
-    "temporal_bins": Interval(1, MAX_TEMPORAL_BINS),
-}
+# The architectures' bounds, for dataclasses that live beside their models (generous for the paper's ViT-B/16; the
+# limits are in mem_core/limits.py). The input's bounds are on ``InputSpec``'s fields.
+SIDE, WIDTH = Range(1, MAX_INPUT_SIDE), Range(1, MAX_WIDTH)
+VIT_RANGES = ranges_of(
+    ViTConfig,
+    img_size=SIDE,
+    patch_size=SIDE,
+    in_chans=Range(1, MAX_CHANNELS),
+    embed_dim=WIDTH,
+    depth=Range(1, MAX_DEPTH),
+    num_heads=WIDTH,
+    mlp_ratio=Range(0, MAX_MLP_RATIO, lo_open=True),
+    drop_path=FRACTION,
+    layer_scale_init=AT_LEAST_0,
+)
+TOKENIZER_RANGES = ranges_of(
+    TokenizerConfig,
+    in_chans=Range(1, MAX_CHANNELS),
+    img_size=SIDE,
+    num_tokens=Range(2, MAX_NUM_TOKENS),  # the diversity term divides by log(num_tokens)
+    codebook_dim=WIDTH,
+    num_layers=Range(1, MAX_LAYERS),
+    hidden_dim=WIDTH,
+    num_resnet_blocks=Range(0, MAX_DEPTH),
+)
 
 
 def check_model_sizes(model: ViTConfig | TokenizerConfig, prefix: str = "model.") -> None:
     """Raise a ``ConfigError`` naming the key unless every size of ``model`` lies in its range (``VIT_RANGES``,
     ``TOKENIZER_RANGES``), its grid has at most ``MAX_PATCHES`` cells and it holds at most ``MAX_PARAMETERS``."""
     vit = isinstance(model, ViTConfig)
-    check_ranges(model, VIT_RANGES if vit else TOKENIZER_RANGES, prefix)
+    for name, bound in (VIT_RANGES if vit else TOKENIZER_RANGES).items():
+        check_value(prefix + name, getattr(model, name), bound)
     rows, cols = model.grid_size
     if rows * cols > MAX_PATCHES:
         raise ConfigError(

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 from mem_core.augment import MAX_MAGNITUDE
+from mem_core.errors import ConfigError
+from mem_core.fields import AT_LEAST_0, POSITIVE, PROBABILITY, ConfigConflict, Range, WindowEvents, check_fields
+from mem_core.limits import MAX_INPUT_SIDE, MAX_TEMPORAL_BINS
 
 Channels = Literal["hist", "temporal", "timestamp"]
 CHANNELS: tuple[str, ...] = ("hist", "temporal", "timestamp")
@@ -17,14 +19,16 @@ SCALES: tuple[str, ...] = ("linear", "log")
 Crop = Literal["sensor", "extent"]
 CROPS: tuple[str, ...] = ("sensor", "extent")
 LOG_GAIN = 50.0  # default gain of the log scale (``log_scale``)
+Side = Annotated[int, Range(1, MAX_INPUT_SIDE)]  # px of the model input (the viewer draws it at this size)
+Probability = Annotated[float, PROBABILITY]
 
 
 def n_channels(channels: str, bins: int) -> int:
     """Channels of a histogram kind: 2 (OFF, ON), 2 per time bin, or 3 (OFF, ON, newest timestamp)."""
     if channels not in CHANNELS:
-        raise ValueError(f"unknown histogram channels {channels!r}; expected one of {CHANNELS}")
+        raise ConfigError(f"unknown histogram channels {channels!r}; expected one of {CHANNELS}")
     if bins < 1:
-        raise ValueError(f"temporal bins must be >= 1, got {bins}")
+        raise ConfigError(f"temporal bins must be >= 1, got {bins}")
     return {"hist": 2, "temporal": 2 * bins, "timestamp": 3}[channels]
 
 
@@ -42,50 +46,37 @@ class InputSpec:
     size in a corner of a fixed frame (N-Cars), it shows every object at the full input resolution.
     """
 
-    n_max: int = 30000
-    size: tuple[int, int] = (224, 224)
+    n_max: WindowEvents = 30000  # the live server serves a model on windows of n_max events
+    size: tuple[Side, Side] = (224, 224)
     channels: Channels = "hist"
-    resize_to: tuple[int, int] | None = None
+    resize_to: tuple[Side, Side] | None = None
     hot_pixel_std: float | None = 10.0
     scale: Scale = "linear"
     crop: Crop = "sensor"
-    log_gain: float = LOG_GAIN
-    shift_px: int = 15
-    flip_polarity_p: float = 0.5
-    hflip_p: float = 0.5
-    event_drop_p: float = 0.0  # EventDrop (mem_core.augment.drop_events) on this share of training windows
-    scale_jitter: float = 0.0  # zoom of training windows by up to 1 + this (or its inverse), about their events
-    noise_events: float = 0.0  # background activity added to training windows: up to this share of their events
-    randaug_ops: int = 2
-    randaug_magnitude: float = 20
-    temporal_bins: int = 4
+    log_gain: Annotated[float, POSITIVE] = LOG_GAIN
+    shift_px: Annotated[int, AT_LEAST_0] = 15
+    flip_polarity_p: Probability = 0.5
+    hflip_p: Probability = 0.5
+    event_drop_p: Probability = 0.0  # EventDrop (mem_core.augment.drop_events) on this share of training windows
+    scale_jitter: Probability = 0.0  # zoom of training windows by up to 1 + this (or its inverse), about their events
+    noise_events: Probability = 0.0  # background activity added to training windows: up to this share of their events
+    randaug_ops: Annotated[int, AT_LEAST_0] = 2
+    randaug_magnitude: Annotated[float, Range(0, MAX_MAGNITUDE)] = 20
+    temporal_bins: Annotated[int, Range(1, MAX_TEMPORAL_BINS)] = 4
 
     def __post_init__(self) -> None:
         # Accept lists (from JSON/TOML) for the sizes and store tuples, so specs compare and hash by value.
         object.__setattr__(self, "size", _size_pair("size", self.size))
         if self.resize_to is not None:
             object.__setattr__(self, "resize_to", _size_pair("resize_to", self.resize_to))
-            if self.resize_to[0] < self.size[0] or self.resize_to[1] < self.size[1]:
-                raise ValueError(f"resize_to {self.resize_to} must be at least size {self.size} to crop from")
-        n_channels(self.channels, self.temporal_bins)
-        if self.n_max <= 0:
-            raise ValueError(f"n_max must be positive, got {self.n_max}")
-        if self.shift_px < 0 or self.randaug_ops < 0:
-            raise ValueError(f"shift_px and randaug_ops must be >= 0, got {self.shift_px}, {self.randaug_ops}")
         if self.scale not in SCALES:
-            raise ValueError(f"unknown input scale {self.scale!r}; expected one of {SCALES}")
+            raise ConfigError(f"unknown input scale {self.scale!r}; expected one of {SCALES}")
         if self.crop not in CROPS:
-            raise ValueError(f"unknown input crop {self.crop!r}; expected one of {CROPS}")
-        if not (math.isfinite(self.log_gain) and self.log_gain > 0):
-            raise ValueError(f"log_gain must be a positive number, got {self.log_gain}")
-        for name in ("flip_polarity_p", "hflip_p", "event_drop_p"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"{name} must be a probability in [0, 1], got {getattr(self, name)}")
-        for name in ("scale_jitter", "noise_events"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
-        if not 0 <= self.randaug_magnitude <= MAX_MAGNITUDE:
-            raise ValueError(f"randaug_magnitude must be in [0, {MAX_MAGNITUDE}], got {self.randaug_magnitude}")
+            raise ConfigError(f"unknown input crop {self.crop!r}; expected one of {CROPS}")
+        check_fields(self)
+        n_channels(self.channels, self.temporal_bins)
+        if self.resize_to is not None and (self.resize_to[0] < self.size[0] or self.resize_to[1] < self.size[1]):
+            raise ConfigConflict(f"resize_to {self.resize_to} must be at least size {self.size} to crop from")
 
     @property
     def in_chans(self) -> int:
@@ -104,6 +95,6 @@ class InputSpec:
 
 def _size_pair(name: str, value: Sequence[int]) -> tuple[int, int]:
     pair = tuple(int(v) for v in value)
-    if len(pair) != 2 or min(pair) <= 0:
-        raise ValueError(f"{name} must be (height, width) with positive values, got {value!r}")
+    if len(pair) != 2:
+        raise ConfigError(f"{name} must be (height, width), got {value!r}")
     return pair  # type: ignore[return-value]

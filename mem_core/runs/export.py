@@ -33,7 +33,7 @@ from safetensors.torch import save
 from torch.utils.flop_counter import FlopCounterMode
 from typing_extensions import TypedDict  # pydantic reads typing.TypedDict only from Python 3.12
 
-from mem_core.configuration import check_ranges, from_dict, to_dict
+from mem_core.configuration import from_dict, to_dict
 from mem_core.errors import MemError
 from mem_core.files import file_problem, read_bounded
 from mem_core.limits import (
@@ -46,7 +46,7 @@ from mem_core.limits import (
 )
 from mem_core.models import DiscreteVAE, MEMViT, SegmentationModel, TokenizerConfig, ViTConfig
 from mem_core.models.cnn import VIT, Arch, build_cnn
-from mem_core.models.sizes import INPUT_RANGES, check_model_sizes
+from mem_core.models.sizes import check_model_sizes
 from mem_core.representation import InputSpec
 from mem_core.runs.lineage import MODEL_JSON, TOKENIZER_LINK, read_json, tokenizer_of
 from mem_core.runs.rundir import (
@@ -221,7 +221,7 @@ def check_meta(meta: dict[str, Any], where: Path) -> None:
         raise RunError(f"{where}: arch: a segmentation model is a ViT, not {meta['arch']!r}")
     try:
         check_model_sizes(from_dict(ViTConfig, meta["architecture"], "architecture."), "architecture.")
-        check_ranges(from_dict(InputSpec, meta["input"], "input."), INPUT_RANGES, "input.")
+        from_dict(InputSpec, meta["input"], "input.")  # its fields' bounds checked as it is built
     except ValueError as e:  # a ConfigError, or a __post_init__ finding the sizes inconsistent
         raise RunError(f"{where}: {e}") from None
 

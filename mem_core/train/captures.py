@@ -15,6 +15,7 @@ from typing import Any
 
 from mem_core.corpus import Corpus, labels_problem
 from mem_core.datasets.base import DatasetError
+from mem_core.fields import TrainEpochs, check_value
 from mem_core.train.configs import FinetuneStageConfig, stage_config
 from mem_core.train.stage import pretraining_run
 
@@ -71,15 +72,17 @@ def train_captures(
     out: Path | str,
     export: Path | str,
     *,
-    epochs: int = 150,
+    epochs: int,
     overrides: list[str] | tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """Finetune ``pretrain`` on the captures in ``labels`` into the run ``out`` and export its best epoch to
-    ``export``; returns the run's result (``top1`` on the held-out captures, ``n``, ``classes``, ...)."""
+    """Finetune ``pretrain`` on the captures in ``labels`` for ``epochs`` (``fields.TrainEpochs``) into the run
+    ``out`` and export its best epoch to ``export``; returns the run's result (``top1`` on the held-out captures,
+    ``n``, ``classes``, ...)."""
     from mem_core.runs.export import export_run, prepare_export_dir
     from mem_core.runs.rundir import make_dir
     from mem_core.train import finetune
 
+    check_value("epochs", epochs, TrainEpochs)
     make_dir(Path(out), "a run")  # both outputs refused before training, not an export refused after it
     prepare_export_dir(Path(export))
     problem = labels_problem(capture_counts(labels))

@@ -10,26 +10,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from mem_core.configuration import (
     ConfigError,
-    Interval,
     apply_overrides,
-    check_ranges,
     load_preset,
     load_toml,
     merge,
 )
-from mem_core.limits import (
-    MAX_DEPTH,
-    MAX_WIDTH,
-)
+from mem_core.fields import AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, SHARE, Range, check_fields
+from mem_core.limits import MAX_DEPTH, MAX_WIDTH
 from mem_core.models.cnn import VIT, Arch
-from mem_core.models.sizes import INPUT_RANGES, check_model_sizes
+from mem_core.models.sizes import check_model_sizes
 from mem_core.models.tokenizer import TokenizerConfig
 from mem_core.models.vit import ViTConfig
 from mem_core.representation import InputSpec
+
+# The bounds of the numeric fields: a value outside them is a ConfigError at once, not a traceback (batch_size=0), a
+# silent NaN (lr=nan) or a missing checkpoint (epochs=-1). A subclass restating a default keeps its base's bounds.
+Count = Annotated[int, AT_LEAST_0]
+Positive = Annotated[int, AT_LEAST_1]
+Rate = Annotated[float, AT_LEAST_0]
+Fraction = Annotated[float, FRACTION]
+LayerDecay = Annotated[float, SHARE]  # lr x decay per layer from the output back to the input
 
 
 @dataclass
@@ -40,58 +44,20 @@ class DataConfig:
     path: str = ""
     train_split: str = "train"
     val_split: str = "val"
-    labels: float = 1.0  # fraction of labelled training samples (stratified, seeded by label_seed)
+    labels: Annotated[float, SHARE] = 1.0  # fraction of labelled training samples (stratified, seeded by label_seed)
     label_seed: int = 0
-    max_samples: int = 0  # cap the training set (0 = all), for quick runs
+    max_samples: Count = 0  # cap the training set (0 = all), for quick runs
     # samples a training epoch draws (0: one pass over the training samples); more makes several passes, each in its
     # own order and augmentations: a few labels trained with the steps of many (mem experiment's equal steps)
-    epoch_samples: int = 0
-    num_workers: int = -1  # loader processes per training process; -1: one per core it gets, at most 8
+    epoch_samples: Count = 0
+    # loader processes per training process; -1: one per core it gets, at most 8
+    num_workers: Annotated[int, Range(-1)] = -1
     split_file: str = ""  # ncaltech101: where the fixed split is stored (default: inside the dataset root)
     verify: bool = False  # corpus: read and check every event before training (every shard is opened anyway)
     skip_bad: bool = False  # corpus: leave out the recordings of damaged shards instead of stopping
 
     def __post_init__(self) -> None:
-        check_ranges(self, DATA_RANGES, "data.")
-
-
-AT_LEAST_0, AT_LEAST_1, FRACTION = Interval(0), Interval(1), Interval(0, 1, hi_open=True)
-DATA_RANGES = {
-    "labels": Interval(0, 1, lo_open=True),
-    "max_samples": AT_LEAST_0,
-    "epoch_samples": AT_LEAST_0,
-    "num_workers": Interval(-1),
-}
-# Bounds of the numeric fields of every stage config (those a subclass lacks are skipped): a value outside them is a
-# ConfigError at once, not a traceback (batch_size=0), a silent NaN (lr=nan) or a missing checkpoint (epochs=-1).
-STAGE_RANGES = {
-    "epochs": AT_LEAST_1,
-    "batch_size": AT_LEAST_1,
-    "accum_steps": AT_LEAST_1,
-    "lr": AT_LEAST_0,
-    "min_lr": AT_LEAST_0,
-    "betas": FRACTION,
-    "weight_decay": AT_LEAST_0,
-    "schedule_epochs": AT_LEAST_0,
-    "lr_gamma": Interval(0, 1, lo_open=True),
-    "warmup_epochs": AT_LEAST_0,
-    "warmup_steps": AT_LEAST_0,
-    "grad_clip": AT_LEAST_0,
-    "eval_every": AT_LEAST_1,
-    "time_limit_s": AT_LEAST_0,
-    "checkpoint_every_s": AT_LEAST_0,
-    "layer_decay": Interval(0, 1, lo_open=True),
-    "mask_ratio": Interval(0, 1, lo_open=True, hi_open=True),
-    "mask_min_block": AT_LEAST_1,
-    "label_smoothing": FRACTION,
-    "dropout": FRACTION,
-    "head_dropout": FRACTION,
-    "head_init_scale": Interval(0, lo_open=True),
-    "ema_decay": FRACTION,
-    "mixup": AT_LEAST_0,
-    "cutmix": AT_LEAST_0,
-    "head_channels": Interval(1, MAX_WIDTH),
-}
+        check_fields(self)
 
 
 @dataclass
@@ -99,38 +65,37 @@ class StageConfig:
     """What every stage shares: optimisation, schedule, data, input pipeline and execution."""
 
     seed: int = 0
-    epochs: int = 10
-    batch_size: int = 64  # global: split over DDP processes
-    lr: float = 1e-3
-    min_lr: float = 1e-6
-    betas: tuple[float, float] = (0.9, 0.999)
-    weight_decay: float = 0.05
+    epochs: Positive = 10
+    batch_size: Positive = 64  # global: split over DDP processes
+    lr: Rate = 1e-3
+    min_lr: Rate = 1e-6
+    betas: tuple[Fraction, Fraction] = (0.9, 0.999)
+    weight_decay: Rate = 0.05
     schedule: Literal["cosine", "exponential", "constant"] = "cosine"
-    schedule_epochs: int = 0  # cosine length in epochs when longer than the run (paper: "cosine set for 300")
-    lr_gamma: float = 0.99  # per-epoch decay of the exponential schedule
-    warmup_epochs: float = 0.0
-    warmup_steps: int = 0  # takes precedence over warmup_epochs when > 0
-    grad_clip: float = 0.0  # max gradient norm (0 = off)
+    schedule_epochs: Count = 0  # cosine length in epochs when longer than the run (paper: "cosine set for 300")
+    lr_gamma: Annotated[float, SHARE] = 0.99  # per-epoch decay of the exponential schedule
+    warmup_epochs: Rate = 0.0
+    warmup_steps: Count = 0  # takes precedence over warmup_epochs when > 0
+    grad_clip: Rate = 0.0  # max gradient norm (0 = off)
     device: str = "auto"
-    accum_steps: int = 1  # micro-batches per optimizer step: a batch larger than the device holds, same recipe
+    accum_steps: Positive = 1  # micro-batches per optimizer step: a batch larger than the device holds, same recipe
     amp: bool = True  # bf16 autocast on GPU (ignored on CPU)
     cpu_bf16: bool = False  # bf16 training steps on a CPU with native bf16 (AVX512-BF16, AMX); validation in fp32
     # torch.compile (GPU): true, the whole model; "blocks", each transformer block on its own (a model without any:
     # whole), which leaves the code around them eager
     compile: bool | Literal["blocks"] = False
-    eval_every: int = 1
+    eval_every: Positive = 1
     # stop after the epoch that passes this many seconds of training (0: no limit), validated there; the result says
     # the run was cut short (the schedule was set for ``epochs``)
-    time_limit_s: float = 0.0
+    time_limit_s: Rate = 0.0
     # a checkpoint after every epoch (0), or at most one per this many seconds and always after the last epoch: on a
     # GPU an epoch of a few labels lasts milliseconds and a ViT-S checkpoint with its optimizer is a quarter of a GB
-    checkpoint_every_s: float = 0.0
+    checkpoint_every_s: Rate = 0.0
     data: DataConfig = field(default_factory=DataConfig)
     input: InputSpec = field(default_factory=InputSpec)
 
     def __post_init__(self) -> None:
-        check_ranges(self, {k: v for k, v in STAGE_RANGES.items() if hasattr(self, k)})
-        check_ranges(self.input, INPUT_RANGES, "input.")
+        check_fields(self)
         model = getattr(self, "model", None)
         if model is not None:
             check_model_sizes(model)
@@ -143,7 +108,7 @@ class TokenizerStageConfig(StageConfig):
     schedule: Literal["cosine", "exponential", "constant"] = "exponential"
     weight_decay: float = 0.0
     grad_clip: float = 1e-2
-    layer_decay: float | None = None  # lr x decay per layer from the output back to the input (paper table: 0.98)
+    layer_decay: LayerDecay | None = None  # paper table: 0.98
 
 
 @dataclass
@@ -152,8 +117,9 @@ class PretrainStageConfig(StageConfig):
     method: Literal["mem", "emae"] = "mem"
     emae_loss: Literal["masked", "all"] = "all"  # eMAE: MSE on the masked patches or on the whole histogram
     emae_decoder: tuple[int, int, int] = (512, 8, 16)  # eMAE decoder width, depth, heads (the paper's MAE)
-    mask_ratio: float = 0.5
-    mask_min_block: int | None = None  # smallest masked block in patches; None: BEiT's 16 of 196, scaled to the grid
+    mask_ratio: Annotated[float, Range(0, 1, lo_open=True, hi_open=True)] = 0.5
+    # smallest masked block in patches; None: BEiT's 16 of 196, scaled to the grid
+    mask_min_block: Positive | None = None
     lr: float = 3e-4
     betas: tuple[float, float] = (0.9, 0.95)
     warmup_steps: int = 1000
@@ -177,14 +143,14 @@ class FinetuneStageConfig(StageConfig):
     arch: Arch = VIT
     lr: float = 5e-4
     betas: tuple[float, float] = (0.9, 0.95)
-    layer_decay: float = 0.65
-    label_smoothing: float = 0.1
-    dropout: float = 0.0  # the paper's "dropout": after the position embedding and in every block (BEiT's drop_rate)
-    head_dropout: float = 0.0  # before the classifier head only
-    head_init_scale: float = 0.001  # BEiT's small head init; short CPU runs learn faster with 1.0
-    ema_decay: float = 0.0  # 0 = no EMA; the paper reports 0.9999 on large datasets
-    mixup: float = 0.0  # Beta(alpha, alpha) of mixup between a batch and its reverse (0 = off; BEiT: 0.8)
-    cutmix: float = 0.0  # the same for CutMix; with both on, each batch takes one of them (BEiT: 1.0)
+    layer_decay: LayerDecay = 0.65
+    label_smoothing: Fraction = 0.1
+    dropout: Fraction = 0.0  # the paper's "dropout": after the position embedding and in every block (BEiT's drop_rate)
+    head_dropout: Fraction = 0.0  # before the classifier head only
+    head_init_scale: Annotated[float, POSITIVE] = 0.001  # BEiT's small head init; short CPU runs learn faster with 1.0
+    ema_decay: Fraction = 0.0  # 0 = no EMA; the paper reports 0.9999 on large datasets
+    mixup: Rate = 0.0  # Beta(alpha, alpha) of mixup between a batch and its reverse (0 = off; BEiT: 0.8)
+    cutmix: Rate = 0.0  # the same for CutMix; with both on, each batch takes one of them (BEiT: 1.0)
     probe: bool = False  # linear probing: only the head's norm and linear layer train
     warmup_epochs: float = 5.0
 
@@ -197,10 +163,10 @@ class FinetuneStageConfig(StageConfig):
 @dataclass
 class SegmentStageConfig(StageConfig):
     model: ViTConfig = field(default_factory=ViTConfig)
-    head_channels: int = 256
+    head_channels: Annotated[int, Range(1, MAX_WIDTH)] = 256
     lr: float = 1e-4
     betas: tuple[float, float] = (0.9, 0.999)
-    layer_decay: float = 0.65
+    layer_decay: LayerDecay = 0.65
     warmup_epochs: float = 2.0
     ignore_index: int = 255
 

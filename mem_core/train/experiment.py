@@ -32,7 +32,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from mem_core.fields import AT_LEAST_1, SHARE, check_fields
 
 # This module is imported by the command line for the defaults of ``LabelEfficiencyConfig``: torch and the stages
 # are imported by ``run`` (every ``mem`` command would pay seconds for them otherwise).
@@ -53,7 +55,7 @@ class LabelEfficiencyConfig:
     out: str = "runs/label-efficiency"
     preset: str = "cpu-tiny"
     config_file: str | None = None
-    fractions: tuple[float, ...] = (0.1, 1.0)
+    fractions: tuple[Annotated[float, SHARE], ...] = (0.1, 1.0)
     seeds: tuple[int, ...] = (0, 1, 2)
     # the CNN arm trained from scratch beside MEM and scratch (a timm name of ``mem_core.models.cnn.CNN_ARCHS``), or
     # "none"
@@ -62,16 +64,18 @@ class LabelEfficiencyConfig:
     # draws as many samples as all labels hold (``equal_steps``)
     equal_steps: bool = True
     overrides: dict[str, list[str]] = field(default_factory=dict)  # stage -> ["key=value", ...]
-    jobs: int = 1  # finetuning runs at once, each in its own process
-    latency_windows: int = 100  # windows timed per arm for its CPU latency per live window (after 5 untimed)
+    jobs: Annotated[int, AT_LEAST_1] = 1  # finetuning runs at once, each in its own process
+    latency_windows: Annotated[int, AT_LEAST_1] = (
+        100  # windows timed per arm for its CPU latency per live window (after 5 untimed)
+    )
 
     def __post_init__(self) -> None:
-        from mem_core.configuration import ConfigError, Interval, check_ranges
+        from mem_core.configuration import ConfigError
         from mem_core.models.cnn import CNN_ARCHS
 
-        check_ranges(self, {"jobs": Interval(1), "latency_windows": Interval(1)})
-        if not self.fractions or not all(0 < f <= 1 for f in self.fractions):
-            raise ConfigError(f"fractions must be label fractions in (0, 1], got {self.fractions}")
+        check_fields(self)
+        if not self.fractions:
+            raise ConfigError("fractions: at least one label fraction")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ConfigError(f"seeds must be distinct and at least one, got {self.seeds}")
         if self.yardstick != NO_YARDSTICK and self.yardstick not in CNN_ARCHS:
