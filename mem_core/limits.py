@@ -2,7 +2,7 @@
 other, so that what one side accepts the other side takes.
 
 The chain a model goes down: an export (``mem_core/runs/export.py``) is accepted only if the live server can serve it and
-the wire (``mem_core/protocol.py``) can carry what the server then publishes, and the viewer draws whatever the wire
+the wire (``mem_core/protocol/``) can carry what the server then publishes, and the viewer draws whatever the wire
 carries. A training config (``mem_core/train/configs.py``) is held to the same model limits, so a model that trains
 also exports. Imports nothing of MEM's: the viewer, the command line and every reader use it.
 """

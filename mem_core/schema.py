@@ -4,7 +4,7 @@ A schema is a type (a ``TypedDict``, a dataclass field's annotation, ``Annotated
 strict mode, so a value is taken only as the type it already has (``"3"`` is no integer, ``true`` no number). The
 types shared by several boundaries, class names above all, are declared here once from ``mem_core.limits``. Each
 boundary turns a ``SchemaError`` into its own one-line error. Hand-written checks remain where a schema has nothing to
-say: the parse of a wire header (nesting, NaN) and numpy arrays (``mem_core/protocol.py``).
+say: the parse of a wire header (nesting, NaN) and numpy arrays (``mem_core/protocol/``).
 """
 
 from __future__ import annotations

@@ -31,13 +31,9 @@ from app.viewer.client import VIEW_TOPICS
 from app.viewer.window import ViewerWindow
 from mem_core.events import validate_events
 from mem_core.io import read_events
+from mem_core.limits import MAX_ELEMENTS, MAX_IMAGE_SIDE, MAX_JSON_DEPTH, MAX_NUM_TOKENS, MAX_SENSOR_SIDE
 from mem_core.models import TokenizerConfig, ViTConfig
 from mem_core.protocol import (
-    MAX_ELEMENTS,
-    MAX_IMAGE_SIDE,
-    MAX_JSON_DEPTH,
-    MAX_NUM_TOKENS,
-    MAX_SENSOR_SIDE,
     TOPICS,
     VIEW_DECODERS,
     ProtocolError,

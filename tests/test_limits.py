@@ -1,5 +1,5 @@
 """Where two boundaries meet, what one accepts the other takes: whatever an export accepts, the live server can
-publish and the viewer's decoders (mem_core/protocol.py) draw; whatever a file holds, the wire carries."""
+publish and the viewer's decoders (mem_core/protocol/) draw; whatever a file holds, the wire carries."""
 
 from __future__ import annotations
 
@@ -169,7 +169,7 @@ def test_the_largest_input_an_export_accepts_is_drawn_by_the_viewer():
 
 def test_a_capture_label_of_the_longest_class_name_is_taken():
     label = names(1)[0]
-    assert protocol.MAX_LABEL == limits.MAX_CLASS_NAME
+    assert limits.MAX_LABEL == limits.MAX_CLASS_NAME
     assert protocol.decode_control(protocol.decode(protocol.encode_control(0, "capture", label=label))) == (
         "capture",
         {"label": label},
@@ -216,7 +216,7 @@ def test_the_largest_messages_the_wire_allows_pass_the_socket_limits():
     header = request[1][:-1] + b" " * (limits.MAX_HEADER_BYTES - len(request[1])) + b"}"  # padded to the limit
     assert len(request) <= limits.MAX_CONTROL_FRAMES
     assert len(request[0]) + len(header) <= limits.MAX_CONTROL_BYTES
-    assert limits.MAX_EVENTS_FRAMES == 2 + protocol.MAX_BUFFERS
+    assert limits.MAX_EVENTS_FRAMES == 2 + limits.MAX_BUFFERS
     largest_batch = limits.MAX_EVENT_QUEUE_BYTES // events.EVENT_DTYPE.itemsize  # events the queue takes at most
     widest = 4 * 8  # bytes an event takes on the wire in four 8-byte columns
     assert limits.MAX_HEADER_BYTES + largest_batch * widest <= limits.MAX_EVENTS_BYTES

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from mem_core.events import SensorSize
+from mem_core.limits import MAX_SENSOR_SIDE
 from mem_core.protocol import (
-    MAX_SENSOR_SIDE,
     PROTOCOL_VERSION,
     ProtocolError,
     SeqTracker,
