@@ -10,25 +10,35 @@ samples/s is below a stage's images/s, that stage would wait for data. The devic
 each timed stretch, as in training. Pretraining's block masks are timed on their own: the training process makes
 them in every step.
 
+With ``--variants`` the stages run once per variant, side by side in one process: ``eager`` (the baseline: no
+compilation, SDPA, fp32 targets, cuDNN's heuristics) and variants that turn on ``+``-joined switches (``SWITCHES``):
+``compile`` (the whole model), ``blocks`` (``compile = "blocks"``), ``chunked`` / ``flex`` (``MEM_ATTENTION``),
+``bf16-targets`` (``MEM_BF16_TARGETS``), ``cudnn-benchmark``. A variant measures the stages its switches change, and
+each of its rows names it, with the ratio of its images/s to the first variant's.
+
 With ``--profile DIR`` each stage also runs a few steps under ``torch.profiler`` and writes where the time goes
 (``DIR/<stage>-profile.txt``: the operators and kernels with the most device time, or CPU time on a CPU). With
 ``sync_check`` (a GPU only) one more step of each stage runs under ``torch.cuda.set_sync_debug_mode("warn")``: every
 call that makes the host wait for the GPU is counted, and listed with where it comes from in the JSON (a step should
 make none; the epoch's own reads, every 0.5 s, are not part of it).
 
-Run: ``uv run mem bench train [--device cuda] [--preset paper-ncars] [--compile] [--profile DIR] --json out.json``
+Run: ``uv run mem bench train [--device cuda] [--preset paper-ncars] [--compile | --variants eager,blocks,...]
+[--profile DIR] --json out.json``
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
+import gc
 import json
 import os
 import tempfile
 import time
 import traceback
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -39,10 +49,11 @@ from rich.table import Table
 from mem_core.corpus import CorpusWriter
 from mem_core.datasets.corpus import CorpusSource
 from mem_core.events import SensorSize, make_events
-from mem_core.models import BlockMaskGenerator, DiscreteVAE
-from mem_core.representation import collate_events, prepare_events
+from mem_core.models import BlockMaskGenerator, DiscreteVAE, attention
+from mem_core.representation import EventBatch, InputSpec, collate_events, prepare_events
 from mem_core.runs.export import export_tokenizer
 from mem_core.runs.rundir import RunDir
+from mem_core.train.common import wrap_model
 from mem_core.train.configs import stage_config
 from mem_core.train.engine import train_one_epoch
 from mem_core.train.finetune import FinetuneStage
@@ -55,6 +66,16 @@ from mem_core.train.tokenizer import TokenizerStage
 SENSOR = SensorSize(480, 640)  # N-ImageNet's by default (--sensor): every preset resizes it to its input
 STAGES = ("tokenizer", "pretrain", "finetune")
 CPU_BATCH = 64  # the largest default batch on a CPU, where the paper presets' GPU batches take minutes per step
+BASELINE = "eager"  # the variant without switches
+SWITCHES = {  # a variant's switches, each with the stages it changes
+    "compile": ("pretrain", "finetune"),
+    "blocks": ("pretrain", "finetune"),
+    "chunked": ("pretrain", "finetune"),
+    "flex": ("pretrain", "finetune"),
+    "bf16-targets": ("pretrain",),
+    "cudnn-benchmark": STAGES,
+}
+EXCLUSIVE = ({"compile", "blocks"}, {"chunked", "flex"})  # one of each at most
 
 
 def synthetic_windows(n: int, count: int, seed: int = 0, sensor: SensorSize = SENSOR) -> list[np.ndarray]:
@@ -67,6 +88,14 @@ def synthetic_windows(n: int, count: int, seed: int = 0, sensor: SensorSize = SE
             make_events(t, rng.integers(0, sensor.width, n), rng.integers(0, sensor.height, n), rng.integers(0, 2, n))
         )
     return out
+
+
+@functools.lru_cache(maxsize=4)
+def collated_windows(events: int, count: int, sensor: SensorSize, spec: InputSpec) -> EventBatch:
+    """``count`` synthetic windows of ``events`` events on ``sensor``, prepared for ``spec`` and collated: made once
+    for all the variants of a stage (a paper batch takes seconds)."""
+    windows = [prepare_events(w, sensor, spec, train=False) for w in synthetic_windows(events, count, sensor=sensor)]
+    return collate_events(windows, sensor)
 
 
 class _Batches:
@@ -92,27 +121,31 @@ def bench_stage(
     sensor: SensorSize = SENSOR,
     events: int | None = None,
     sync_check: bool = False,
+    cudnn_benchmark: bool | None = None,
     **inputs,
 ) -> dict:
     """Images/s, ms per step and peak device memory of ``stage_cls``'s training step at ``cfg``'s size, on windows
     of ``events`` events (default: the input's ``n_max``) on ``sensor``; with ``profile``, a profile of a few more
     steps is written to ``profile/<stage>-profile.txt``; with ``sync_check`` on a GPU, the host waits of one more
-    step (``syncs``)."""
+    step (``syncs``). ``cudnn_benchmark``: cuDNN times its algorithms (True) or takes its heuristics' (False) instead
+    of what the runtime chose; ``inputs`` go to the stage."""
     cfg = stage_cls.configure(cfg)
     runtime = setup_runtime(cfg.device, cfg.amp, cfg.cpu_bf16)
+    if cudnn_benchmark is not None:
+        torch.backends.cudnn.benchmark = cudnn_benchmark
     stage = stage_cls(cfg, runtime, run, **inputs)
     stage.classes = ["a", "b"]  # a classifier's head (the labels of the synthetic batch are all 0)
     stage.steps_per_epoch = steps
     torch.manual_seed(0)
-    model = runtime.place(stage.build_model())
-    train_model = torch.compile(model) if cfg.compile else model
+    model = stage.build_model()
+    train_model = wrap_model(model, cfg, runtime)  # placed, and compiled as the config says (as training does)
     optimizer = stage.build_optimizer(model)
     events = events or cfg.input.n_max
-    windows = [
-        prepare_events(w, sensor, cfg.input, train=False)
-        for w in synthetic_windows(events, cfg.batch_size, sensor=sensor)
-    ]
-    batch = (collate_events(windows, sensor), torch.zeros(cfg.batch_size, dtype=torch.long), None)
+    batch = (
+        collated_windows(events, cfg.batch_size, sensor, cfg.input),
+        torch.zeros(cfg.batch_size, dtype=torch.long),
+        None,
+    )
     if runtime.device.type == "cuda":  # on the host, page-locked, as the DataLoader hands batches to a GPU step
         batch = (batch[0].pin_memory(), batch[1].pin_memory(), None)
     common = dict(
@@ -264,6 +297,37 @@ def bench_loader(cfg, workers: int, epochs: int = 2, sensor: SensorSize = SENSOR
         return seen / (time.perf_counter() - start)
 
 
+def parse_variant(name: str) -> frozenset[str]:
+    """The switches of variant ``name``: none for ``BASELINE``, else its ``+``-joined names of ``SWITCHES``."""
+    switches = frozenset() if name == BASELINE else frozenset(name.split("+"))
+    if unknown := sorted(switches - set(SWITCHES)):
+        raise ValueError(
+            f"variant {name!r}: unknown switch {unknown[0]!r}; the switches are {', '.join(SWITCHES)} "
+            f"({BASELINE!r}: none)"
+        )
+    for pair in EXCLUSIVE:
+        if pair <= switches:
+            raise ValueError(f"variant {name!r}: {' and '.join(sorted(pair))} exclude each other")
+    return switches
+
+
+@contextlib.contextmanager
+def variant_kernel(switches: frozenset[str]) -> Iterator[None]:
+    """A GPU's training steps take the variant's attention kernel within; afterwards the kernel is restored, the
+    compiled programs are forgotten (the next variant compiles its own, within dynamo's recompilation limit) and the
+    memory of this one's models is given back."""
+    before = attention.GPU_TRAINING_KERNEL
+    attention.use_gpu_training_kernel(next((k for k in ("chunked", "flex") if k in switches), "sdpa"))
+    try:
+        yield
+    finally:
+        attention.use_gpu_training_kernel(before)
+        torch._dynamo.reset()
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
 def main(
     json_path: Path | None = None,
     preset: str = "cpu-tiny",
@@ -278,12 +342,18 @@ def main(
     sync_check: bool = False,
     stages: tuple[str, ...] = STAGES,
     loader: bool = True,
+    variants: tuple[str, ...] = (),
 ) -> list[dict]:
     """Run each of ``stages``' steps and (``loader``) the loader on windows of ``events`` events (default: the
     preset's ``n_max``) on ``sensor``; print the table, write JSON rows if ``json_path``; return the rows.
-    ``sync_check``: on a GPU, count the host waits of one step per stage (module docstring)."""
+    ``sync_check``: on a GPU, count the host waits of one step per stage (module docstring). ``variants``: the
+    stages once per variant (module docstring), the first one the others' reference; ``profile`` then holds a folder
+    per variant."""
     if unknown := [s for s in stages if s not in STAGES]:
         raise ValueError(f"unknown stage {unknown[0]!r}: the stages are {', '.join(STAGES)}")
+    if variants and compile_model:
+        raise ValueError("compile_model and variants: name compile (or blocks) as a variant")
+    plan = [(v, parse_variant(v)) for v in variants] or [(None, frozenset())]  # None: the process as it is set
     dev = setup_runtime(device).device
     overrides = [f"device={dev.type}", f"compile={str(compile_model).lower()}", "data.num_workers=0"]
     configs = {}
@@ -291,22 +361,43 @@ def main(
         cfg = stage_config(stage, preset=preset, overrides=overrides)
         batch = batch_size or (cfg.batch_size if dev.type == "cuda" else min(cfg.batch_size, CPU_BATCH))
         configs[stage] = dataclasses.replace(cfg, batch_size=batch)
-    measured = {}
+    measured: dict[tuple[int, str | None, str], dict] = {}  # (the variant's place in the plan, variant, stage)
     with tempfile.TemporaryDirectory(prefix="mem-bench-train-") as tmp:
-        runs = {stage: RunDir(Path(tmp) / stage) for stage in configs}
-        for run in runs.values():
-            run.path.mkdir()
         # pretraining's targets come from a tokenizer: a random one of the preset's size, as an export
         tokenizer = export_tokenizer(
             DiscreteVAE(TokenizerStage.configure(configs["tokenizer"]).model), Path(tmp) / "tok"
         )
         common = {"sensor": sensor, "events": events, "sync_check": sync_check}
-        inputs = {"pretrain": {"tokenizer": tokenizer}}
-        for stage, stage_cls in zip(STAGES, (TokenizerStage, PretrainStage, FinetuneStage), strict=True):
-            if stage in stages:
-                measured[stage] = bench_stage(
-                    stage_cls, configs[stage], runs[stage], steps, warmup, profile, **common, **inputs.get(stage, {})
-                )
+        for place, (variant, switches) in enumerate(plan):
+            compiled = "blocks" if "blocks" in switches else "compile" in switches or compile_model
+            switched = {} if variant is None else {"cudnn_benchmark": "cudnn-benchmark" in switches}
+            with variant_kernel(switches) if variant is not None else contextlib.nullcontext():
+                for stage, stage_cls in zip(STAGES, (TokenizerStage, PretrainStage, FinetuneStage), strict=True):
+                    changed = not switches or any(stage in SWITCHES[s] for s in switches)
+                    if stage not in stages or not changed:
+                        continue
+                    inputs = dict(switched)
+                    if stage == "pretrain":
+                        inputs["tokenizer"] = tokenizer
+                        if variant is not None:
+                            inputs["bf16_targets"] = "bf16-targets" in switches
+                    run = RunDir(Path(tmp) / f"{place}-{stage}")
+                    run.path.mkdir()
+                    measured[place, variant, stage] = bench_stage(
+                        stage_cls,
+                        dataclasses.replace(configs[stage], compile=compiled),
+                        run,
+                        steps,
+                        warmup,
+                        profile / variant if profile is not None and variant is not None else profile,
+                        **common,
+                        **inputs,
+                    )
+                    if compiled:  # the next stage's batch compiles static programs of its own, not dynamic ones
+                        torch._dynamo.reset()
+                    done, label = measured[place, variant, stage], f"{variant} {stage}" if variant else stage
+                    # as it comes: a run cut short by a time limit still says what it measured
+                    print(f"{label}: {done['images_per_s']:.1f} img/s, {done['step_ms']:.1f} ms a step", flush=True)
     # what the windows were (a step's histogram costs grow with the events and the sensor): a stage's own n_max
     # unless --events, which can differ between stages
     size = f"{sensor.width}x{sensor.height}"
@@ -323,15 +414,20 @@ def main(
             {"name": name, "value": value, "unit": unit, "batch": batch, "sensor": size, "events": events, **extra}
         )
 
-    for stage, r in measured.items():
+    reference = plan[0][0]
+    for (place, variant, stage), r in measured.items():
         b, n = configs[stage].batch_size, r["events"]
-        row(f"{stage} images/s", r["images_per_s"], "img/s", b, n)
-        row(f"{stage} step", r["step_ms"], "ms", b, n)
+        named = {} if variant is None else {"variant": variant}
+        row(f"{stage} images/s", r["images_per_s"], "img/s", b, n, **named)
+        row(f"{stage} step", r["step_ms"], "ms", b, n, **named)
         if dev.type == "cuda":
-            row(f"{stage} peak GPU memory allocated", r["peak_gib"], "GiB", b, n)
-            row(f"{stage} peak GPU memory reserved", r["reserved_gib"], "GiB", b, n)
+            row(f"{stage} peak GPU memory allocated", r["peak_gib"], "GiB", b, n, **named)
+            row(f"{stage} peak GPU memory reserved", r["reserved_gib"], "GiB", b, n, **named)
+        if place > 0 and (0, reference, stage) in measured:
+            ratio = r["images_per_s"] / measured[0, reference, stage]["images_per_s"]
+            row(f"{stage} images/s, {variant} / {reference}", ratio, "x", b, n, **named)
         if "syncs" in r:
-            row(f"{stage}: host waits in one step", len(r["syncs"]), "", b, n, where=r["syncs"])
+            row(f"{stage}: host waits in one step", len(r["syncs"]), "", b, n, where=r["syncs"], **named)
         if loader:
             row(
                 f"{stage}: loader ({trained_workers} workers) / step rate",
@@ -339,23 +435,27 @@ def main(
                 "x",
                 b,
                 n,
+                **named,
             )
-    if "pretrain" in measured:
+    if pretrained := [r for (_, _, stage), r in measured.items() if stage == "pretrain"]:
         pretrain = configs["pretrain"]
         masks_ms = bench_masks(pretrain)
-        row("pretrain masks, training process", masks_ms, "ms", pretrain.batch_size, measured["pretrain"]["events"])
+        row("pretrain masks, training process", masks_ms, "ms", pretrain.batch_size, pretrained[0]["events"])
     for workers, rate in loader_rates.items():
         name = f"data loader, {workers} workers" if workers == trained_workers else f"loader ceiling, {workers} workers"
         row(name, rate, "samples/s", None, loader_events)
     counts = sorted({r["events"] for r in rows})
+    how = f"variants {', '.join(variants)}" if variants else f"compile={compile_model}"
     table = Table(
-        title=f"mem bench train: {preset} on {dev} (compile={compile_model}, {steps} timed steps, "
+        title=f"mem bench train: {preset} on {dev} ({how}, {steps} timed steps, "
         f"{'/'.join(map(str, counts))}-event windows on {sensor.width} x {sensor.height})"
     )
-    for column in ("name", "value", "unit", "batch"):
+    columns = ("variant", "name", "value", "unit", "batch") if variants else ("name", "value", "unit", "batch")
+    for column in columns:
         table.add_column(column)
     for r in rows:
-        table.add_row(r["name"], f"{r['value']:.2f}", r["unit"], str(r["batch"] or ""))
+        cells = (r["name"], f"{r['value']:.2f}", r["unit"], str(r["batch"] or ""))
+        table.add_row(*((r.get("variant", ""), *cells) if variants else cells))
     Console().print(table)
     for r in rows:
         for where in r.get("where", []):

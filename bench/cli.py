@@ -48,12 +48,32 @@ def live(
     ] = True,
     rate: Annotated[float, typer.Option("--rate", help="The synthetic source's rate, Mev/s.", min=0.1)] = 30.0,
     starts: Annotated[int, typer.Option("--starts", help="`mem serve` launches to time (0: skip).", min=0)] = 3,
+    variants: Annotated[
+        str,
+        typer.Option(
+            "--variants",
+            help="Comma-separated predictor variants timed alone, side by side, the first the reference: eager (as "
+            "mem serve builds it) or switches joined by +: bf16-weights, cuda-graph.",
+        ),
+    ] = "",
+    serve_with: Annotated[str, typer.Option("--serve-with", help="The predictor variant the server runs.")] = "eager",
+    server: Annotated[
+        bool, typer.Option("--server/--no-server", help="Run the server part (and the viewer's, and the starts).")
+    ] = True,
 ) -> None:
     """Live server throughput and latency under a synthetic source (30 Mev/s unless --rate), and the viewer's frame
-    rate."""
+    rate; with --variants, the predictor alone under each."""
     from bench import bench_live
 
-    bench_live.main(json_path, model, device, viewer, rate * 1e6, starts)
+    compared = tuple(v.strip() for v in variants.split(",") if v.strip())
+    for variant, hint in (*((v, "--variants") for v in compared), (serve_with, "--serve-with")):
+        try:
+            bench_live.predictor_switches(variant)
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint=hint) from None
+    bench_live.main(
+        json_path, model, device, viewer, rate * 1e6, starts, variants=compared, serve_with=serve_with, server=server
+    )
 
 
 @app.command("train")
@@ -91,6 +111,14 @@ def train(
         str, typer.Option("--stages", help="Comma-separated stages to time: tokenizer, pretrain, finetune.")
     ] = "tokenizer,pretrain,finetune",
     loader: Annotated[bool, typer.Option("--loader/--no-loader", help="Also measure the training DataLoader.")] = True,
+    variants: Annotated[
+        str,
+        typer.Option(
+            "--variants",
+            help="Comma-separated variants measured side by side, the first the reference: eager (no switch) or "
+            "switches joined by +: compile, blocks, chunked, flex, bf16-targets, cudnn-benchmark.",
+        ),
+    ] = "",
 ) -> None:
     """Training steps per second of the tokenizer, pretraining and finetuning, peak GPU memory, loader rate."""
     from mem_core.events import SensorSize, sensor_problem
@@ -111,6 +139,14 @@ def train(
         raise typer.BadParameter(
             f"{stages!r}: name one or more of {', '.join(bench_train.STAGES)}", param_hint="--stages"
         )
+    compared = tuple(v.strip() for v in variants.split(",") if v.strip())
+    for variant in compared:
+        try:
+            bench_train.parse_variant(variant)
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--variants") from None
+    if compared and compile_model:
+        raise typer.BadParameter("name compile (or blocks) as a variant instead", param_hint="--compile")
     bench_train.main(
         json_path,
         preset,
@@ -124,6 +160,7 @@ def train(
         sync_check=sync_check,
         stages=chosen,
         loader=loader,
+        variants=compared,
     )
 
 
@@ -135,7 +172,9 @@ def cnn_reference(
     preset: Annotated[str, typer.Option("--preset", help="The preset whose finetuning input to use.")] = "cpu-small",
     labels: Annotated[float, typer.Option("--labels", help="Fraction of labelled training samples.")] = 1.0,
     seed: Annotated[int, typer.Option("--seed", help="Weights, augmentation and label subset.")] = 0,
-    epochs: Annotated[int, typer.Option("--epochs", help="Epochs with all labels (below: as many as make up their steps).")] = 20,
+    epochs: Annotated[
+        int, typer.Option("--epochs", help="Epochs with all labels (below: as many as make up their steps).")
+    ] = 20,
     arch: Annotated[str, typer.Option("--arch", help="A timm CNN, trained from scratch.")] = "resnet18",
     out: Annotated[Path | None, typer.Option("--out", help="Keep the run directory here.")] = None,
 ) -> None:
