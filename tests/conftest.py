@@ -1,4 +1,4 @@
-"""Shared test fixtures: the real-data location and a synthetic event helper."""
+"""Shared test fixtures (the real-data location, a synthetic event helper) and the test tiers (``tiers.py``)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tiers import (  # noqa: F401 (hooks: pytest reads them from this module)
+    pytest_collection_modifyitems,
+    pytest_configure,
+    pytest_runtest_makereport,
+    pytest_runtest_protocol,
+    pytest_unconfigure,
+)
 
 from mem_core import shared_data_dir
 from mem_core.events import SensorSize, make_events

@@ -44,6 +44,7 @@ def alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow  # loader worker processes
 def test_persistent_loader_workers_stop_when_shut_down():
     loader = DataLoader(TensorDataset(torch.arange(8)), batch_size=2, num_workers=2, persistent_workers=True)
     assert loader_worker_pids(loader) == []

@@ -107,7 +107,6 @@ def test_config_option_that_is_no_config_file_is_one_line(tmp_path, mem, kind):
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.slow
 def test_config_option_on_a_fifo_is_one_line_not_a_hang(tmp_path):
     fifo = tmp_path / "config.toml"
     os.mkfifo(fifo)
@@ -233,7 +232,6 @@ def fifo_in_place_of(path: Path) -> None:
     os.mkfifo(path)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     ("command", "damaged"),
     [
@@ -283,7 +281,6 @@ def free_port() -> int:
     return port
 
 
-@pytest.mark.slow
 def test_serve_watch_keeps_serving_when_a_fifo_replaces_the_weights(tmp_path, export_dir):
     """A FIFO swapped in as the export's weights froze ``mem serve --watch`` for good: no messages, no control
     replies, SIGINT and SIGTERM ignored. It is a model that fails to load: reported, the served one kept."""
@@ -368,7 +365,6 @@ def other_models_checkpoint(run: Path) -> None:
     torch.save(state, run / "checkpoint.pt")
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     ("damage", "extra", "naming", "message"),
     [
@@ -410,7 +406,6 @@ def test_resume_of_a_damaged_or_foreign_run_is_one_line_and_keeps_the_run(
     assert snapshot(run) == before
 
 
-@pytest.mark.slow
 def test_resume_of_another_stage_s_run_is_one_line_and_keeps_the_run(tmp_path, mem, trained_run):
     run = shutil.copytree(trained_run, tmp_path / "run")
     before = snapshot(run)
@@ -524,7 +519,6 @@ def test_a_hand_edited_split_file_is_one_line_naming_it(tmp_path, mem):
     assert "not a split file" in refused(mem("finetune", *args), str(root / "mem-split.json"))
 
 
-@pytest.mark.slow
 def test_a_dataset_list_file_that_is_a_fifo_is_one_line_not_a_hang(tmp_path):
     listed = nmnist_with_list(tmp_path / "nmnist", "1 1")
     fifo_in_place_of(listed)

@@ -180,7 +180,6 @@ def test_a_labelled_corpus_with_labels_no_model_could_carry_is_refused_on_openin
         LabelledCaptures(root)
 
 
-@pytest.mark.slow
 def test_a_capture_survives_the_process_being_killed(tmp_path):
     code = (
         "import os, sys\nfrom mem_core.events import SensorSize, make_events\n"

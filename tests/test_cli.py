@@ -144,7 +144,6 @@ def test_inspect_of_a_corpus_tables_sensors_labels_and_each_recording_on_its_own
     assert [r["duration_s"] for r in info["recording_list"]] == [1.0, 2.0, 0.5] and info["duration_s"] == 3.5
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_serve_started_in_the_background_stops_on_a_signal(signum, tmp_path):
     """A shell starts a background job (`mem serve ... &`) with SIGINT ignored; it must stop as in the foreground."""
@@ -177,7 +176,6 @@ def test_serve_started_in_the_background_stops_on_a_signal(signum, tmp_path):
     assert "mem serve: 0 predictions" in out and "Traceback" not in out
 
 
-@pytest.mark.slow
 def test_serve_stopped_before_its_model_loaded_says_so(tmp_path, monkeypatch, capsys):
     from app.config import ServeConfig
     from app.live import model_slot, server

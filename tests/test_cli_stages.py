@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow  # every test runs the mem command in a subprocess
-
 TINY = [
     "epochs=1",
     "batch_size=8",

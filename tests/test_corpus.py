@@ -188,7 +188,6 @@ def test_misuse_is_reported(tmp_path, events_factory):
         w.begin_recording("c", SENSOR)
 
 
-@pytest.mark.slow
 def test_killed_writer_leaves_a_readable_corpus(tmp_path):
     sys.path.insert(0, str(CHILD.parent))
     from corpus_writer_child import BATCH, live_events, sample_events
@@ -284,7 +283,6 @@ def _committed(root: Path, name: str) -> int:
     return sum(r["n_events"] for r in manifest["recordings"] if r["name"] == name)
 
 
-@pytest.mark.slow
 def test_real_write_failure_raises_corpus_full_and_keeps_committed_events(tmp_path):
     sys.path.insert(0, str(CHILD.parent))
     from corpus_writer_child import BATCH, live_events
@@ -470,7 +468,6 @@ def flip(path: Path, start: int, stop: int) -> None:
     path.write_bytes(data)
 
 
-@pytest.mark.slow
 def test_damaged_shard_metadata_fails_at_once_instead_of_hanging(tmp_path, events_factory):
     # HDF5 with SWMR retries a block whose checksum fails, waiting twice as long each time: these damages kept a
     # reader waiting for hours. A sealed shard is read without SWMR, an unsealed one with few retries.
@@ -556,6 +553,7 @@ def test_manifest_claiming_more_events_than_the_shard_holds_is_a_clear_error(tmp
         corpus.events(0)  # refused before 6.5 TB are allocated
 
 
+@pytest.mark.slow  # loader worker processes
 def test_corpus_reads_in_dataloader_workers_and_after_pickling(tmp_path, events_factory):
     torch = pytest.importorskip("torch")
     samples = [events_factory(300 + 50 * k, seed=k) for k in range(6)]

@@ -13,8 +13,6 @@ import torch
 from mem_core.runs.rundir import RunDir, load_checkpoint
 from mem_core.train.engine import EpochBatchSampler
 
-pytestmark = pytest.mark.slow  # torchrun processes
-
 SETTINGS = [
     "epochs=2",
     "batch_size=8",

@@ -13,8 +13,6 @@ import pytest
 from app import demo
 from mem_core.datasets import sim as sim_dataset
 
-pytestmark = pytest.mark.slow  # the demo's stages
-
 TINY_STAGES = {
     "tokenizer": ["epochs=1", "batch_size=16", "model.temperature_anneal_steps=10"],
     "pretrain": ["epochs=1", "batch_size=16", "warmup_steps=1"],

@@ -8,7 +8,6 @@ import json
 import subprocess
 from pathlib import Path
 
-import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -21,7 +20,6 @@ from mem_core.train.evaluate import evaluate_run
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.slow
 def test_the_gpu_call_runs_as_its_cpu_smoke_and_its_model_comes_back(tmp_path, data_dir):
     out = tmp_path / "out"
     smoke = ["bash", "bench/gpu_evidence.sh", "smoke", "--out", str(out), "--data", str(data_dir / "ncars-dev")]

@@ -240,6 +240,7 @@ def test_an_out_that_cannot_be_a_corpus_is_one_line_before_any_file_is_read(mixe
         ingest([folder], tmp_path.joinpath(*["d" * 200] * 21))
 
 
+@pytest.mark.slow  # worker processes
 def test_worker_processes_give_the_same_corpus(mixed_folder, tmp_path):
     folder, _, _ = mixed_folder
     one = ingest([folder], tmp_path / "one")
@@ -312,7 +313,6 @@ def test_cli_lists_bad_files_and_exits_nonzero_only_with_strict(mixed_folder, tm
     assert len(Corpus(out).recordings) == 3
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("what", ["missing", "empty folder"])
 def test_cli_exits_nonzero_when_an_input_gives_nothing(tmp_path, what):
     path = tmp_path / "input"
@@ -323,7 +323,6 @@ def test_cli_exits_nonzero_when_an_input_gives_nothing(tmp_path, what):
     assert done.stderr.strip().splitlines()[-1].startswith(f"error: {path}: "), done.stderr
 
 
-@pytest.mark.slow
 def test_inspect_reports_an_ingested_corpus(mixed_folder, tmp_path):
     folder, _, _ = mixed_folder
     out = tmp_path / "corpus"
@@ -337,7 +336,6 @@ def test_inspect_reports_an_ingested_corpus(mixed_folder, tmp_path):
         assert summary[key] == described[key]
 
 
-@pytest.mark.slow
 def test_inspect_opens_every_shard_and_verify_reads_every_event(mixed_folder, tmp_path):
     folder, _, _ = mixed_folder
     out = tmp_path / "corpus"

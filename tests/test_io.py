@@ -209,7 +209,6 @@ def test_aedat4_written_by_dv_processing_reads_back(tmp_path, events_factory, co
     assert_same_as_dv(read, dv_events(path))
 
 
-@pytest.mark.slow
 def test_aedat4_is_decoded_in_process(data_dir, monkeypatch):
     def no_child(*args, **kwargs):
         raise AssertionError("reading an AEDAT4 file started a process")
@@ -755,7 +754,6 @@ def test_registered_reader_can_claim_a_directory_and_files(tmp_path, monkeypatch
 OPTIONAL = ("hdf5plugin", "lz4", "zstandard", "zmq", "dv_processing")
 
 
-@pytest.mark.slow
 def test_training_and_plain_files_need_none_of_the_optional_packages(data_dir, tmp_path, events_factory):
     """A GPU machine given only what training needs (no hdf5plugin, lz4, zstandard, ZMQ or dv-processing) imports
     the datasets and every training stage and reads .dat and .evz files; an AEDAT4 file then names what it lacks."""

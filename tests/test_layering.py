@@ -162,7 +162,6 @@ def test_the_run_lineage_never_reaches_torch():
     assert reaches("mem_core.runs.lineage", GUI_NEVER_REACHES) == []
 
 
-@pytest.mark.slow
 def test_the_command_line_starts_without_heavy_libraries():
     # `mem --help`, `mem view` and every other command import app.cli first: torch alone takes seconds to import
     code = "import sys, app.cli; print(sorted(m for m in ('torch', 'timm', 'numba', 'h5py', 'PySide6') if m in sys.modules))"

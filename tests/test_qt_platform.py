@@ -21,6 +21,7 @@ def test_missing_libraries_are_read_from_ldd():
     assert qt_platform.missing_from_ldd(LDD_OUTPUT) == ["libxcb-icccm.so.4", "libxcb-keysyms.so.1"]
 
 
+@pytest.mark.slow  # runs the ldd it is given
 def test_missing_xcb_libraries_are_named_with_the_packages_to_install(monkeypatch, tmp_path):
     plugin = tmp_path / "libqxcb.so"
     plugin.write_bytes(b"")
@@ -41,7 +42,6 @@ def test_missing_xcb_libraries_are_named_with_the_packages_to_install(monkeypatc
     assert qt_platform.window_problem() is None
 
 
-@pytest.mark.slow
 def test_mem_view_without_a_running_display_is_one_line_not_an_abort():
     env = {"PATH": "/usr/bin:/bin", "DISPLAY": ":987", "HOME": "/tmp"}
     r = subprocess.run(

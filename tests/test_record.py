@@ -31,8 +31,6 @@ from recorders.publish import EventPublisher, normalize_address
 from recorders.record import run
 from recorders.simulated import SimulatorSource
 
-pytestmark = pytest.mark.slow  # recording processes killed and interrupted
-
 ROOT = Path(__file__).resolve().parent.parent
 SIM = SimulatorConfig(sensor=SensorSize(48, 64), n_objects=2, seed=5)
 

@@ -560,7 +560,6 @@ def test_each_process_draws_its_own_dropout_and_drop_path():
     assert not torch.equal(draws(1), draws(2))
 
 
-@pytest.mark.slow  # torchrun processes
 def test_torchrun_processes_draw_different_dropout(tmp_path):
     script = tmp_path / "draw.py"
     script.write_text(

@@ -34,8 +34,6 @@ from recorders.simulated import SimulatorSource
 from recorders.sources import open_source
 from recorders.synthetic import SyntheticSource
 
-pytestmark = pytest.mark.slow  # a live server with a model per test
-
 SENSOR = SensorSize(32, 48)
 WAIT_S = 30.0  # generous: the machine is shared
 

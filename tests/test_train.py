@@ -22,8 +22,6 @@ from mem_core.train.configs import stage_config
 from mem_core.train.engine import NonFiniteLossError
 from mem_core.train.evaluate import evaluate_run
 
-pytestmark = pytest.mark.slow  # every test trains a stage
-
 TINY_INPUT = ["input.size=[32, 32]", "input.n_max=3000", "input.shift_px=2", "data.num_workers=0"]
 TINY_VIT = ["model.patch_size=8", "model.embed_dim=32", "model.depth=2", "model.num_heads=2"]
 

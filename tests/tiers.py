@@ -1,0 +1,203 @@
+"""The two test tiers: ``uv run pytest -m "not slow"`` starts no process, server or training; ``uv run pytest`` runs
+everything.
+
+A test is ``slow`` when it is marked so by hand (it takes long for another reason) or when it uses one of
+``SLOW_USES``: in its body, in a fixture it requests, in a function of the tests it calls (helpers, classes, lambdas,
+functions it is parametrized with), read from the bytecode by qualified name. Every test left in the quick tier runs
+with process starts refused: one that starts a process anyway (through product code the scan does not read) fails,
+naming itself.
+"""
+
+from __future__ import annotations
+
+import builtins
+import dis
+import multiprocessing.process
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+# What a quick test must not use, by qualified name (a module covers everything in it), and why.
+SLOW_USES = {
+    "subprocess": "starts a process",
+    "multiprocessing": "starts a process",
+    "concurrent.futures.process": "starts a process",
+    "app.live.labelling.TrainingJob": "starts a training process",
+    "app.live.server.LiveServer": "starts a live server",
+    "app.live.server.run": "starts a live server",
+    "app.demo.run": "trains and serves",
+    "recorders.record.run": "records in real time",
+    "recorders.publish.EventPublisher": "publishes on a socket",
+    "mem_core.train.stage.run_stage": "trains",
+    "mem_core.train.tokenizer.run": "trains",
+    "mem_core.train.pretrain.run": "trains",
+    "mem_core.train.finetune.run": "trains",
+    "mem_core.train.segment.run": "trains",
+    "mem_core.train.experiment.run": "trains",
+}
+
+# Bytecode that reads a name, binds one, or reads an attribute of what is on top of the stack.
+_GLOBALS = {"LOAD_GLOBAL", "LOAD_NAME"}
+_LOCALS = {"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_DEREF", "LOAD_CLASSDEREF"}
+_STORES = {"STORE_FAST", "STORE_DEREF", "STORE_NAME"}
+_ATTRIBUTES = {"LOAD_ATTR", "LOAD_METHOD", "IMPORT_FROM"}
+
+
+def _qualified(obj: object) -> str | None:
+    if isinstance(obj, types.ModuleType):
+        return obj.__name__
+    module, name = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    return f"{module}.{name}" if isinstance(module, str) and isinstance(name, str) else None
+
+
+def _slow_reason(name: str) -> str | None:
+    for prefix, reason in SLOW_USES.items():
+        if name == prefix or name.startswith(prefix + "."):
+            return reason
+    return None
+
+
+def _folder(obj: object) -> Path | None:
+    """The folder of the file that defines ``obj``."""
+    file = getattr(sys.modules.get(getattr(obj, "__module__", None) or ""), "__file__", None)
+    return Path(file).resolve().parent if file else None
+
+
+class _Scan:
+    """Why a test is slow (``None`` if it is not), remembered per function: tests share fixtures and helpers."""
+
+    def __init__(self, folders: set[Path]) -> None:
+        self._folders = folders  # where the tests are: functions defined there are read too
+        self._seen: dict[object, str | None] = {}
+
+    def function(self, func: object) -> str | None:
+        func = getattr(func, "__func__", func)  # a bound method
+        func = getattr(func, "__wrapped__", func)  # a decorated helper (contextmanager)
+        code = getattr(func, "__code__", None)
+        if code is None:
+            return None
+        if code not in self._seen:
+            self._seen[code] = None  # recursion ends here
+            self._seen[code] = self._code(code, getattr(func, "__globals__", {}))
+        return self._seen[code]
+
+    def cls(self, cls: type) -> str | None:
+        for value in vars(cls).values():
+            if (reason := self.function(value)) is not None:
+                return f"{cls.__qualname__}: {reason}"
+        return None
+
+    def _code(self, code: types.CodeType, globals_: dict) -> str | None:
+        current: tuple[str, object] | None = None  # the qualified name and object on top of the stack
+        imported: tuple[str, object] | None = None  # the module of the last import statement
+        local: dict[str, tuple[str, object]] = {}  # names bound to what was on top when they were stored
+        for ins in dis.get_instructions(code):
+            op, arg = ins.opname, ins.argval
+            if op in _GLOBALS:
+                obj = globals_.get(arg, getattr(builtins, arg, None))
+                current = (_qualified(obj) or arg, obj) if obj is not None else None
+            elif op in _LOCALS:
+                current = local.get(arg)
+            elif op in _STORES:
+                if current is not None:
+                    local[arg] = current
+                current = None
+            elif op == "IMPORT_NAME":
+                current = imported = (arg, sys.modules.get(arg))
+            elif op in _ATTRIBUTES and (base := imported if op == "IMPORT_FROM" else current) is not None:
+                attribute = getattr(base[1], arg, None) if base[1] is not None else None
+                current = (_qualified(attribute) or f"{base[0]}.{arg}", attribute)
+            else:
+                current = None
+            if current is None:
+                continue
+            name, obj = current
+            if (reason := _slow_reason(name)) is not None:
+                return f"{name} {reason}"
+            if obj is not None and _folder(obj) in self._folders:
+                inner = self.cls(obj) if isinstance(obj, type) else self.function(obj)
+                if inner is not None:
+                    return f"{getattr(obj, '__qualname__', name)} -> {inner}"
+        for const in code.co_consts:  # nested functions, lambdas and comprehensions
+            if isinstance(const, types.CodeType) and (reason := self._code(const, globals_)):
+                return reason
+        return None
+
+    def item(self, item: pytest.Function) -> str | None:
+        if (reason := self.function(item.function)) is not None:
+            return reason
+        for name, definitions in item._fixtureinfo.name2fixturedefs.items():
+            for definition in definitions:
+                if (reason := self.function(definition.func)) is not None:
+                    return f"fixture {name}: {reason}"
+        for value in getattr(getattr(item, "callspec", None), "params", {}).values():
+            if callable(value) and (reason := self.function(value)) is not None:
+                return f"parameter: {reason}"
+        return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by mark
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    scan = _Scan({Path(item.path).resolve().parent for item in items})
+    for item in items:
+        quick = isinstance(item, pytest.Function) and item.get_closest_marker("slow") is None
+        if quick and (reason := scan.item(item)) is not None:
+            item.add_marker(pytest.mark.slow(reason=reason))
+
+
+# ------------------------------------------------------------------------------------------ the quick tier's guard
+
+_running: list[tuple[str, bool]] = []  # (node id, in the quick tier) of the test running now (nested: pytester)
+_started: dict[str, list[str]] = {}  # node id -> the process starts it was refused
+_STARTS = [(subprocess.Popen, "__init__"), (multiprocessing.process.BaseProcess, "start"), (os, "fork")]
+_saved = pytest.StashKey[list]()
+_HINT = "mark it @pytest.mark.slow, or add what started it to SLOW_USES in tests/tiers.py"
+
+
+class ProcessInQuickTest(RuntimeError):
+    """A test of the quick tier started a process."""
+
+
+def _refusing(what: str, start):
+    def guarded(*args, **kwargs):
+        if _running and _running[-1][1]:
+            test = _running[-1][0]
+            _started.setdefault(test, []).append(what)
+            raise ProcessInQuickTest(f"{test} is in the quick tier and started a process ({what}): {_HINT}")
+        return start(*args, **kwargs)
+
+    return guarded
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[_saved] = [(owner, name, getattr(owner, name)) for owner, name in _STARTS]
+    for owner, name, start in config.stash[_saved]:
+        setattr(owner, name, _refusing(f"{getattr(owner, '__name__', owner)}.{name}", start))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for owner, name, start in config.stash.get(_saved, []):
+        setattr(owner, name, start)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    _running.append((item.nodeid, item.get_closest_marker("slow") is None))
+    try:
+        return (yield)
+    finally:
+        _running.pop()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    report = yield
+    started = _started.pop(item.nodeid, None)
+    if started and report.passed:  # the code under test caught the refusal
+        report.outcome = "failed"
+        report.longrepr = f"{item.nodeid} is in the quick tier and started a process ({', '.join(started)}): {_HINT}"
+    return report
