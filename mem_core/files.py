@@ -34,7 +34,10 @@ def read_bounded(path: str | os.PathLike, limit: int) -> bytes:
     """The bytes of the regular file ``path``, at most ``limit`` of them (a file that grows while it is read is
     refused too); errors as ``open_bounded``'s."""
     with open_bounded(path, limit) as f:
-        data = f.read(limit + 1)
+        # what the file holds and a byte more: read(limit + 1) would allocate the whole limit before reading a byte
+        data = f.read(os.fstat(f.fileno()).st_size + 1)
+        while len(data) <= limit and (more := f.read(min(1 << 20, limit + 1 - len(data)))):
+            data += more  # the file grows while it is read
     if len(data) > limit:
         raise FileTooLarge(len(data), limit)
     return data

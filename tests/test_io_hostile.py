@@ -14,27 +14,13 @@ import h5py
 import numpy as np
 import pytest
 from conftest import synthetic_events
+from hostile import N, external, holding, huge_chunks, linked, soft_link, virtual, write_dsec
 
 from mem_core.corpus import Corpus, CorpusError, CorpusWriter
 from mem_core.events import SensorSize
 from mem_core.io import EventFileError, aedat4, describe, evz, hdf5, nbin, npz, prophesee, read_events
 
-DSEC_COLUMNS = (("x", "<u2"), ("y", "<u2"), ("t", "<u4"), ("p", "u1"))
-N = 16
 FIFO_GRACE_S = 15
-
-
-def write_dsec(path: Path, special: dict[str, Callable[[h5py.Group, str, str], None]] | None = None) -> Path:
-    """A small DSEC layout; ``special[name](group, name, dtype)`` creates that column instead of plain data."""
-    special = special or {}
-    with h5py.File(path, "w") as f:
-        group = f.create_group("events")
-        for name, dtype in DSEC_COLUMNS:
-            if name in special:
-                special[name](group, name, dtype)
-            else:
-                group.create_dataset(name, data=np.arange(N).astype(dtype))
-    return path
 
 
 @pytest.fixture
@@ -57,10 +43,7 @@ def test_h5_column_stored_in_another_file_is_refused_not_read(tmp_path):
     secret = tmp_path / "secret.txt"
     secret.write_bytes(b"root:x:0:0:root:/root:/bin/bash\n")
 
-    def external(group, name, dtype):
-        group.create_dataset(name, shape=(N,), dtype=dtype, external=[(str(secret), 0, N)])
-
-    path = write_dsec(tmp_path / "events.h5", {"p": external})
+    path = write_dsec(tmp_path / "events.h5", {"p": external(secret)})
     with pytest.raises(EventFileError, match=r"events\.h5: refused: dataset events/p keeps its data in external files"):
         read_events(path)
     events, _ = read_events(path, follow_links=True)  # the user's opt-in
@@ -76,22 +59,13 @@ def test_h5_external_link_to_a_fifo_is_refused_without_opening_it(tmp_path, fifo
 
 
 def test_h5_virtual_dataset_with_a_fifo_source_is_refused_without_opening_it(tmp_path, fifo):
-    def virtual(group, name, dtype):
-        layout = h5py.VirtualLayout(shape=(N,), dtype=dtype)
-        layout[:] = h5py.VirtualSource(str(fifo), "x", shape=(N,))
-        group.create_virtual_dataset(name, layout)
-
-    path = write_dsec(tmp_path / "events.h5", {"x": virtual})
+    path = write_dsec(tmp_path / "events.h5", {"x": virtual(fifo)})
     with pytest.raises(EventFileError, match=r"refused: dataset events/x is a virtual dataset"):
         read_events(path)
 
 
 def test_h5_soft_link_is_refused_unless_links_are_followed(tmp_path):
-    def soft(group, name, dtype):
-        group.file.create_dataset("elsewhere", data=np.arange(N).astype(dtype))
-        group[name] = h5py.SoftLink("/elsewhere")
-
-    path = write_dsec(tmp_path / "events.h5", {"t": soft})
+    path = write_dsec(tmp_path / "events.h5", {"t": soft_link})
     with pytest.raises(EventFileError, match=r"refused: /events/t is a soft link"):
         read_events(path)
     events, sensor = read_events(path, follow_links=True)
@@ -113,10 +87,8 @@ def corpus_with_shard_column(root: Path, name: str, replace: Callable[[h5py.File
 
 
 def test_shard_column_linked_to_a_fifo_is_refused_without_opening_it(tmp_path, fifo):
-    def link(f, name):
-        f[name] = h5py.ExternalLink(str(fifo), "/t")
-
-    corpus = corpus_with_shard_column(tmp_path / "c", "t", link)
+    link = linked(h5py.ExternalLink(str(fifo), "/t"))
+    corpus = corpus_with_shard_column(tmp_path / "c", "t", lambda f, name: link(f, name, "<i8"))
     with pytest.raises(CorpusError, match=r"shard-00000\.h5: refused shard \(/t is an external link"):
         corpus.events(0)
 
@@ -125,10 +97,7 @@ def test_shard_column_stored_in_another_file_is_refused(tmp_path):
     secret = tmp_path / "secret.txt"
     secret.write_bytes(bytes(range(100)))
 
-    def external(f, name):
-        f.create_dataset(name, shape=(100,), dtype="u1", external=[(str(secret), 0, 100)])
-
-    corpus = corpus_with_shard_column(tmp_path / "c", "p", external)
+    corpus = corpus_with_shard_column(tmp_path / "c", "p", lambda f, name: external(secret, 100)(f, name, "u1"))
     assert "refused shard (dataset p keeps its data in external files" in corpus.check()["shard-00000.h5"]
 
 
@@ -184,11 +153,6 @@ def test_corpus_manifest_or_shard_that_is_no_regular_file_is_refused(tmp_path, f
 # ------------------------------------------------------------------------------------------ bombs
 
 
-def huge_chunks(group, name, dtype):
-    """16 values in one gzip chunk of 2^25 elements: a small file that decompresses 32 MiB to read any value."""
-    group.create_dataset(name, data=np.arange(N).astype(dtype), chunks=(1 << 25,), maxshape=(None,), compression="gzip")
-
-
 def test_h5_with_chunks_far_larger_than_its_data_is_refused_before_reading(tmp_path):
     path = write_dsec(tmp_path / "events.h5", {"p": huge_chunks})
     assert path.stat().st_size < 200_000
@@ -233,14 +197,9 @@ def write_npz(path: Path, **columns) -> Path:
     return path
 
 
-def dsec_with(path: Path, t_offset: np.ndarray | None = None, **columns: np.ndarray) -> Path:
+def dsec_with(path: Path, t_offset: np.generic | None = None, **columns: np.ndarray) -> Path:
     """The small DSEC layout with the given columns (any dtype) and ``t_offset``."""
-    special = {k: lambda group, name, dtype, v=v: group.create_dataset(name, data=v) for k, v in columns.items()}
-    write_dsec(path, special)
-    if t_offset is not None:
-        with h5py.File(path, "r+") as f:
-            f.create_dataset("t_offset", data=t_offset)
-    return path
+    return write_dsec(path, {name: holding(values) for name, values in columns.items()}, t_offset)
 
 
 @pytest.mark.parametrize(
@@ -334,13 +293,9 @@ def test_inspect_and_ingest_read_a_file_that_keeps_data_elsewhere_only_when_aske
     from recorders.config import IngestConfig
     from recorders.ingest import run
 
-    def soft(group, name, dtype):
-        group.file.create_dataset("elsewhere", data=np.arange(N).astype(dtype))
-        group[name] = h5py.SoftLink("/elsewhere")
-
     folder = tmp_path / "in"
     folder.mkdir()
-    path = write_dsec(folder / "events.h5", {"t": soft})
+    path = write_dsec(folder / "events.h5", {"t": soft_link})
     refused = CliRunner().invoke(app, ["inspect", str(path)])
     assert isinstance(refused.exception, EventFileError) and "--follow-links reads it" in str(refused.exception)
     shown = CliRunner().invoke(app, ["inspect", str(path), "--json", "--follow-links"])

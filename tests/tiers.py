@@ -88,7 +88,7 @@ class _Scan:
     def cls(self, cls: type) -> str | None:
         for value in vars(cls).values():
             if (reason := self.function(value)) is not None:
-                return f"{cls.__qualname__}: {reason}"
+                return reason
         return None
 
     def _code(self, code: types.CodeType, globals_: dict) -> str | None:
