@@ -20,7 +20,7 @@ from app.live.labelling import LabelError
 from app.live.ring import EventRing
 from app.live.server import LiveServer, Window, newest_span, source_truth
 from app.viewer.client import LiveClient
-from app.viewer.widgets import dark_palette
+from app.viewer.theme import dark_palette
 from app.viewer.window import ViewerWindow
 from mem_core.corpus import Corpus, CorpusWriter
 from mem_core.simulator import task_config

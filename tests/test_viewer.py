@@ -12,7 +12,8 @@ import zmq
 from PySide6 import QtCore, QtGui
 
 from app.viewer.client import LiveClient, control_endpoint
-from app.viewer.widgets import FLASH_COLOR, FLASH_MS, TOKEN_ALPHA, dark_palette, token_colors
+from app.viewer.event_view import FLASH_COLOR, FLASH_MS, TOKEN_ALPHA
+from app.viewer.theme import dark_palette, token_colors
 from app.viewer.window import ViewerWindow
 from mem_core.protocol import decode, decode_control, encode, encode_control
 from mem_core.visualize import OFF_RGB, ON_RGB, histogram_rgb

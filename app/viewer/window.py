@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import signal
 import sys
 import time
@@ -16,21 +15,13 @@ from PySide6 import QtCore, QtGui, QtWidgets
 
 from app.config import ServeConfig, ViewConfig
 from app.units import event_rate
+from app.viewer.charts import ConfidenceTimeline, SegmentLegend, TopKPanel
 from app.viewer.client import LiveClient
-from app.viewer.widgets import (
-    HOTKEY_CLASSES,
-    AccumulationControls,
-    ConfidenceTimeline,
-    EventView,
-    FlashFrame,
-    LabelPanel,
-    RecordControls,
-    ReplayControls,
-    SegmentLegend,
-    TopKPanel,
-    class_colors,
-    dark_palette,
-)
+from app.viewer.controls import AccumulationControls, RecordControls, ReplayControls
+from app.viewer.event_view import EventView, FlashFrame
+from app.viewer.label_panel import HOTKEY_CLASSES, LabelPanel
+from app.viewer.snapshot import Snapshots
+from app.viewer.theme import class_colors, dark_palette
 from mem_core.protocol import (
     VIEW_DECODERS,
     Message,
@@ -62,16 +53,16 @@ TIPS = {  # why a control cannot act (by the server's model_state; None: not hea
 }
 
 
-class ViewerWindow(QtWidgets.QMainWindow):
+class ViewerWindow(Snapshots, QtWidgets.QMainWindow):
     """The events at sensor resolution (or the model input) with token / mask overlays, prediction panel,
     controls and a status bar.
 
     ``apply(messages)`` draws a drain's newest messages (topic -> ``Message``); with a ``client`` the window is
     wired to it (messages in, control commands out: ``control_command(name, args)`` reaches
-    ``client.send_control(name, **args)``). ``view_state()`` describes what is on screen.
+    ``client.send_control(name, **args)``). ``view_state()`` describes what is on screen (``Snapshots``).
     """
 
-    control_command = QtCore.Signal(str, object)  # (name, args dict): see app.viewer.widgets on why object
+    control_command = QtCore.Signal(str, object)  # (name, args dict): see app.viewer.controls on why object
 
     def __init__(self, client: LiveClient | None = None, parent: QtWidgets.QWidget | None = None) -> None:
         super().__init__(parent)
@@ -87,7 +78,7 @@ class ViewerWindow(QtWidgets.QMainWindow):
         self.commands_confirmed = 0  # the server's command count in its latest reply: older stats are stale
         self.bad_messages = 0  # decodable messages whose content does not fit their topic (dropped)
         self._frame_times: deque[float] = deque(maxlen=1000)
-        self._first_message: tuple[float, float] | None = None  # (monotonic, GUI thread CPU s) at the 1st message
+        self.first_message: tuple[float, float] | None = None  # (monotonic, GUI thread CPU s) at the 1st message
         self.model_version: int | None = None  # of the newest prediction
         self.model_switches = 0  # newer models seen taking over (marked on the timeline)
         self._served_without_model = False  # the server said it had no model (its first one is a switch too)
@@ -198,8 +189,8 @@ class ViewerWindow(QtWidgets.QMainWindow):
     def apply(self, messages: dict[str, Message]) -> None:
         """Draw the newest message of each topic (one drain of the client). A message whose content does not fit
         its topic is dropped and counted, and changes nothing on screen (its session included)."""
-        if self._first_message is None:
-            self._first_message = (time.monotonic(), time.thread_time())
+        if self.first_message is None:
+            self.first_message = (time.monotonic(), time.thread_time())
         self.last_message = time.monotonic()
         checked = {}
         for topic, check in CHECKS.items():
@@ -383,7 +374,7 @@ class ViewerWindow(QtWidgets.QMainWindow):
         """Refresh the status bar and the picture's notice (runs on a timer)."""
         stopped = self._update_notice()  # (may draw what waited: the stats read below are the newest)
         labels, stats = self.status_labels, self.last_stats
-        labels["link"].setText(self._link_text())
+        labels["link"].setText(self.link_text())
         labels["view"].setText(self._view_text())
         labels["fps"].setText(f"{self.display_fps:.0f} fps")
         if stopped or not stats:  # the last stats describe a stream that is gone, or none came yet
@@ -439,7 +430,8 @@ class ViewerWindow(QtWidgets.QMainWindow):
         text = f"model input {view.hist.shape[2]} x {view.hist.shape[1]}"
         return f"{text} ({sensor})" if sensor else text
 
-    def _link_text(self) -> str:
+    def link_text(self) -> str:
+        """How the link to the server stands: connected, waiting, no data for a while."""
         if self.client is None:
             return "offline"
         age = time.monotonic() - self.client.last_message
@@ -451,88 +443,6 @@ class ViewerWindow(QtWidgets.QMainWindow):
                 else f"waiting for {self.client.endpoint}"
             )
         return "connected" if age < STALE_S else f"no data for {age:.0f} s"
-
-    def view_state(self) -> dict[str, Any]:
-        """What the window shows, as JSON-able data (written next to snapshots; used by tests and the bench)."""
-        view = self.view
-        hist = None
-        if view.shape is not None and view.picture() is not None:
-            rect = view.mapFromScene(view.image.sceneBoundingRect()).boundingRect()
-            top_left = view.viewport().mapTo(self, rect.topLeft())
-            hist = {
-                "view": "sensor" if view.showing_sensor else "input",
-                "shape": list(view.shape),
-                "sensor": list(view.sensor.sensor) if view.sensor is not None else None,
-                "lit_fraction": float((np.asarray(view.picture()[0]).max(axis=0) > 0).mean()),  # px with events
-                "rect": [top_left.x(), top_left.y(), rect.width(), rect.height()],
-            }
-        client = self.client
-        return {
-            "endpoint": client.endpoint if client else None,
-            "link": self._link_text(),
-            "notice": self.view.notice.text() if self.view.notice.isVisibleTo(self) else None,
-            "stale": self.view.stale,
-            "model_state": self.last_stats.get("model_state"),
-            "session": self.session,
-            "frames_shown": self.frames_shown,
-            "display_fps": self.display_fps,
-            **self._activity(),
-            "histogram": hist,
-            "input": None if view.hist is None else list(view.hist.shape[1:]),
-            "tokens": None if view.tokens is None else {"grid": list(view.tokens.shape), "shown": view.show_tokens},
-            "prediction": self.last_pred,
-            "stats": {
-                k: self.last_stats.get(k)
-                for k in ("events_per_s", "window_events", "window_ms", "latency_ms", "skipped_windows", "predictions")
-            },
-            "messages": {
-                "received": client.tracker.received if client else 0,
-                "missed": client.tracker.missed if client else 0,
-                "malformed": (client.malformed if client else 0) + self.bad_messages,
-                "restarts": client.tracker.restarts if client else 0,
-            },
-            "controls": {
-                "replay": self.replay.isVisibleTo(self),
-                "record": self.record.isVisibleTo(self),
-                "accumulation": self.accumulation.isVisibleTo(self),
-                "labels": self.labels.isVisibleTo(self),
-            },
-            "labels": {
-                "classes": self.labels.classes,
-                "counts": self.labels.counts,
-                "captures": self.labels.captures,
-                "flashes": self.flashes,
-                "status": self.labels.status.text(),
-                "error": self.labels.error.text(),
-            },
-            "training": self.labels.training,
-            "model": {  # the server's model, and the version of the newest prediction
-                **(self.last_stats.get("model") or {}),
-                "version": self.model_version,
-                "switches": self.model_switches,
-            },
-        }
-
-    def _activity(self) -> dict[str, float]:
-        """Seconds since the first message, and the GUI thread's CPU time over that span as a fraction."""
-        if self._first_message is None:
-            return {"elapsed_s": 0.0, "gui_busy_fraction": 0.0}
-        wall0, cpu0 = self._first_message
-        elapsed = max(time.monotonic() - wall0, 1e-9)
-        return {"elapsed_s": elapsed, "gui_busy_fraction": (time.thread_time() - cpu0) / elapsed}
-
-    def save_snapshot(self, path: Path | str) -> dict[str, Any]:
-        """Save the window as PNG at ``path`` and ``view_state()`` as JSON beside it (same name, ``.json``)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.update_status()
-        # lay out what changed (a longer status text) before the picture is taken, not at the next event loop turn
-        QtWidgets.QApplication.sendPostedEvents(None, QtCore.QEvent.Type.LayoutRequest)
-        if not self.grab().save(str(path)):
-            raise OSError(f"could not write the snapshot {path}")
-        state = self.view_state()
-        path.with_suffix(".json").write_text(json.dumps(state, indent=2) + "\n")
-        return state
 
     def _snapshot_clicked(self) -> None:
         path = Path.cwd() / f"mem-view-{datetime.now():%Y%m%d-%H%M%S}.png"
