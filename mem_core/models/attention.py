@@ -61,8 +61,9 @@ FLEX_KERNEL_OPTIONS = {
 # the chunked kernel's bias gradient: samples per chunk such that a chunk's scores hold this many elements (ViT-B/16
 # at 224: 144 samples, 268 MB in fp32 for each of the three score-sized tensors of a chunk)
 BIAS_GRAD_CHUNK_ELEMENTS = 2**26
-# the chunked kernel's SDPA backends in the order it asks for them: cuDNN's fused attention first (flash is out: it
-# takes no bias), then the memory-efficient kernel, which spares the per-sample bias gradient once it needs none
+# the chunked kernel's SDPA backends in the order it asks for them: cuDNN's fused attention first, then the
+# memory-efficient kernel, which writes no per-sample bias gradient once the bias needs none (flash takes no bias: SDPA
+# passes over it)
 CHUNKED_SDPA_BACKENDS = [
     SDPBackend.CUDNN_ATTENTION,
     SDPBackend.EFFICIENT_ATTENTION,

@@ -428,7 +428,7 @@ class TensorDropPath(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training:
             return x
-        kept = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(self.keep.to(x.dtype))  # (B, 1, ...)
+        kept = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(self.keep)  # (B, 1, ...), p in fp32
         return x * (kept * self.scale.to(x.dtype))
 
     def extra_repr(self) -> str:

@@ -102,8 +102,8 @@ def setup_runtime(device: str = "auto", amp: bool = True, cpu_bf16: bool = False
     if dev.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True  # TF32 matmuls: free speed on Ampere+, ample precision here
         torch.backends.cudnn.allow_tf32 = True
-        # a training step's convolutions (the tokenizer, convolutional stems) keep their shapes: timing cuDNN's
-        # algorithms once per shape beats its heuristics' pick in every later step
+        # a training step's convolutions (the tokenizer, convolutional stems) keep their shapes: cuDNN times its
+        # algorithms once per shape, for every later step (docs/BENCHMARKS.md, GPU: the cudnn-benchmark variant)
         torch.backends.cudnn.benchmark = CUDNN_BENCHMARK
     amp_dtype = torch.bfloat16 if amp and dev.type == "cuda" and torch.cuda.is_bf16_supported() else None
     train_amp_dtype = None
