@@ -322,7 +322,7 @@ def variant_kernel(switches: frozenset[str]) -> Iterator[None]:
         yield
     finally:
         attention.use_gpu_training_kernel(before)
-        torch._dynamo.reset()
+        torch.compiler.reset()
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -394,7 +394,7 @@ def main(
                         **inputs,
                     )
                     if compiled:  # the next stage's batch compiles static programs of its own, not dynamic ones
-                        torch._dynamo.reset()
+                        torch.compiler.reset()
                     done, label = measured[place, variant, stage], f"{variant} {stage}" if variant else stage
                     # as it comes: a run cut short by a time limit still says what it measured
                     print(f"{label}: {done['images_per_s']:.1f} img/s, {done['step_ms']:.1f} ms a step", flush=True)

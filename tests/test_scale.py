@@ -201,7 +201,7 @@ def test_a_compiled_pretraining_model_is_one_graph_given_the_masked_positions(tm
     """Pretraining finds the masked positions on the host and hands them to the model: compiled whole
     (``compile = true``), its forward is one graph and gives eager's loss. A model left to find them itself breaks
     its graph there (``nonzero``: a result whose size depends on the data)."""
-    torch._dynamo.reset()
+    torch.compiler.reset()
     cfg = PretrainStage.configure(tiny_config("pretrain"))
     stage = PretrainStage(cfg, Runtime(device=torch.device("cpu")), RunDir(tmp_path), tokenizer=tokenizer_export)
     torch.manual_seed(0)
@@ -215,14 +215,14 @@ def test_a_compiled_pretraining_model_is_one_graph_given_the_masked_positions(tm
     mask = stage.masks.batch(4, np.random.default_rng(0))
     found_inside = torch._dynamo.explain(model)(x, mask, stage.targets(x))
     assert found_inside.graph_break_count > 0 and "nonzero" in str(found_inside.break_reasons)
-    torch._dynamo.reset()
+    torch.compiler.reset()
 
 
 @pytest.mark.slow  # inductor compiles a block's forward and backward on the CPU (about a minute on 2 busy cores)
 def test_compiling_the_blocks_trains_as_eager_does(tmp_path, tokenizer_export):
     """``compile = "blocks"``: the blocks of the trained model itself compiled (no wrapper), the same losses and
     gradients as the eager model, step after step."""
-    torch._dynamo.reset()
+    torch.compiler.reset()
     cfg = PretrainStage.configure(tiny_config("pretrain", "compile=blocks"))
     runtime = Runtime(device=torch.device("cpu"))
     stage = PretrainStage(cfg, runtime, RunDir(tmp_path), tokenizer=tokenizer_export)
@@ -240,7 +240,7 @@ def test_compiling_the_blocks_trains_as_eager_does(tmp_path, tokenizer_export):
         got.backward()
     for (name, p), q in zip(model.named_parameters(), eager.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
-    torch._dynamo.reset()
+    torch.compiler.reset()
 
 
 # ------------------------------------------------------------------------------------------ FlexAttention
