@@ -219,7 +219,7 @@ def test_a_compute_bomb_is_refused_before_it_is_built(tmp_path):
 def test_a_model_whose_window_takes_more_work_than_the_limit_is_refused(export_dir, monkeypatch):
     flops = load_model(export_dir)[1]["window_flops"]
     assert flops > 0
-    monkeypatch.setattr(export, "MAX_WINDOW_FLOPS", flops - 1)
+    monkeypatch.setattr(export.cost, "MAX_WINDOW_FLOPS", flops - 1)
     with pytest.raises(RunError, match=re.escape(f"model.json: one window through this model takes {flops:.3g} FLOP")):
         load_model(export_dir)
 
