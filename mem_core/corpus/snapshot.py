@@ -13,9 +13,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from mem_core.corpus.folder import prepare_corpus_dir, take_writer_lock
 from mem_core.corpus.format import MANIFEST, CorpusError, load_manifest, parse_manifest, write_manifest
 from mem_core.corpus.reader import Corpus
-from mem_core.corpus.writer import prepare_corpus_dir, take_writer_lock
 
 SNAPSHOT_OF = "snapshot_of"  # the provenance key naming the corpus (resolved path) a snapshot was taken of
 

@@ -1,18 +1,15 @@
-"""``CorpusWriter``: appends recordings to a corpus, crash-safe (see ``mem_core.corpus.format`` for what survives)."""
+"""``CorpusWriter``: appends recordings to a corpus, crash-safe (see ``mem_core.corpus.format`` for what survives).
+
+The writer holds the recordings and the shard being written; ``folder`` makes the corpus folder and its writer lock,
+``journal`` commits the manifest, ``space`` keeps the disk room and the ballast.
+"""
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import fcntl
 import json
 import os
-import re
-import resource
-import shutil
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,37 +17,14 @@ import h5py
 import numba
 import numpy as np
 
-from mem_core.corpus.format import (
-    CHUNK_EVENTS,
-    COLUMNS,
-    FORMAT_VERSION,
-    JOURNAL,
-    JOURNAL_NAME,
-    MANIFEST,
-    CorpusError,
-    CorpusFullError,
-    fsync_path,
-    load_manifest,
-    parse_manifest,
-    write_manifest,
-)
+from mem_core.corpus.folder import prepare_corpus_dir, take_writer_lock
+from mem_core.corpus.format import CHUNK_EVENTS, COLUMNS, FORMAT_VERSION, CorpusError, fsync_path
+from mem_core.corpus.journal import ManifestJournal
+from mem_core.corpus.space import DiskSpace
 from mem_core.events import EVENT_DTYPE, SensorSize, time_problem, validate_events
 from mem_core.io.hdf5 import hdf5_filters
 
 _BUFFER_EVENTS = 1 << 20  # events held in memory before a shard write (64 chunks)
-# Ballast deleted on a failed write so HDF5 can still close the shard: 16 MiB, or 1/32 of the free space on a small
-# disk (at least 1 MiB), where 16 MiB took most of the room and a recording kept no events.
-_RESERVE_BYTES = 16 << 20
-_MIN_RESERVE_BYTES = 1 << 20
-_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-_SHARD_RE = re.compile(r"shard-(\d+)\.h5$")
-_MIN_FOLD_BYTES = 1 << 16  # a journal is folded into the manifest once larger than it, and than this
-
-
-def _full_errno(exc: BaseException) -> int | None:
-    """The disk-full errno behind an OSError or an h5py error message (HDF5 reports "errno = 28"), else None."""
-    codes = [getattr(exc, "errno", None), *(int(c) for c in re.findall(r"errno = (\d+)", str(exc)))]
-    return next((c for c in codes if c in _FULL_ERRNOS), None)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -74,29 +48,6 @@ def _check_events(events: np.ndarray, sensor: SensorSize, t_last: int | None) ->
         return
     validate_events(events, sensor)  # raises with the first problem named
     raise ValueError(f"events go back in time: first t={int(events['t'][0])} is before the last appended t={t_last}")
-
-
-def prepare_corpus_dir(root: Path) -> None:
-    """Create the corpus directory ``root`` (with its parents) if needed; ``CorpusError`` in one line when it cannot
-    be one (an existing file, a path too long, no permission)."""
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise CorpusError(f"{root}: exists and is not a directory, so it cannot hold a corpus") from None
-    except OSError as e:
-        raise CorpusError(f"{root}: cannot hold a corpus ({e.strerror or e})") from None
-
-
-def take_writer_lock(root: Path) -> int:
-    """The corpus ``root``'s writer lock (an ``flock`` on ``.writer.lock``, released by the kernel if its holder
-    dies), as a descriptor to ``os.close`` when done; ``CorpusError`` while another writer holds it."""
-    fd = os.open(root / ".writer.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise CorpusError(f"{root}: another CorpusWriter has this corpus open") from None
-    return fd
 
 
 class CorpusWriter:
@@ -124,10 +75,9 @@ class CorpusWriter:
         self.root = Path(root)
         self.flush_interval_s = flush_interval_s
         self.shard_max_events = shard_max_events
-        self.min_free_bytes = min_free_bytes
         prepare_corpus_dir(self.root)
         self._lock_fd = take_writer_lock(self.root)
-        self._reserve = self.root / ".reserve"
+        self._space = DiskSpace(self.root, min_free_bytes)
         self._file: h5py.File | None = None  # the shard being written, opened on first use
         # Its datasets stay open with it: a Dataset object dropped mid-write closes (and flushes) itself inside a
         # destructor, where h5py swallows a write error and leaves HDF5 in a state that segfaults later.
@@ -139,49 +89,25 @@ class CorpusWriter:
         self._recording: dict[str, Any] | None = None  # manifest entry of the segment being recorded
         self._failed: str | None = None  # why the writer stopped (a message: the exception's frames hold HDF5 objects)
         self._closed = False
-        # What changed since the last commit, appended to the journal as one line at the next: shard entries by file,
-        # recording entries by name (the same dicts the manifest holds), names taken out.
-        self._changed_shards: dict[str, dict[str, Any]] = {}
-        self._changed: dict[str, dict[str, Any]] = {}
-        self._removed: list[str] = []
-        self._journal_fd: int | None = None  # opened at the first commit after a fold
-        self._journal_bytes = 0
-        self._manifest_bytes = 0
         try:
-            self._open_manifest(provenance)
-            reserve = min(_RESERVE_BYTES, max(shutil.disk_usage(self.root).free // 32, _MIN_RESERVE_BYTES))
-            self._check_space(reserve)
-            with open(self._reserve, "wb") as f:
-                os.posix_fallocate(f.fileno(), 0, reserve)
-            self._free_seen = shutil.disk_usage(self.root).free
-            self._fold()  # the journal a killed writer left becomes part of the manifest
+            self._journal = ManifestJournal(self.root, provenance, self._fail)
+            self._space.take_ballast()
+            self._journal.fold()  # the journal a killed writer left becomes part of the manifest
         except BaseException:
-            self._reserve.unlink(missing_ok=True)
+            self._space.release_ballast()
             os.close(self._lock_fd)
             raise
         recordings = self._manifest["recordings"]
         self._names = {e["name"] for e in recordings} | {e["session"] for e in recordings}
         self._last_commit = time.monotonic()
 
-    def _open_manifest(self, provenance: dict[str, Any] | None) -> None:
-        shards_on_disk = [int(m.group(1)) for p in self.root.iterdir() if (m := _SHARD_RE.fullmatch(p.name))]
-        if (self.root / MANIFEST).exists():
-            self._manifest = load_manifest(self.root)
-            parse_manifest(self._manifest, str(self.root / MANIFEST))  # refuse to extend a damaged manifest
-        elif shards_on_disk:
-            raise CorpusError(
-                f"{self.root}: holds shard files but no {MANIFEST}; refusing to start a new corpus over them"
-            )
-        else:
-            self._manifest = {"format_version": FORMAT_VERSION, "provenance": [], "shards": [], "recordings": []}
-        self._manifest["format_version"] = FORMAT_VERSION  # (a version 1 corpus gets a journal from now on)
-        self._next_shard = max(shards_on_disk, default=-1) + 1
-        entry = {"opened_utc": datetime.now(UTC).isoformat(timespec="seconds"), **(provenance or {})}
-        try:
-            json.dumps(entry)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"provenance must be JSON-serialisable: {e}") from e
-        self._manifest["provenance"].append(entry)
+    @property
+    def min_free_bytes(self) -> int:
+        return self._space.min_free_bytes
+
+    @property
+    def _manifest(self) -> dict[str, Any]:
+        return self._journal.manifest
 
     # ---- recordings ----------------------------------------------------------------------------------------
 
@@ -248,7 +174,7 @@ class CorpusWriter:
         """Mark the open recording complete (committed with the next flush)."""
         rec = self._require_recording()
         rec["complete"] = True
-        self._changed[rec["name"]] = rec
+        self._journal.recording_changed(rec)
         self._recording = None
 
     def add_recording(
@@ -284,8 +210,7 @@ class CorpusWriter:
         for entry in recordings:
             if entry["session"] == name:
                 self._names.discard(entry["name"])
-                self._changed.pop(entry["name"], None)
-                self._removed.append(entry["name"])
+                self._journal.recording_removed(entry["name"])
         self._names.discard(name)
         self._commit()
 
@@ -324,12 +249,12 @@ class CorpusWriter:
                     self.end_recording()
                 self._recording = None
                 self._commit(seal=True)
-                self._fold()  # a closed corpus is its manifest alone
+                self._journal.fold()  # a closed corpus is its manifest alone
         finally:
             self._closed = True
-            self._close_journal()
+            self._journal.close()
             try:
-                self._reserve.unlink(missing_ok=True)
+                self._space.ballast.unlink(missing_ok=True)
             finally:
                 os.close(self._lock_fd)  # always: a lock left held would refuse the next writer of this process
 
@@ -367,19 +292,19 @@ class CorpusWriter:
         }
         self._names.add(name)
         self._manifest["recordings"].append(self._recording)
-        self._changed[name] = self._recording
+        self._journal.recording_changed(self._recording)
 
     def _next_segment(self) -> None:
         rec = self._recording
         rec["complete"] = True
-        self._changed[rec["name"]] = rec
+        self._journal.recording_changed(rec)
         self._commit(seal=True)
         keys = ("session", "sensor", "label", "metadata")
         self._start_segment({**{k: rec[k] for k in keys}, "segment": rec["segment"] + 1})
 
     def _open_shard(self) -> None:
-        name = f"shard-{self._next_shard:05d}.h5"
-        self._next_shard += 1
+        name = f"shard-{self._journal.next_shard:05d}.h5"
+        self._journal.next_shard += 1
         path = self.root / name
         self._check_space(0)
         blosc = hdf5_filters().Blosc
@@ -405,7 +330,7 @@ class CorpusWriter:
         self._datasets = {key: f[key] for key in (*COLUMNS, "t_index")}
         self._shard_entry = {"file": name, "events": 0, "sealed": False}
         self._manifest["shards"].append(self._shard_entry)
-        self._changed_shards[name] = self._shard_entry
+        self._journal.shard_changed(self._shard_entry)
 
     def _commit(self, seal: bool = False) -> None:
         """Make everything appended durable and visible to readers; ``seal`` also closes the shard for good."""
@@ -420,10 +345,10 @@ class CorpusWriter:
                 self._shard_entry["sealed"] = True
             self._guard_h5(lambda: fsync_path(self.root / self._shard_entry["file"]))  # (EIO, a folder gone)
             self._shard_entry["events"] = self._written
-            self._changed_shards[self._shard_entry["file"]] = self._shard_entry
+            self._journal.shard_changed(self._shard_entry)
         if self._recording is not None:  # (its events and times grew)
-            self._changed[self._recording["name"]] = self._recording
-        self._append_journal()
+            self._journal.recording_changed(self._recording)
+        self._journal.commit()
         self._last_commit = time.monotonic()
 
     def _commit_if_due(self) -> None:
@@ -462,21 +387,7 @@ class CorpusWriter:
 
     def _fail(self, exc: BaseException, path: Path) -> CorpusError:
         """Classify a failed write (disk full or not) and stop the writer."""
-        code = _full_errno(exc)
-        if code is None:
-            return self._stop(CorpusError(f"{path}: write failed ({exc}); events committed before are kept"))
-        with contextlib.suppress(OSError):  # (the folder itself may be gone)
-            self._reserve.unlink(missing_ok=True)  # room for HDF5 to close the shard cleanly
-        try:
-            free = f"{shutil.disk_usage(self.root).free} bytes free"
-        except OSError as e:
-            free = f"free space unknown ({e.strerror or e})"
-        return self._stop(
-            CorpusFullError(
-                code,
-                f"{path}: disk full ({os.strerror(code)}), {free} in {self.root}; events committed before are kept",
-            )
-        )
+        return self._stop(self._space.failure(exc, path))
 
     def _stop(self, error: CorpusError) -> CorpusError:
         """Remember ``error`` (the writer refuses further work) and let go of the shard."""
@@ -488,86 +399,14 @@ class CorpusWriter:
         return error
 
     def _fits(self, n: int) -> bool:
-        """Whether ``n`` events (uncompressed, plus 1 MiB of HDF5 metadata) fit above ``min_free_bytes``, by the free
-        space seen at the last check less what was written since (no disk query on the append path)."""
-        return self._free_seen - n * EVENT_DTYPE.itemsize - (1 << 20) >= self.min_free_bytes
+        """Whether ``n`` more events fit above ``min_free_bytes`` (``DiskSpace.fits``: no disk query)."""
+        return self._space.fits(n * EVENT_DTYPE.itemsize)
 
     def _check_space(self, pending_bytes: int) -> None:
-        """Stop with CorpusFullError before a write that the disk (or ``ulimit -f``) cannot take, and with CorpusError
-        when the folder cannot be looked at (moved or deleted under the writer)."""
+        """Stop with ``CorpusFullError`` before a write the disk (or ``ulimit -f``) cannot take, with ``CorpusError``
+        when the folder cannot be looked at."""
+        shard = None if self._file is None else self.root / self._shard_entry["file"]
         try:
-            free = shutil.disk_usage(self.root).free
-        except OSError as e:
-            raise self._fail(e, self.root) from e
-        self._free_seen = free - pending_bytes  # at most what the write takes (it compresses)
-        file_limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-        if self._file is not None and file_limit != resource.RLIM_INFINITY:
-            path = self.root / self._shard_entry["file"]
-            try:
-                size = path.stat().st_size
-            except OSError as e:
-                raise self._fail(e, path) from e
-            if size + pending_bytes + (1 << 20) > file_limit:  # 1 MiB for HDF5 metadata
-                raise self._stop(
-                    CorpusFullError(
-                        errno.EFBIG,
-                        f"{path}: {pending_bytes} more bytes would pass the file-size limit of {file_limit} bytes "
-                        f"(ulimit -f); {free} bytes free in {self.root}; events committed before are kept",
-                    )
-                )
-        if free - pending_bytes < self.min_free_bytes:
-            raise self._stop(
-                CorpusFullError(
-                    errno.ENOSPC,
-                    f"{self.root}: only {free} bytes free on its disk ({pending_bytes} to write), below "
-                    f"min_free_bytes={self.min_free_bytes}; events committed before are kept",
-                )
-            )
-
-    def _append_journal(self) -> None:
-        """Commit what changed since the last commit: one line appended to the journal and fsynced, its cost that of
-        the change, not of the corpus. Folded into the manifest once the journal outgrows it (and on close), so a
-        reader's fold stays as cheap as reading the manifest."""
-        change = {
-            "shards": list(self._changed_shards.values()),
-            "removed": self._removed,
-            "recordings": list(self._changed.values()),
-        }
-        change = {key: entries for key, entries in change.items() if entries}
-        if not change:
-            return
-        line = (json.dumps(change) + "\n").encode()
-        path = self.root / JOURNAL.format(self._manifest["journal"])
-        try:
-            if self._journal_fd is None:
-                self._journal_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-                fsync_path(self.root)  # its name as durable as its lines
-            rest = memoryview(line)
-            while rest:
-                rest = rest[os.write(self._journal_fd, rest) :]
-            os.fsync(self._journal_fd)
-        except OSError as e:  # a line cut short here is one a reader leaves out: no newline
-            raise self._fail(e, path) from e
-        self._journal_bytes += len(line)
-        self._changed_shards, self._changed, self._removed = {}, {}, []
-        if self._journal_bytes > max(self._manifest_bytes, _MIN_FOLD_BYTES):
-            self._fold()
-
-    def _fold(self) -> None:
-        """Write the whole manifest (atomically), naming a new, empty journal, then remove the journals it holds."""
-        self._close_journal()
-        self._manifest["journal"] = self._manifest.get("journal", 0) + 1
-        try:
-            self._manifest_bytes = write_manifest(self.root, self._manifest)
-            for path in self.root.iterdir():  # the one folded in and any a crash left: the new one starts empty
-                if JOURNAL_NAME.fullmatch(path.name):
-                    path.unlink(missing_ok=True)
-        except OSError as e:
-            raise self._fail(e, self.root / MANIFEST) from e
-        self._journal_bytes = 0
-        self._changed_shards, self._changed, self._removed = {}, {}, []
-
-    def _close_journal(self) -> None:
-        if self._journal_fd is not None:
-            fd, self._journal_fd = self._journal_fd, None
-            os.close(fd)
+            self._space.check(pending_bytes, shard)
+        except CorpusError as e:
+            raise self._stop(e) from e.__cause__
