@@ -12,6 +12,8 @@ The server is a short inference loop (the thread calling ``run``) with its parts
   connections stay; ``model.version`` counts the models served;
 - ``control.ControlHandler`` answers JSON requests on a REP socket (replay, window, recording, labelling, state).
 
+What each window publishes is ``publishing``'s, the state that ``stats`` and replies carry ``state``'s.
+
 The loop takes the newest window whenever new events arrived, publishes its ``sensor`` view and, once the model is
 loaded, runs the ``Predictor`` and publishes ``hist``, ``tokens``, ``pred``; windows that came and went while it was
 busy are counted as skipped, never queued (``stats.LoopStats``); ``stats`` go out every ``stats_interval_s``.
@@ -43,29 +45,30 @@ from app.config import ServeConfig
 from app.live.control import Command, ControlError, ControlHandler
 from app.live.labelling import HeldWindow, LabelDesk, latest_export, pretraining_run_problem
 from app.live.model_slot import ModelSlot
+from app.live.publishing import Publishing
 from app.live.reader import SourceReader
 from app.live.replay import REPLAY_COMMANDS, Replayable, ReplayController
 from app.live.ring import EventRing
 from app.live.sensor_view import sensor_view
 from app.live.sockets import Publisher, bind, control_endpoint_for
+from app.live.state import ServerState
 from app.live.stats import LoopStats
 from app.live.window import Accumulation, Window, describe_window, newest_span
 from mem_core.configuration import ConfigError
-from mem_core.events import SensorSize
 from mem_core.runs.lineage import pretraining_run_of
 from recorders.base import LiveSource
 from recorders.live_recorder import LiveRecorder
 from recorders.sources import open_source
 
 if TYPE_CHECKING:  # torch is imported by the loader thread, not at start
-    from mem_core.inference import Output, Predictor
+    from mem_core.inference import Predictor
 
 RECORDABLE_KINDS = ("camera", "sim")
 PREVIEW_INTERVAL_S = 0.2  # sensor views while the model loads: 5 a second leave the CPU to the loading
 NO_MODEL_INTERVAL_S = 1 / 30  # sensor views a second without a model
 
 
-class LiveServer:
+class LiveServer(ServerState, Publishing):
     """The live inference server. ``run()`` blocks; ``start()`` runs it in a thread, ``stop()`` ends it.
 
     Args:
@@ -322,101 +325,7 @@ class LiveServer:
             stages.update(out.stages_ms)
         self.counts.last_stages = {**stages, "publish": (time.perf_counter() - start) * 1e3}
 
-    def _frame_fields(self, events: np.ndarray, sensor: SensorSize, arrival: float) -> dict[str, Any]:
-        """The fields every message of one window carries."""
-        t = events["t"]
-        window = {"events": len(events), "t_first_us": int(t[0]), "t_last_us": int(t[-1])}
-        if self.replay is not None:  # where in the replayed events the newest event lies
-            window["position_s"] = self.replay.file_position_us(int(t[-1])) / 1e6
-        self.counts.last_window = window
-        return {
-            "session": self.session,
-            "frame": self.counts.windows,
-            "t_arrival": time.time() - (time.monotonic() - arrival),
-            "window": window,
-            "sensor": [sensor.height, sensor.width],
-        }
-
-    def _capture_info(self) -> dict[str, Any]:
-        """What a capture of the newest window records besides its events and the prediction: the source and the
-        window (kept for every published window, so it stays cheap; the ground truth is looked up at capture)."""
-        meta = self.source.metadata
-        return {**{k: meta[k] for k in ("kind", "serial") if k in meta}, "window": self.counts.last_window}
-
-    def _publish_prediction(
-        self,
-        predictor: Predictor,
-        version: int,
-        out: Output,
-        common: dict[str, Any],
-        arrival: float,
-        record_latency: bool,
-    ) -> None:
-        self.counts.frames += 1
-        self.publisher.send("hist", {"hist": out.hist}, **common)
-        if out.tokens is not None:
-            num_tokens = predictor.tokenizer.config.num_tokens
-            self.publisher.send("tokens", {"tokens": out.tokens}, num_tokens=num_tokens, **common)
-        arrays, fields = prediction_fields(predictor, out, self.config.top_k)
-        top1 = {"prediction": fields["top_k"][0]["name"]} if out.probs is not None else {}
-        self.labelling.windows.update(common["frame"], model_version=version, **top1)
-        now = time.monotonic()
-        self.publisher.send("pred", arrays, latency_ms=(now - arrival) * 1e3, model_version=version, **fields, **common)
-        if record_latency:  # a refresh of an old window (after a window change) says nothing about latency
-            self.counts.latencies.append((now, now - arrival))
-
     # ---- state -------------------------------------------------------------------------------------------
-
-    def stats(self) -> dict[str, Any]:
-        """The ``stats`` message fields (rates over the time since the previous call)."""
-        return {
-            "session": self.session,
-            **self.counts.report(self.ring.total),
-            "malformed": self.control.malformed + getattr(self.source, "malformed", 0),
-            **self._settings(),
-            "source": self.source_state(),
-            "recording": self.recorder.state() if self.recorder is not None else None,
-            "control": self.control_endpoint,
-        }
-
-    def _publish_stats(self) -> None:
-        self.publisher.send("stats", None, **self.stats())
-
-    def _settings(self) -> dict[str, Any]:
-        """``commands`` carried out (read first: what follows is at least that recent), ``model_state``
-        ("loading" / "ready" / "none"), the ``task`` once known, the window (``accumulation``), labelling and the
-        served ``model``."""
-        commands = self.control.carried_out
-        predictor = self.model.predictor
-        model_state = "ready" if predictor is not None else "loading" if self.model.loading else "none"
-        state = {"commands": commands, "model_state": model_state, "accumulation": self.accumulation.state()}
-        if predictor is not None:
-            state["task"] = predictor.task
-        # a capture labels a whole window: a classifier's classes are the names to offer, a segmenter's are not
-        offered = predictor.classes if predictor is not None and predictor.task == "classification" else None
-        state["labels"], state["training"] = self.labelling.state(offered)
-        state["model"] = self.model.state()
-        return state
-
-    def source_state(self) -> dict[str, Any]:
-        """Source metadata (kind, model, serial, ...) plus the replay state for replays (a file, a corpus)."""
-        meta = self.source.metadata
-        state = {k: meta[k] for k in ("kind", "model", "serial", "height", "width") if k in meta}
-        state["recordable"] = self.recorder is not None
-        if self.replay is not None:
-            state["replay"] = self.replay.state()
-        return state
-
-    def control_state(self) -> dict[str, Any]:
-        """What a client needs to draw its controls: session, model state, task, classes, window, source and
-        recording state (task, classes and token grid once the model is loaded)."""
-        state: dict[str, Any] = {"session": self.session, **self._settings()}
-        predictor = self.model.predictor
-        if predictor is not None:
-            state.update(classes=predictor.classes, token_grid=predictor.token_grid)
-        recording = self.recorder.state() if self.recorder is not None else None
-        state.update(source=self.source_state(), recording=recording)
-        return state
 
     # ---- control commands ----------------------------------------------------------------------------------
 
@@ -462,16 +371,6 @@ class LiveServer:
             f"{command}: recording needs a live source ({' or '.join(RECORDABLE_KINDS)}), "
             f"not {self.source.metadata.get('kind')}"
         )
-
-
-def prediction_fields(predictor: Predictor, out: Output, top_k: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """The arrays and fields of a ``pred`` message: the probabilities and the ``top_k`` classes, or the mask."""
-    classes = predictor.classes
-    if out.probs is not None:
-        order = np.argsort(-out.probs)[:top_k]
-        top = [{"id": int(i), "name": classes[i], "prob": float(out.probs[i])} for i in order]
-        return {"probs": out.probs}, {"task": "classification", "classes": classes, "top_k": top}
-    return {"mask": out.mask}, {"task": "segmentation", "classes": classes}
 
 
 def source_truth(source: Any, events: np.ndarray) -> dict[str, Any]:

@@ -1,0 +1,75 @@
+"""What ``mem serve`` publishes for each window: the fields every message of the window carries, and the model's
+messages (``hist``, ``tokens``, ``pred``); mixed into ``LiveServer``."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from mem_core.events import SensorSize
+
+if TYPE_CHECKING:  # torch is imported by the loader thread, not at start
+    from mem_core.inference import Output, Predictor
+
+
+class Publishing:
+    """Reads the server's ``publisher``, ``counts``, ``labelling``, ``replay``, ``source``, ``session`` and
+    ``config``."""
+
+    def _frame_fields(self, events: np.ndarray, sensor: SensorSize, arrival: float) -> dict[str, Any]:
+        """The fields every message of one window carries."""
+        t = events["t"]
+        window = {"events": len(events), "t_first_us": int(t[0]), "t_last_us": int(t[-1])}
+        if self.replay is not None:  # where in the replayed events the newest event lies
+            window["position_s"] = self.replay.file_position_us(int(t[-1])) / 1e6
+        self.counts.last_window = window
+        return {
+            "session": self.session,
+            "frame": self.counts.windows,
+            "t_arrival": time.time() - (time.monotonic() - arrival),
+            "window": window,
+            "sensor": [sensor.height, sensor.width],
+        }
+
+    def _capture_info(self) -> dict[str, Any]:
+        """What a capture of the newest window records besides its events and the prediction: the source and the
+        window (kept for every published window, so it stays cheap; the ground truth is looked up at capture)."""
+        meta = self.source.metadata
+        return {**{k: meta[k] for k in ("kind", "serial") if k in meta}, "window": self.counts.last_window}
+
+    def _publish_prediction(
+        self,
+        predictor: Predictor,
+        version: int,
+        out: Output,
+        common: dict[str, Any],
+        arrival: float,
+        record_latency: bool,
+    ) -> None:
+        self.counts.frames += 1
+        self.publisher.send("hist", {"hist": out.hist}, **common)
+        if out.tokens is not None:
+            num_tokens = predictor.tokenizer.config.num_tokens
+            self.publisher.send("tokens", {"tokens": out.tokens}, num_tokens=num_tokens, **common)
+        arrays, fields = prediction_fields(predictor, out, self.config.top_k)
+        top1 = {"prediction": fields["top_k"][0]["name"]} if out.probs is not None else {}
+        self.labelling.windows.update(common["frame"], model_version=version, **top1)
+        now = time.monotonic()
+        self.publisher.send("pred", arrays, latency_ms=(now - arrival) * 1e3, model_version=version, **fields, **common)
+        if record_latency:  # a refresh of an old window (after a window change) says nothing about latency
+            self.counts.latencies.append((now, now - arrival))
+
+    def _publish_stats(self) -> None:
+        self.publisher.send("stats", None, **self.stats())
+
+
+def prediction_fields(predictor: Predictor, out: Output, top_k: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The arrays and fields of a ``pred`` message: the probabilities and the ``top_k`` classes, or the mask."""
+    classes = predictor.classes
+    if out.probs is not None:
+        order = np.argsort(-out.probs)[:top_k]
+        top = [{"id": int(i), "name": classes[i], "prob": float(out.probs[i])} for i in order]
+        return {"probs": out.probs}, {"task": "classification", "classes": classes, "top_k": top}
+    return {"mask": out.mask}, {"task": "segmentation", "classes": classes}
