@@ -59,7 +59,7 @@ LIVE_SECONDS = 12
 SERVER_START_S = 120  # the longest the live server may take to publish its first message
 
 
-def _say(message: str) -> None:
+def say(message: str) -> None:
     from rich.console import Console
 
     # soft wrap: a line's words are never broken onto the next line, so what scripts and tests read does not depend
@@ -67,7 +67,7 @@ def _say(message: str) -> None:
     Console(stderr=True, soft_wrap=True).print(f"[bold cyan]mem demo[/] {message}")
 
 
-def _stage(stage: str, dataset: str, *extra: str):
+def demo_stage_config(stage: str, dataset: str, *extra: str):
     from mem_core.train.configs import stage_config
 
     overrides = [*DEMO_INPUT, *STAGE_SETTINGS[stage], *extra]
@@ -81,14 +81,14 @@ def record_corpus(corpus: Path) -> None:
     from recorders.simulated import SimulatorSource
 
     if (corpus / "manifest.json").exists():
-        _say(f"corpus {corpus} exists: reusing it")
+        say(f"corpus {corpus} exists: reusing it")
         return
-    _say(f"recording {CORPUS_SIM_SECONDS} s of the simulated camera (as fast as it computes) into {corpus}")
+    say(f"recording {CORPUS_SIM_SECONDS} s of the simulated camera (as fast as it computes) into {corpus}")
     source = SimulatorSource(task_config(seed=7), speed=0, duration_us=CORPUS_SIM_SECONDS * 1_000_000)
     result = run(RecordConfig(source="sim", out=corpus, name="sim-session", speed=0), source=source)
     if result.error:
         raise RuntimeError(f"recording the demo corpus failed: {result.error}")
-    _say(f"recorded {result.stored:,} events in {result.seconds:.1f} s")
+    say(f"recorded {result.stored:,} events in {result.seconds:.1f} s")
 
 
 def label_fraction(labels_per_class: int) -> float:
@@ -125,22 +125,22 @@ def train_all(cfg: DemoConfig) -> dict[str, Path]:
     record_corpus(corpus)
     runs = {name: out / name for name in ("tokenizer", "pretrain")}
     if not RunDir(runs["tokenizer"]).finished:
-        _say("stage 1: training the event tokenizer on the unlabeled corpus")
-        cfg_tok = _stage("tokenizer", "corpus", f"data.path={corpus}")
+        say("stage 1: training the event tokenizer on the unlabeled corpus")
+        cfg_tok = demo_stage_config("tokenizer", "corpus", f"data.path={corpus}")
         tokenizer.run(cfg_tok, runs["tokenizer"], resume=runs["tokenizer"].exists())
     if not RunDir(runs["pretrain"]).finished:
-        _say("stage 2: masked event pretraining on the unlabeled corpus")
-        cfg_pre = _stage("pretrain", "corpus", f"data.path={corpus}")
+        say("stage 2: masked event pretraining on the unlabeled corpus")
+        cfg_pre = demo_stage_config("pretrain", "corpus", f"data.path={corpus}")
         pretrain.run(cfg_pre, runs["pretrain"], tokenizer=runs["tokenizer"], resume=runs["pretrain"].exists())
     pending = []
     for (arm, seed), path in finetune_runs(cfg).items():
         if RunDir(path).finished:
             continue
         # the label seed draws which samples are labelled, the same ones for both arms; the run seed follows it
-        ft = _stage("finetune", "sim", f"data.labels={fraction}", f"data.label_seed={seed}", f"seed={seed}")
+        ft = demo_stage_config("finetune", "sim", f"data.labels={fraction}", f"data.label_seed={seed}", f"seed={seed}")
         pending.append((path, arm, ft, runs["pretrain"] if arm == "mem" else None))
     if pending:
-        _say(
+        say(
             f"stage 3: finetuning MEM and from-scratch models with {cfg.labels_per_class} labels per class, "
             f"label seeds {', '.join(map(str, cfg.label_seeds))}"
         )
@@ -195,11 +195,9 @@ def print_table(results: dict) -> str:
         table.add_row(*row, end_section=i == len(rows) - 2)
     Console().print(table)
     if results["mem_wins_every_seed"]:
-        _say(
-            f"MEM leads on every label seed: by {lead['mean']:+.1f} points on average, {lead['min']:+.1f} at the least"
-        )
+        say(f"MEM leads on every label seed: by {lead['mean']:+.1f} points on average, {lead['min']:+.1f} at the least")
     else:
-        _say(f"MEM's lead is {lead['mean']:+.1f} points on average and {lead['min']:+.1f} on its worst label seed")
+        say(f"MEM's lead is {lead['mean']:+.1f} points on average and {lead['min']:+.1f} on its worst label seed")
     lines = ["| label seed | MEM (pretrained, finetuned) | ViT from scratch | MEM's lead |", "|---|---|---|---|"]
     lines += [f"| {' | '.join(row)} |" for row in rows]
     return "\n".join(lines)
@@ -225,7 +223,7 @@ def live(export_dir: Path, out: Path, headless: bool) -> dict | None:
     if headless:
         env["QT_QPA_PLATFORM"] = "offscreen"
         serve_cmd += ["--duration", str(LIVE_SECONDS + SERVER_START_S)]
-    _say(f"live: mem serve on the simulated camera, publishing on {pub}")
+    say(f"live: mem serve on the simulated camera, publishing on {pub}")
     server = subprocess.Popen(serve_cmd, env=env)
     try:
         _wait_for_server(pub, server)
@@ -233,11 +231,11 @@ def live(export_dir: Path, out: Path, headless: bool) -> dict | None:
         if headless:
             snapshot = out / "live.png"
             view_cmd += ["--snapshot", str(snapshot), "--quit-after", str(LIVE_SECONDS)]
-            _say(f"live: headless viewer for {LIVE_SECONDS} s, snapshot -> {snapshot}")
+            say(f"live: headless viewer for {LIVE_SECONDS} s, snapshot -> {snapshot}")
             subprocess.run(view_cmd, env=env, check=True, timeout=LIVE_SECONDS + 120)
             state_path = snapshot.with_suffix(".json")
             return json.loads(state_path.read_text()) if state_path.exists() else None
-        _say("live: opening the viewer (close the window to finish)")
+        say("live: opening the viewer (close the window to finish)")
         subprocess.run(view_cmd, env=env, check=False)
         return None
     finally:
@@ -337,7 +335,7 @@ def has_display() -> bool:
 
     problem = window_problem()
     if problem is not None and (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
-        _say(f"no live window: {problem}")
+        say(f"no live window: {problem}")
     return problem is None
 
 
@@ -367,9 +365,9 @@ def run(cfg: DemoConfig) -> Path:
 
     served = finetune_runs(cfg)["mem", cfg.label_seeds[0]]
     export_dir = export_run(served, cfg.out / "export")
-    _say(f"exported the MEM model of label seed {cfg.label_seeds[0]} to {export_dir}")
+    say(f"exported the MEM model of label seed {cfg.label_seeds[0]} to {export_dir}")
     headless = (not has_display()) if cfg.headless is None else cfg.headless
     live_state = live(export_dir, cfg.out, headless)
     report = write_report(cfg, runs, table_md, live_state)
-    _say(f"done in {time.perf_counter() - t0:.0f} s; report: {report}")
+    say(f"done in {time.perf_counter() - t0:.0f} s; report: {report}")
     return report

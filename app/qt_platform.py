@@ -42,7 +42,7 @@ def missing_from_ldd(ldd_output: str) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def _xcb_plugin_files() -> list[Path]:
+def xcb_plugin_files() -> list[Path]:
     spec = importlib.util.find_spec("PySide6")  # found without importing Qt
     if spec is None or spec.origin is None:
         return []
@@ -54,15 +54,15 @@ def missing_xcb_libraries() -> list[str]:
     """The system libraries Qt's xcb platform plugin needs and cannot find (empty when all are there or unknown)."""
     ldd = shutil.which("ldd")
     missing: list[str] = []
-    for path in _xcb_plugin_files() if ldd else []:
+    for path in xcb_plugin_files() if ldd else []:
         result = subprocess.run([ldd, str(path)], capture_output=True, text=True, timeout=10, check=False)
         missing += missing_from_ldd(result.stdout)
-    if _xcb_plugin_files() and ctypes.util.find_library("xcb-cursor") is None:
+    if xcb_plugin_files() and ctypes.util.find_library("xcb-cursor") is None:
         missing.append("libxcb-cursor.so.0")
     return list(dict.fromkeys(missing))
 
 
-def _x_display_reachable(display: str) -> bool:
+def x_display_reachable(display: str) -> bool:
     """Whether a local X display ``:N`` has its socket; remote displays (host:N) are assumed reachable."""
     match = re.fullmatch(r":(\d+)(\.\d+)?", display)
     return match is None or Path(f"/tmp/.X11-unix/X{match.group(1)}").exists()
@@ -80,7 +80,7 @@ def window_problem() -> str | None:
     display = os.environ.get("DISPLAY", "")
     if not display:
         return "no display (DISPLAY is not set): run it on a desktop, under xvfb-run, or with QT_QPA_PLATFORM=offscreen"
-    if not _x_display_reachable(display):
+    if not x_display_reachable(display):
         return f"the X display {display} is not running (DISPLAY={display}); is the X server or Xvfb up?"
     missing = missing_xcb_libraries()
     if missing:

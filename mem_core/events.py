@@ -54,10 +54,6 @@ def make_events(t, x, y, p) -> np.ndarray:
     return out
 
 
-def empty_events() -> np.ndarray:
-    return np.empty(0, dtype=EVENT_DTYPE)
-
-
 def validate_events(events: np.ndarray, sensor: SensorSize | None = None) -> None:
     """Raise ``ValueError`` naming the first problem: wrong dtype, unsorted time, times beyond +-``MAX_ABS_TIME_US``,
     coordinates off-sensor, bad polarity."""
@@ -91,19 +87,6 @@ def infer_sensor(events: np.ndarray) -> SensorSize:
     if events.size == 0:
         return SensorSize(0, 0)
     return SensorSize(int(events["y"].max()) + 1, int(events["x"].max()) + 1)
-
-
-def slice_by_count(events: np.ndarray, start: int, count: int) -> np.ndarray:
-    """Events ``[start, start + count)``, clipped to the stream (a view, not a copy)."""
-    if start < 0 or count < 0:
-        raise ValueError(f"start and count must be >= 0, got start={start}, count={count}")
-    return events[start : start + count]
-
-
-def slice_by_time(events: np.ndarray, t_start: int, t_end: int) -> np.ndarray:
-    """Events with ``t_start <= t < t_end`` (binary search on the sorted times; a view)."""
-    lo, hi = np.searchsorted(events["t"], [t_start, t_end], side="left")
-    return events[lo:hi]
 
 
 def window_start(total: int, n: int, rng: np.random.Generator | None) -> int:

@@ -85,12 +85,6 @@ def label_palette(n: int) -> np.ndarray:
     return colors[:n]
 
 
-def mask_rgb(mask: np.ndarray, num_classes: int) -> np.ndarray:
-    """(H, W) class ids -> (H, W, 3) uint8 colours."""
-    palette = label_palette(max(num_classes, int(mask.max()) + 1))
-    return palette[np.asarray(mask, dtype=np.int64)]
-
-
 def tile(images: list[np.ndarray], columns: int, pad: int = 2) -> np.ndarray:
     """Arrange equally sized (H, W, 3) images in a grid with ``pad`` pixels of grey between them."""
     if not images:

@@ -75,6 +75,12 @@ def test_window_reads_exactly_the_requested_events(tmp_path, events_factory, sma
     np.testing.assert_array_equal(Corpus(tmp_path).window(1, start, count), live[start : start + count])
 
 
+def time_slice(corpus: Corpus, i: int, t0: int, t1: int) -> np.ndarray:
+    """Events of recording ``i`` with ``t0 <= t < t1``, found with ``first_at`` (coarse index + one chunk read)."""
+    lo = corpus.first_at(i, t0)
+    return corpus.window(i, lo, max(corpus.first_at(i, t1) - lo, 0))
+
+
 def test_time_slice_matches_a_full_scan(tmp_path, events_factory, small_chunks):
     first, live = events_factory(101, seed=1), events_factory(5000, seed=2)
     live["t"][1000:1100] = live["t"][1000]  # a run of equal times across chunk boundaries
@@ -89,7 +95,7 @@ def test_time_slice_matches_a_full_scan(tmp_path, events_factory, small_chunks):
     for t0 in edges:
         for t1 in edges:
             expected = live[(t >= t0) & (t < t1)]
-            np.testing.assert_array_equal(c.time_slice(1, t0, t1), expected, err_msg=f"t0={t0}, t1={t1}")
+            np.testing.assert_array_equal(time_slice(c, 1, t0, t1), expected, err_msg=f"t0={t0}, t1={t1}")
 
 
 def test_reopen_appends_and_keeps_names_unique(tmp_path, events_factory):
@@ -598,11 +604,11 @@ def test_windows_read_from_several_threads_are_exact(tmp_path, events_factory, s
 
 
 def test_reading_a_long_recording_keeps_no_recording_sized_buffer(tmp_path, events_factory, monkeypatch):
-    monkeypatch.setattr(corpus_reader, "_READ_BUFFER_EVENTS", 1000)
+    monkeypatch.setattr(corpus_reader, "READ_BUFFER_EVENTS", 1000)
     events = events_factory(30_000, seed=4)
     with CorpusWriter(tmp_path) as w:
         w.add_recording("long", events, SENSOR)
     c = Corpus(tmp_path)
     np.testing.assert_array_equal(c.window(0, 10, 500), events[10:510])
     np.testing.assert_array_equal(c.events(0), events)
-    assert max(b.size for b in c._buffers.values()) <= max(1000, corpus_reader.CHUNK_EVENTS)
+    assert c.buffered_events <= max(1000, corpus_reader.CHUNK_EVENTS)

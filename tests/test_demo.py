@@ -88,7 +88,7 @@ def test_demo_messages_are_never_wrapped(monkeypatch, capsys):
     # scripts and tests read these lines: a narrow terminal or a long path must not break them
     monkeypatch.setenv("COLUMNS", "30")
     message = "corpus /tmp/" + "a-long-folder-name/" * 8 + "corpus exists: reusing it"
-    demo._say(message)
+    demo.say(message)
     assert message in capsys.readouterr().err
 
 

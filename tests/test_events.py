@@ -8,8 +8,6 @@ from mem_core.events import (
     infer_sensor,
     make_events,
     random_window,
-    slice_by_count,
-    slice_by_time,
     validate_events,
 )
 
@@ -42,15 +40,6 @@ def test_validate_names_the_problem(events_factory, mutate, message):
 def test_validate_rejects_wrong_dtype():
     with pytest.raises(ValueError, match="EVENT_DTYPE"):
         validate_events(np.zeros(3, dtype=np.float32))
-
-
-def test_slices_by_count_and_time(events_factory):
-    ev = events_factory(1000)
-    assert np.array_equal(slice_by_count(ev, 10, 5), ev[10:15])
-    t0, t1 = int(ev["t"][100]), int(ev["t"][200])
-    sl = slice_by_time(ev, t0, t1)
-    assert sl["t"].min() >= t0 and sl["t"].max() < t1
-    assert len(sl) == int(((ev["t"] >= t0) & (ev["t"] < t1)).sum())
 
 
 def test_random_window_is_contiguous_and_reproducible(events_factory):

@@ -61,9 +61,9 @@ def pretrain_run(tmp_path_factory):
     finally:
         demo.CORPUS_SIM_SECONDS = saved
     data = f"data.path={out / 'corpus'}"
-    tokenizer.run(demo._stage("tokenizer", "corpus", data, "epochs=4", "eval_every=4"), out / "tokenizer")
+    tokenizer.run(demo.demo_stage_config("tokenizer", "corpus", data, "epochs=4", "eval_every=4"), out / "tokenizer")
     pretrain.run(
-        demo._stage("pretrain", "corpus", data, "epochs=20", "eval_every=20"),
+        demo.demo_stage_config("pretrain", "corpus", data, "epochs=20", "eval_every=20"),
         out / "pretrain",
         tokenizer=out / "tokenizer",
     )

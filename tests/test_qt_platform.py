@@ -28,9 +28,9 @@ def test_missing_xcb_libraries_are_named_with_the_packages_to_install(monkeypatc
     fake_ldd = tmp_path / "ldd"
     fake_ldd.write_text(f"#!/bin/sh\ncat <<'EOF'\n{LDD_OUTPUT}EOF\n")
     fake_ldd.chmod(0o755)
-    monkeypatch.setattr(qt_platform, "_xcb_plugin_files", lambda: [plugin])
+    monkeypatch.setattr(qt_platform, "xcb_plugin_files", lambda: [plugin])
     monkeypatch.setattr(qt_platform.shutil, "which", lambda name: str(fake_ldd))
-    monkeypatch.setattr(qt_platform, "_x_display_reachable", lambda display: True)
+    monkeypatch.setattr(qt_platform, "x_display_reachable", lambda display: True)
     monkeypatch.setattr(qt_platform.sys, "platform", "linux")
     monkeypatch.setenv("DISPLAY", ":0")
     monkeypatch.delenv("QT_QPA_PLATFORM", raising=False)

@@ -67,7 +67,7 @@ def test_counts_do_not_wrap_above_uint16(events_factory):
 
 def test_streams_longer_than_float32_exact_range_are_counted_in_int64(events_factory, monkeypatch):
     # Exercise the path used above 2**24 events without allocating 2**24 events.
-    monkeypatch.setattr(histogram_module, "_FLOAT32_EXACT", 10)
+    monkeypatch.setattr(histogram_module, "FLOAT32_EXACT", 10)
     ev = events_factory(5000, SENSOR)
     np.testing.assert_array_equal(event_histogram(ev, SENSOR), reference_histogram(ev, SENSOR))
     ts = timestamp_histogram(ev, SENSOR)

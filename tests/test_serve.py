@@ -748,7 +748,7 @@ def test_tcp_source_drops_hostile_messages_and_keeps_serving(export, events_fact
                 seq += 1
                 time.sleep(0.05)
             assert server.stats()["malformed"] >= len(hostile)
-            assert server._runner.is_alive()
+            assert server.running
     finally:
         publisher.close(0)
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mem_core.events import EVENT_DTYPE, SensorSize, validate_events
-from mem_core.simulator import BACKGROUND_LABEL, SHAPES, EventSimulator, SimulatorConfig, make_dataset, make_sample
+from mem_core.simulator import BACKGROUND_LABEL, SHAPES, EventSimulator, SimulatorConfig, make_sample
 
 SENSOR = SensorSize(48, 64)
 SMALL = SimulatorConfig(sensor=SENSOR, size_range=(0.2, 0.3), speed_range=(150.0, 300.0), noise_rate_hz=0.5)
@@ -134,6 +134,15 @@ def test_objects_bounce_and_stay_on_the_sensor():
         new_centroid = np.argwhere(inside).mean(axis=0)
         assert np.linalg.norm(new_centroid - centroid) > 1.0  # never stuck at a wall
         centroid = new_centroid
+
+
+def make_dataset(n_per_class: int, seed: int, config: SimulatorConfig, duration_us: int):
+    """``n_per_class`` samples of every class as (events, class_id, mask), sample ``i`` drawn from ``seed`` and ``i``
+    alone (how the ``sim`` dataset seeds its samples)."""
+    n_classes = len(config.classes)
+    for i, child in enumerate(np.random.SeedSequence(seed).spawn(n_per_class * n_classes)):
+        events, mask = make_sample(i % n_classes, np.random.default_rng(child), config, duration_us)
+        yield events, i % n_classes, mask
 
 
 def test_make_dataset_is_reproducible_balanced_and_labelled():

@@ -561,7 +561,7 @@ def test_client_keeps_delivering_after_a_stats_message_with_a_garbage_control_en
         socket.send_multipart(encode("hist", seq, {"hist": hist_with_on_and_off()}, session="S"))
         qtbot.wait(20)
     qtbot.waitUntil(lambda: window.frames_shown > 0, timeout=WAIT_MS)
-    assert window.bad_messages == 1 and client._control is None
+    assert window.bad_messages == 1 and client.control_endpoint is None
 
 
 def test_client_drops_and_counts_a_malformed_control_reply(qtbot, publisher, client):

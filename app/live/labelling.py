@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from mem_core.cores import usable_cores
 from mem_core.corpus import SNAPSHOT_OF, Corpus, CorpusError, labels_problem
 from mem_core.errors import RunError
 from mem_core.events import SensorSize
@@ -141,7 +142,7 @@ class TrainingJob:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TERM": "dumb"}
         # one core stays with the live stream (unless the user chose): torch's threads on every core would stall
         # each other whenever the server runs, and the stream would stutter
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) - 1)))
+        env.setdefault("OMP_NUM_THREADS", str(max(1, usable_cores() - 1)))
         try:
             self._process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env)
         finally:

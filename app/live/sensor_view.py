@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from mem_core.events import SensorSize
+from mem_core.hot_pixels import hot_threshold
 
 MAX_VIEW_SIDE = 640  # px: larger sensors are binned (a 1280 x 720 Gen4 is sent as 640 x 360, 0.9 MB per frame)
-HOT_PIXEL_STD = 10.0  # counts above mean + 10 std (the model input's rule) do not set the brightness scale
 
 
 def view_binning(sensor: SensorSize) -> int:
@@ -21,7 +21,8 @@ def view_binning(sensor: SensorSize) -> int:
 
 
 def sensor_view(events: np.ndarray, sensor: SensorSize) -> tuple[np.ndarray, int]:
-    """(2, h, w) float16 OFF / ON counts of ``events`` scaled to [0, 1] (hot pixels clipped at 1), and the binning."""
+    """(2, h, w) float16 OFF / ON counts of ``events`` scaled to [0, 1] (hot pixels, ``mem_core.hot_pixels``, clipped
+    at 1), and the binning."""
     binning = view_binning(sensor)
     height, width = -(-sensor.height // binning), -(-sensor.width // binning)
     index = (events["p"].astype(np.intp) * height + events["y"] // binning) * width + events["x"] // binning
@@ -30,7 +31,7 @@ def sensor_view(events: np.ndarray, sensor: SensorSize) -> tuple[np.ndarray, int
     pixels = np.bincount(counts)
     values = np.arange(len(pixels))
     mean = pixels @ values / counts.size
-    threshold = mean + HOT_PIXEL_STD * np.sqrt(max(pixels @ values**2 / counts.size - mean**2, 0.0))
+    threshold = hot_threshold(mean, np.sqrt(max(pixels @ values**2 / counts.size - mean**2, 0.0)))
     present = values[(pixels > 0) & (values > 0)]
     peak = present[present <= threshold].max(initial=0) or present.max(initial=1)
     brightness = np.minimum(values / peak, 1.0).astype(np.float16)  # per count

@@ -189,6 +189,11 @@ class LiveServer(ServerState, Publishing):
 
     # ---- lifecycle -----------------------------------------------------------------------------------------
 
+    @property
+    def running(self) -> bool:
+        """Whether the thread ``start`` began is still serving."""
+        return self._runner is not None and self._runner.is_alive()
+
     def start(self) -> LiveServer:
         """Run the server in a background thread (tests, benchmarks); ``stop()`` ends it."""
         self._runner = threading.Thread(target=self.run, name="mem-serve", daemon=True)

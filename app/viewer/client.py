@@ -134,6 +134,11 @@ class LiveClient(QtCore.QObject):
         self._control, self._control_endpoint = socket, endpoint
         self._control_notifier = self._notifier(socket, self._drain_control)
 
+    @property
+    def control_endpoint(self) -> str | None:
+        """The server's control endpoint this client is connected to (None until a valid one is advertised)."""
+        return self._control_endpoint
+
     def send_control(self, command: str, **args: Any) -> bool:
         """Send a control request (``play``, ``pause``, ``speed``, ``seek``, ``record_start``, ...) without waiting;
         False when no server is reachable. The reply comes as ``control_reply``."""

@@ -33,6 +33,8 @@ from mem_core.protocol import (
 STALE_S = 2.0  # no message (or no new picture) for this long: the picture is marked stale
 NO_SERVER_S = 3.0  # no message this long after the start: the window says which server to start
 STATUS_MS = 250
+NOTICE_MS = 5000  # how long a passing notice stays in the status bar
+ERROR_NOTICE_MS = 10_000  # a refused command's error: long enough to read
 CHECKS = VIEW_DECODERS  # in drawing order
 LOADING = "loading model..."
 NO_MODEL = "no model yet"
@@ -219,7 +221,7 @@ class ViewerWindow(Snapshots, QtWidgets.QMainWindow):
 
     def _drop(self, reason: str) -> None:
         self.bad_messages += 1
-        self.statusBar().showMessage(f"dropped {reason}", 5000)
+        self.notify(f"dropped {reason}")
 
     def _render(self) -> bool:
         """Draw the layers. A frame that cannot be drawn is dropped and counted, and its layers forgotten, so it
@@ -280,7 +282,7 @@ class ViewerWindow(Snapshots, QtWidgets.QMainWindow):
         if switched:
             self.model_switches += 1
             self.timeline.mark(time.monotonic(), f"model v{self.model_version}")
-            self.statusBar().showMessage(f"model v{self.model_version} took over", 5000)
+            self.notify(f"model v{self.model_version} took over")
         segmentation = self.task == "segmentation"
         self.top_k.setVisible(not segmentation)
         self.timeline.setVisible(not segmentation)
@@ -319,7 +321,7 @@ class ViewerWindow(Snapshots, QtWidgets.QMainWindow):
         if model.get("version"):
             task += f" \u00b7 model {model.get('name')} v{model['version']}"
         if model.get("error"):
-            self.statusBar().showMessage(f"newer model not loaded: {model['error']}", 5000)
+            self.notify(f"newer model not loaded: {model['error']}")
         self.header.setText(f"{task} \u00b7 source {source.get('kind', '?')} ({source.get('serial', '')}, {size})")
 
     def _set_model_state(self, model_state: str | None) -> None:
@@ -340,7 +342,7 @@ class ViewerWindow(Snapshots, QtWidgets.QMainWindow):
                 self.labels.show_error(error)
                 QtCore.QTimer.singleShot(0, lambda: self.side.ensureWidgetVisible(self.labels.error))  # laid out
             else:
-                self.statusBar().showMessage(error, 10_000)
+                self.notify(error, ERROR_NOTICE_MS)
         state = reply.get("state") or {}
         self.commands_confirmed = max(self.commands_confirmed, state.get("commands", 0))
         if (state.get("source") or {}).get("replay"):
@@ -357,10 +359,14 @@ class ViewerWindow(Snapshots, QtWidgets.QMainWindow):
         self.flashes += 1
         self.picture.flash()
 
+    def notify(self, text: str, ms: int = NOTICE_MS) -> None:
+        """Show ``text`` in the status bar for ``ms``."""
+        self.statusBar().showMessage(text, ms)
+
     def _send_command(self, command: str, args: dict[str, Any]) -> None:
         """Send a control command to the server; its reply comes to ``apply_reply``."""
         if self.client is not None and not self.client.send_control(command, **args):
-            self.statusBar().showMessage(f"{command}: the server's control socket is not reachable yet", 5000)
+            self.notify(f"{command}: the server's control socket is not reachable yet")
 
     # ---- status -------------------------------------------------------------------------------------------
 
@@ -449,9 +455,9 @@ class ViewerWindow(Snapshots, QtWidgets.QMainWindow):
         try:
             self.save_snapshot(path)
         except OSError as exc:
-            self.statusBar().showMessage(str(exc), 5000)
+            self.notify(str(exc))
             return
-        self.statusBar().showMessage(f"saved {path}", 5000)
+        self.notify(f"saved {path}")
 
 
 def reply_error(reply: dict[str, Any]) -> str:

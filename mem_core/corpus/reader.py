@@ -1,4 +1,5 @@
-"""``Corpus``: reads recordings, N-event windows and time slices of a corpus without reading whole recordings."""
+"""``Corpus``: reads recordings and N-event windows of a corpus, and finds the first event at a time, without reading
+whole recordings."""
 
 from __future__ import annotations
 
@@ -27,8 +28,8 @@ from mem_core.corpus.format import (
 from mem_core.corpus.shard import H5_ERRORS, open_shard
 from mem_core.events import EVENT_DTYPE, SensorSize
 
-_READ_BUFFER_EVENTS = 1 << 20  # reads up to this size go through per-process column buffers (~15 MB at most)
-_VERIFY_BLOCK_EVENTS = _READ_BUFFER_EVENTS
+READ_BUFFER_EVENTS = 1 << 20  # reads up to this size go through per-process column buffers (~15 MB at most)
+_VERIFY_BLOCK_EVENTS = READ_BUFFER_EVENTS
 
 
 @numba.njit(cache=True, nogil=True)
@@ -57,7 +58,7 @@ def _memory_type(column: str) -> h5t.TypeID:
 
 
 class Corpus:
-    """Read a corpus: ``recordings`` (``RecordingInfo``), whole recordings, N-event windows and time slices.
+    """Read a corpus: ``recordings`` (``RecordingInfo``), whole recordings, N-event windows, the first event at a time.
 
     HDF5 files are opened lazily and per process, so the object can be passed to DataLoader workers. Reads go
     through HDF5's low-level API into per-process column buffers and are packed into records by a compiled
@@ -115,10 +116,10 @@ class Corpus:
         self._check_window(i, lo - info.offset, out)
         return out
 
-    def time_slice(self, i: int, t0: int, t1: int) -> np.ndarray:
-        """Events of recording ``i`` with ``t0 <= t < t1`` (coarse index + one chunk read per bound)."""
-        lo = self.first_at(i, t0)
-        return self.window(i, lo, max(self.first_at(i, t1) - lo, 0))
+    @property
+    def buffered_events(self) -> int:
+        """Events the largest of this process's column read buffers holds (0 before the first read)."""
+        return max((b.size for b in self._buffers.values()), default=0)
 
     def first_at(self, i: int, t: int) -> int:
         """Position in recording ``i`` of its first event with time >= ``t`` (coarse index + one chunk read)."""
@@ -297,7 +298,7 @@ class Corpus:
     def _read(self, info: RecordingInfo, lo: int, hi: int, columns: tuple[str, ...]) -> list[np.ndarray]:
         """Shard positions ``[lo, hi)`` of the given columns of ``info``'s shard (hold ``self._lock``).
 
-        Up to ``_READ_BUFFER_EVENTS`` events the arrays are views of this process's column buffers, valid until
+        Up to ``READ_BUFFER_EVENTS`` events the arrays are views of this process's column buffers, valid until
         the next read: fresh arrays for every read would cost a page fault per 4 KB on first touch.
         """
         datasets = self._shard(info.shard)
@@ -314,7 +315,7 @@ class Corpus:
             memory = h5s.create_simple((max(n, 1),))
             for c in columns:
                 buffer = self._buffers.get(c)
-                if n > _READ_BUFFER_EVENTS:
+                if n > READ_BUFFER_EVENTS:
                     buffer = np.empty(n, EVENT_DTYPE[c])
                 elif buffer is None or buffer.size < n:
                     buffer = self._buffers[c] = np.empty(max(n, CHUNK_EVENTS), EVENT_DTYPE[c])

@@ -135,7 +135,7 @@ def read_evz(path: Path) -> EventFile:
             path,
             f"corrupt: {n} events need {size} bytes, more than LZMA2 can expand the {len(stream)}-byte stream to",
         )
-    payload = _decompress(path, stream, size, n)
+    payload = decompress(path, stream, size, n)
     if zlib.crc32(payload, zlib.crc32(data[: HEADER.size - 4])) != crc:
         raise EventFileError(path, "corrupt: the checksum does not match the header and the events")
     events = np.empty(n, EVENT_DTYPE)
@@ -158,7 +158,7 @@ def _check_header(path: Path, n: int, t0: int, sensor: SensorSize, step: int, x:
         raise EventFileError(path, f"corrupt: first timestamp {t0} us lies beyond +-2^61 us")
 
 
-def _decompress(path: Path, stream: memoryview, size: int, n: int) -> bytes:
+def decompress(path: Path, stream: memoryview, size: int, n: int) -> bytes:
     """Exactly ``size`` payload bytes from the LZMA2 ``stream``, which must end where they do."""
     decoder = lzma.LZMADecompressor(format=lzma.FORMAT_RAW, filters=_filters(size))
     try:

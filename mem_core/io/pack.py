@@ -16,6 +16,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
+from mem_core.cores import usable_cores
 from mem_core.io.base import EventFileError
 from mem_core.io.evz import EXTENSION
 from mem_core.io.registry import extensions, read_events, write_events
@@ -69,7 +70,7 @@ def pack_folder(
         raise ValueError(f"{dst}: the packed folder must lie outside the folder it packs ({src})")
     jobs = _jobs(src)
     tasks = [jobs[i : i + _FILES_PER_TASK] for i in range(0, len(jobs), _FILES_PER_TASK)]
-    workers = min(workers or len(os.sched_getaffinity(0)), max(len(tasks), 1))
+    workers = min(workers or usable_cores(), max(len(tasks), 1))
     results: list[tuple[Path, _Done]] = []
     last = started
     # fork: the workers inherit the imported readers (numba kernels included) instead of importing them again

@@ -26,7 +26,7 @@ from mem_core.representation.spec import Channels, n_channels
 
 # float32 holds every integer up to 2**24 exactly, so a window of at most that many events is counted straight
 # into float32; longer streams are counted in int64 and converted (counts above 2**24 then round to float32).
-_FLOAT32_EXACT = 2**24
+FLOAT32_EXACT = 2**24
 
 
 @njit(cache=True, nogil=True)
@@ -81,7 +81,7 @@ def _fill_histogram(out: np.ndarray, channels: str, t, x, y, p) -> int:
     if n == 0:
         return 0
     n_counts = 2 if channels == "timestamp" else out.shape[0]
-    exact = n <= _FLOAT32_EXACT
+    exact = n <= FLOAT32_EXACT
     counts = out[:n_counts] if exact else np.zeros((n_counts, *out.shape[1:]), np.int64)
     if channels == "hist":
         skipped = _count_kernel(x, y, p, counts)

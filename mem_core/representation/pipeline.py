@@ -16,12 +16,14 @@ import torch.nn.functional as F
 
 from mem_core.augment import augment_events, rand_augment
 from mem_core.events import SensorSize, center_window, random_window
+from mem_core.hot_pixels import hot_threshold
 from mem_core.representation.histogram import EventBatch, batch_histogram, input_histogram
 from mem_core.representation.spec import LOG_GAIN, InputSpec
 
 
 def remove_hot_pixels(hist: torch.Tensor, num_std: float, count_channels: int | None = None) -> torch.Tensor:
-    """Zero hot pixels: any count above ``mean + num_std * std`` of the sample's counts. hist: (B, C, H, W).
+    """Zero hot pixels (``mem_core.hot_pixels``): any count above ``mean + num_std * std`` of the sample's counts.
+    hist: (B, C, H, W).
 
     Mean and (population) std are over all pixels of the first ``count_channels`` channels of each sample. A
     pixel that is hot in any count channel is zeroed in every channel (a hot pixel is a sensor defect, so its
@@ -32,7 +34,7 @@ def remove_hot_pixels(hist: torch.Tensor, num_std: float, count_channels: int | 
     flat = counts.flatten(1)  # (B, n * H * W)
     mean = flat.mean(1, keepdim=True)  # (B, 1)
     std = (flat - mean).square_().mean(1, keepdim=True).sqrt_()  # two passes: torch.std_mean is ~5x slower on CPU
-    threshold = (mean + num_std * std)[:, :, None, None]  # (B, 1, 1, 1)
+    threshold = hot_threshold(mean, std, num_std)[:, :, None, None]  # (B, 1, 1, 1)
     hot = counts.amax(1, keepdim=True) > threshold  # (B, 1, H, W)
     return hist.masked_fill(hot, 0.0)
 

@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 from mem_core.augment import MAX_MAGNITUDE
 from mem_core.errors import ConfigError
 from mem_core.fields import AT_LEAST_0, POSITIVE, PROBABILITY, ConfigConflict, Range, WindowEvents, check_fields
+from mem_core.hot_pixels import HOT_PIXEL_STD
 from mem_core.limits import MAX_INPUT_SIDE, MAX_TEMPORAL_BINS
 
 Channels = Literal["hist", "temporal", "timestamp"]
@@ -50,7 +51,7 @@ class InputSpec:
     size: tuple[Side, Side] = (224, 224)
     channels: Channels = "hist"
     resize_to: tuple[Side, Side] | None = None
-    hot_pixel_std: float | None = 10.0
+    hot_pixel_std: float | None = HOT_PIXEL_STD
     scale: Scale = "linear"
     crop: Crop = "sensor"
     log_gain: Annotated[float, POSITIVE] = LOG_GAIN

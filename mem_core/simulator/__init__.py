@@ -26,7 +26,7 @@ from mem_core.simulator.config import (
     fast_config,
     task_config,
 )
-from mem_core.simulator.samples import make_dataset, make_sample
+from mem_core.simulator.samples import make_sample
 
 __all__ = [
     "BACKGROUND_LABEL",
@@ -35,7 +35,6 @@ __all__ = [
     "EventSimulator",
     "SimulatorConfig",
     "fast_config",
-    "make_dataset",
     "make_sample",
     "task_config",
 ]

@@ -3,7 +3,6 @@ label mask; what the ``sim`` dataset is made of."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import replace
 
 import numpy as np
@@ -35,22 +34,3 @@ def make_sample(
     first = sim.simulate(duration_us // 2)
     mask = sim.label_mask()
     return concatenate([first, sim.simulate(duration_us - duration_us // 2)]), mask
-
-
-def make_dataset(
-    n_per_class: int,
-    seed: int,
-    config: SimulatorConfig | None = None,
-    duration_us: int = 50_000,
-    distractors: int = 0,
-) -> Iterator[tuple[np.ndarray, int, np.ndarray]]:
-    """``n_per_class`` samples of every class as (events, class_id, mask), classes interleaved.
-
-    Sample ``i`` depends only on ``seed`` and ``i``: the same seed gives identical output.
-    """
-    cfg = config if config is not None else SimulatorConfig()
-    n_classes = len(cfg.classes)
-    for i, child in enumerate(np.random.SeedSequence(seed).spawn(n_per_class * n_classes)):
-        class_id = i % n_classes
-        events, mask = make_sample(class_id, np.random.default_rng(child), cfg, duration_us, distractors)
-        yield events, class_id, mask

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -14,6 +13,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from mem_core.adapters import shutdown_loader_workers
+from mem_core.cores import usable_cores
 from mem_core.datasets import EventSource, WindowDataset, collate_windows
 from mem_core.errors import MemError
 from mem_core.limits import is_int
@@ -33,8 +33,7 @@ def loader_workers(num_workers: int, world_size: int = 1) -> int:
     gives the process (the cores it may run on, shared by ``world_size`` processes), at most ``MAX_AUTO_WORKERS``."""
     if num_workers >= 0:
         return num_workers
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(MAX_AUTO_WORKERS, cores // max(1, world_size)))
+    return max(1, min(MAX_AUTO_WORKERS, usable_cores() // max(1, world_size)))
 
 
 def build_loader(
