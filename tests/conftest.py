@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from tiers import (  # noqa: F401 (hooks: pytest reads them from this module)
     pytest_collection_modifyitems,
     pytest_configure,
@@ -20,6 +21,10 @@ from mem_core import shared_data_dir
 from mem_core.events import SensorSize, make_events
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+# The tests' models are tiny: a second thread gains nothing, and beside another busy process torch's threads wait for
+# each other (a step of test_models' dVAE: 0.7 s on one thread, 20 s on two). Processes the tests start keep torch's
+# default.
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

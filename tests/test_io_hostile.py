@@ -42,7 +42,6 @@ def fifo(tmp_path) -> Iterator[Path]:
 def test_h5_column_stored_in_another_file_is_refused_not_read(tmp_path):
     secret = tmp_path / "secret.txt"
     secret.write_bytes(b"root:x:0:0:root:/root:/bin/bash\n")
-
     path = write_dsec(tmp_path / "events.h5", {"p": external(secret)})
     with pytest.raises(EventFileError, match=r"events\.h5: refused: dataset events/p keeps its data in external files"):
         read_events(path)

@@ -1,11 +1,11 @@
 """The two test tiers: ``uv run pytest -m "not slow"`` starts no process, server or training; ``uv run pytest`` runs
 everything.
 
-A test is ``slow`` when it is marked so by hand (it takes long for another reason) or when it uses one of
-``SLOW_USES``: in its body, in a fixture it requests, in a function of the tests it calls (helpers, classes, lambdas,
-functions it is parametrized with), read from the bytecode by qualified name. Every test left in the quick tier runs
-with process starts refused: one that starts a process anyway (through product code the scan does not read) fails,
-naming itself.
+A test is ``slow`` when it is marked so by hand (it takes long for another reason, or starts a process through
+product code) or when it uses one of ``SLOW_USES``: in its body, in a fixture it requests, in a function of the
+tests it calls (helpers, classes, lambdas, functions it is parametrized with), read from the bytecode by qualified
+name. Every test left in the quick tier runs with process starts refused: one that starts a process anyway (through
+product code the scan does not read) fails, naming itself.
 """
 
 from __future__ import annotations
