@@ -183,6 +183,18 @@ def test_a_time_limit_stops_a_run_after_the_epoch_that_passes_it(tmp_path):
     assert not json.loads((whole.path / "result.json").read_text())["cut_short"]
 
 
+def test_l2_sp_keeps_finetuned_weights_near_the_pretrained_ones(tmp_path, pretrain_run):
+    """``l2_sp`` pulls every weight but the new head towards where finetuning started: the same run moves the
+    pretrained blocks less with it than without."""
+    pre = load_checkpoint(pretrain_run / "checkpoint.pt")["model"]["backbone.blocks.0.mlp.fc1.weight"]
+    moved = {}
+    for weight in (0.0, 200.0):
+        cfg = config("finetune", "epochs=2", "lr=0.01", "weight_decay=0", f"l2_sp={weight}")
+        model, _ = load_model(finetune.run(cfg, tmp_path / f"ft-{weight}", init=pretrain_run).path)
+        moved[weight] = (model.blocks[0].mlp.fc1.weight - pre).norm().item()
+    assert moved[200.0] < 0.5 * moved[0.0]
+
+
 def test_a_malformed_lineage_link_is_an_error_naming_it(tmp_path):
     run = tmp_path / "ft"
     run.mkdir()

@@ -153,6 +153,9 @@ class FinetuneStageConfig(StageConfig):
     cutmix: Rate = 0.0  # the same for CutMix; with both on, each batch takes one of them (BEiT: 1.0)
     probe: bool = False  # linear probing: only the head's norm and linear layer train
     warmup_epochs: float = 5.0
+    # L2-SP (Li et al., ICML 2018): l2_sp / 2 x the squared distance of the weights from where finetuning started (the
+    # pretrained ones; from scratch, the initial ones), the head aside: what few labels change stays near pretraining
+    l2_sp: Rate = 0.0
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -26,6 +26,8 @@ from mem_core.train.engine import StepResult, eval_batches
 from mem_core.train.runtime import Runtime, all_reduce_sum
 from mem_core.train.stage import TaskStage, run_stage
 
+FRESH = ("head.", "fc_norm.", "fc.")  # a classifier's new layers (ViT head and its norm, timm CNN head): no L2-SP
+
 
 class FinetuneStage(TaskStage):
     """Classification: the best epoch on the validation split is kept (``best.pt``) and reported. ``arch`` other than
@@ -87,10 +89,22 @@ class FinetuneStage(TaskStage):
             head_init_scale=cfg.head_init_scale,
         )
 
-    def initialize(self, model: MEMViT) -> None:
+    def initialize(self, model: torch.nn.Module) -> None:
         super().initialize(model)
         if self.cfg.probe:
             model.freeze_features()
+        if self.cfg.l2_sp > 0:  # where finetuning starts, kept on the host until the first step finds the device
+            self._start = {
+                name: (p, p.detach().clone()) for name, p in model.named_parameters() if not name.startswith(FRESH)
+            }
+
+    def l2_sp(self) -> torch.Tensor:
+        """The L2-SP penalty: ``l2_sp`` / 2 x the squared distance of the weights from their starting values."""
+        for name, (p, start) in self._start.items():
+            if start.device != p.device:
+                self._start[name] = (p, start.to(p.device))
+        distance = sum((p.float() - start).pow(2).sum() for p, start in self._start.values())
+        return 0.5 * self.cfg.l2_sp * distance
 
     @property
     def layer_decay(self) -> float | None:
@@ -112,6 +126,8 @@ class FinetuneStage(TaskStage):
             smoothing = 0.0  # already in Mixup's soft targets
         logits = model(x)
         loss = F.cross_entropy(logits.float(), targets, label_smoothing=smoothing)
+        if self.cfg.l2_sp > 0:
+            loss = loss + self.l2_sp()
         acc = (logits.argmax(-1) == labels).float().mean()
         return StepResult(loss, {"acc": acc}, x.shape[0])
 
