@@ -44,7 +44,7 @@ class RecordConfig:
     flush_interval_s: Annotated[float, AT_LEAST_0] = 1.0
     min_free_bytes: Annotated[int, AT_LEAST_0, Help(MIN_FREE_HELP)] = 256 << 20
     shard_max_events: Annotated[int, AT_LEAST_1] = 1 << 26
-    status: bool = True  # live status line on stderr (only when it is a terminal)
+    status: bool = True  # progress on stderr: a live line on a terminal, a plain line every 5 s elsewhere
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -71,15 +71,20 @@ def _corpus_bytes(root: Path) -> int:
     return sum(e.stat().st_size for e in os.scandir(root) if e.is_file() and not e.name.startswith("."))
 
 
-class _Status:
-    """A transient one-line status on stderr: events/s, total events, corpus size, reconnection state."""
+PLAIN_EVERY_S = 5.0  # a progress line this often when stderr is no terminal (a log file, a pipe)
 
-    def __init__(self, enabled: bool, out: Path, name: str) -> None:
-        console = Console(stderr=True)
-        self._live = (
-            Live(console=console, transient=True, auto_refresh=False) if enabled and console.is_terminal else None
-        )
-        self._out, self._name = out, name
+
+class _Status:
+    """Progress on stderr while recording: the source's time recorded (of ``--duration``), events, events/s,
+    corpus size and the reconnection state. On a terminal one transient line redrawn four times a second; elsewhere
+    a plain line every ``PLAIN_EVERY_S``, so a log or a pipe shows the recording going too."""
+
+    def __init__(self, enabled: bool, out: Path, name: str, duration_s: float | None) -> None:
+        self._console = Console(stderr=True, highlight=False)
+        terminal = self._console.is_terminal
+        self._live = Live(console=self._console, transient=True, auto_refresh=False) if enabled and terminal else None
+        self._plain = enabled and not terminal
+        self._out, self._name, self._duration_s = out, name, duration_s
         self._last = (time.monotonic(), 0)
         self._size, self._size_time = 0, 0.0
 
@@ -92,19 +97,23 @@ class _Status:
         if self._live is not None:
             self._live.stop()
 
-    def update(self, total: int, source: LiveSource) -> None:
+    def update(self, total: int, source_s: float, source: LiveSource) -> None:
         now = time.monotonic()
-        if self._live is None or now - self._last[0] < 0.25:
+        if not (self._live or self._plain) or now - self._last[0] < (0.25 if self._live else PLAIN_EVERY_S):
             return
         rate = (total - self._last[1]) / (now - self._last[0])
         self._last = (now, total)
         if now - self._size_time >= 1.0:
             self._size, self._size_time = _corpus_bytes(self._out), now
-        line = Text.assemble(
-            ("● REC ", "bold red"),
-            f"{self._name}  {rate / 1e6:7.2f} Mev/s  {total:,} events  {self._size / 1e6:,.1f} MB",
-        )
-        if getattr(source, "connected", True) is False:
+        of = "" if self._duration_s is None else f" of {self._duration_s:g}"
+        progress = f"{source_s:.1f}{of} s  {total:,} events  {rate / 1e6:.2f} Mev/s  {self._size / 1e6:,.1f} MB"
+        waiting = getattr(source, "connected", True) is False
+        if self._plain:
+            line = f"recording {self._name}: {progress}{'  waiting for the camera to come back' if waiting else ''}"
+            self._console.print(line, soft_wrap=True)
+            return
+        line = Text.assemble(("● REC ", "bold red"), f"{self._name}  {progress}")
+        if waiting:
             line.append("  waiting for the camera to come back…", style="yellow")
         self._live.update(line, refresh=True)
 
@@ -195,7 +204,7 @@ def run(config: RecordConfig, *, source: LiveSource | None = None, stop: threadi
         if not late:
             begin()
         clock = _Clock(config.speed)
-        with _Signals(stop) as signals, _Status(config.status, config.out, name) as status:
+        with _Signals(stop) as signals, _Status(config.status, config.out, name, config.duration_s) as status:
             loop = (config, source, writer, publisher, stop, status, clock)
             total, reason, error = _record_loop(*loop, begin if late else None)
         if reason == "stopped" and signals.reason:
@@ -244,11 +253,15 @@ class _Clock:
         """The events of ``batch`` less than ``duration_s`` after the first event recorded."""
         return batch[: np.searchsorted(batch["t"], self._t_first + round(duration_s * 1e6))]
 
-    def recorded(self, duration_s: float, now: float) -> bool:
+    def recorded(self, duration_s: float, now: float, quiet: bool) -> bool:
         """Whether ``duration_s`` of the source's time is recorded: its events' own clock, so ``speed`` 0 records that
-        much of a file or the simulation however fast it goes. A paced source also stops once the wall clock has run
-        ``duration_s / speed`` (a camera whose scene went still sends no events to count)."""
-        return self.event_s >= duration_s or (self.speed > 0 and self.seconds(now) >= duration_s / self.speed)
+        much of a file or the simulation however fast it goes. A paced source that is ``quiet`` (a heartbeat: nothing
+        waiting) also stops once the wall clock has run ``duration_s / speed``: a camera whose scene went still sends
+        no events to count. Only when quiet, because while the recorder was busy (the first write loads a numba kernel,
+        for seconds on a busy machine) a camera or a DV stream kept its events waiting, and they belong to the recording."""
+        if self.event_s >= duration_s:
+            return True
+        return quiet and self.speed > 0 and self.seconds(now) >= duration_s / self.speed
 
 
 def _record_loop(
@@ -270,6 +283,7 @@ def _record_loop(
     try:
         for batch in source:
             now = time.monotonic()
+            quiet = not batch.size
             if batch.size:
                 if clock.start is None:
                     segment_start = now
@@ -289,12 +303,12 @@ def _record_loop(
                 flushed, last_flush = total, now
             if stop.is_set():
                 return total, "stopped", None
-            if config.duration_s is not None and clock.recorded(config.duration_s, now):
+            if config.duration_s is not None and clock.recorded(config.duration_s, now, quiet):
                 return total, "duration", None
             if segment_s is not None and now - segment_start >= segment_s:
                 writer.rotate()
                 segment_start = now
-            status.update(total, source)
+            status.update(total, clock.event_s, source)
     except CorpusFullError as e:
         return total, "disk full", str(e)
     except RecorderError as e:

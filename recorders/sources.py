@@ -68,6 +68,8 @@ def open_source(spec: str, *, speed: float = 1.0, loop: bool = False, batch_us: 
         return CorpusReplaySource(*corpus, speed=speed, loop=loop, batch_us=batch_us)
     path = Path(spec)
     if not os.path.exists(path):  # a FIFO or a device goes on: the reader refuses it by name
+        if path.suffix or os.sep in spec:  # written as a file: that it is missing is what the user needs to hear
+            raise RecorderError(f"source {spec!r}: no such file or folder")
         raise RecorderError(f"source {spec!r} is not {SPECS}")
     if path.is_dir():
         raise RecorderError(f"source {spec!r} is a folder but no corpus (it holds no {MANIFEST})")

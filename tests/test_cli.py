@@ -185,3 +185,21 @@ def test_serve_stopped_before_its_model_loaded_says_so(tmp_path, monkeypatch, ca
     server.run(config)
     out = capsys.readouterr().out
     assert f"the model {tmp_path} was still loading" in out and "mem serve: 0 predictions" in out
+
+
+def mem_fails(monkeypatch, capsys, *args: str) -> tuple[int, str]:
+    """``mem ARGS`` as a user runs it (``app.cli.main``), in this process: its exit status and stderr."""
+    from app.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["mem", *args])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    return exit_info.value.code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [("serve", "--pub", "tcp://127.0.0.1:*"), ("record", "--out", "corpus")])
+def test_a_source_file_that_does_not_exist_is_called_missing(command, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code, err = mem_fails(monkeypatch, capsys, *command, "--source", "missing.raw")
+    assert (code, err) == (2, "error: source 'missing.raw': no such file or folder\n")

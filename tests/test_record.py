@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -188,10 +189,48 @@ def test_duration_counts_from_the_first_events_not_from_the_start(tmp_path):
 
 
 def test_a_source_that_cannot_keep_up_is_reported(tmp_path):
-    config = RecordConfig(source="test", out=tmp_path / "c", duration_s=1.5, min_free_bytes=0, status=False)
-    result = run(config, source=TimedSource(delay_s=0, rate=0.2))  # 0.2 s of events per second
+    config = RecordConfig(source="test", out=tmp_path / "c", duration_s=0.3, min_free_bytes=0, status=False)
+    result = run(config, source=TimedSource(delay_s=0, rate=0.2))  # 0.2 s of events per second: 1.5 s for 0.3 s
     assert result.behind_s > 1.0
     assert "fell" in result.lag_warning and "behind real time" in result.lag_warning
+
+
+class BusyRecorderSource(LiveSource):
+    """A camera stream as a recorder finds it that was busy for ``busy_s`` after its first batch (its first write
+    loads a numba kernel: seconds on a loaded machine): 10 ms of events, then everything that waited meanwhile at
+    once, then heartbeats."""
+
+    def __init__(self, busy_s: float, waiting_batches: int) -> None:
+        self.busy_s, self.waiting_batches = busy_s, waiting_batches
+        self.sensor, self.metadata = SensorSize(32, 48), {"kind": "test"}
+
+    def __iter__(self):
+        for k in range(1 + self.waiting_batches):
+            batch = np.zeros(10, dtype=EVENT_DTYPE)
+            batch["t"] = 10_000 * k + 1_000 * np.arange(10)
+            yield batch
+            if k == 0:
+                time.sleep(self.busy_s)
+        while True:
+            time.sleep(0.01)
+            yield np.empty(0, dtype=EVENT_DTYPE)
+
+
+def test_events_that_waited_while_the_recorder_was_busy_are_recorded_up_to_the_duration(tmp_path):
+    """The wall clock ran past --duration while the recorder was busy, but the source's events of that time were
+    waiting: they are recorded (200 of a DV stream's 15,000 events were, when the wall clock decided)."""
+    config = RecordConfig(source="test", out=tmp_path / "c", duration_s=1.0, min_free_bytes=0, status=False)
+    result = run(config, source=BusyRecorderSource(busy_s=1.5, waiting_batches=200))
+    events = session_events(tmp_path / "c", result.name)
+    assert result.stop_reason == "duration"
+    assert events.size == 1000 and events["t"][-1] == 999_000  # all of the first second, nothing after it
+
+
+def test_a_camera_whose_scene_went_still_stops_at_the_duration_by_the_wall_clock(tmp_path, events_factory):
+    """Heartbeats and no events after the first: the wall clock ends the recording (else it would never end)."""
+    config = RecordConfig(source="test", out=tmp_path / "c", duration_s=0.5, min_free_bytes=0, status=False)
+    result = run(config, source=ArraySource([events_factory(100)], SensorSize(32, 48), endless=True))
+    assert result.stop_reason == "duration" and result.stored == 100
 
 
 def test_quiet_source_is_still_committed_within_a_second(tmp_path, events_factory):
@@ -234,6 +273,20 @@ def test_a_camera_unplugged_mid_recording_continues_the_same_session(tmp_path, e
     validate_events(events)
     np.testing.assert_array_equal(events[["x", "y", "p"]], np.concatenate(first + second)[["x", "y", "p"]])
     assert Corpus(tmp_path / "c").recordings[0].metadata["serial"] == "DXB042"
+
+
+def test_mem_record_shows_its_progress_in_a_log_too(tmp_path):
+    """On a terminal a live line; piped or written to a log, a plain line every few seconds (it showed nothing)."""
+    proc = child("record", "--source", "sim", "--out", str(tmp_path / "c"), "--duration", "7")
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    progress = [line for line in stderr.splitlines() if line.startswith("recording sim-")]
+    assert progress, stderr
+    seconds, of, events = re.fullmatch(
+        r"recording sim-\S+: (\d+\.\d) of (\d+) s  ([\d,]+) events .* MB", progress[0]
+    ).groups()
+    assert 0 < float(seconds) < 7 and of == "7" and int(events.replace(",", "")) > 0
+    assert "stopped: duration" in stdout
 
 
 def test_no_camera_through_the_cli_is_one_clear_line(tmp_path):

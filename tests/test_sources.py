@@ -131,8 +131,10 @@ def test_pacer_at_speed_zero_never_waits(monkeypatch):
 
 
 def test_open_source_rejects_what_it_does_not_know(tmp_path):
-    with pytest.raises(RecorderError, match="not camera"):
+    with pytest.raises(RecorderError, match=r"missing\.dat': no such file or folder$"):
         open_source(str(tmp_path / "missing.dat"))
+    with pytest.raises(RecorderError, match="'camra' is not camera"):
+        open_source("camra")
     with pytest.raises(RecorderError, match="simulator preset"):
         open_source("sim:nope")
     assert isinstance(open_source("sim", speed=0), SimulatorSource)
