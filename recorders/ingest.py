@@ -188,7 +188,7 @@ def _dataset_items(dataset: str, root: Path) -> list[IngestItem]:
         try:
             source = open_shipped(dataset, root, split)
         except DatasetError as e:
-            problems.append(f"{split}: {e}")
+            problems.append((split, str(e).removeprefix(f"{root}: ")))
             continue
         if not isinstance(source, FileSource):
             raise RecorderError(f"dataset {dataset!r} is not stored one sample per file; ingest reads files only")
@@ -198,7 +198,10 @@ def _dataset_items(dataset: str, root: Path) -> list[IngestItem]:
                 cls = source.classes[label] if label >= 0 else None
                 items.append(IngestItem(path, _name_for(path, root), cls, split, source.sensor))
     if not items:
-        raise RecorderError(f"no {dataset} samples under {root} ({'; '.join(problems)})")
+        reasons = {reason for _, reason in problems}
+        if len(reasons) == 1:  # the same for every split: said once
+            raise RecorderError(reasons.pop())
+        raise RecorderError(f"no {dataset} samples ({'; '.join(f'{split}: {reason}' for split, reason in problems)})")
     return items
 
 

@@ -203,3 +203,15 @@ def test_a_source_file_that_does_not_exist_is_called_missing(command, tmp_path, 
     monkeypatch.chdir(tmp_path)
     code, err = mem_fails(monkeypatch, capsys, *command, "--source", "missing.raw")
     assert (code, err) == (2, "error: source 'missing.raw': no such file or folder\n")
+
+
+def test_ingest_of_ncars_class_folders_outside_a_split_folder_is_one_short_line(tmp_path, monkeypatch, capsys):
+    for cls in ("cars", "background"):
+        (tmp_path / "nc" / cls).mkdir(parents=True)
+        dat_file(tmp_path / "nc" / cls / "0.dat", 0, 0.1, 100)
+    code, err = mem_fails(
+        monkeypatch, capsys, "ingest", str(tmp_path / "nc"), "--out", str(tmp_path / "c"), "--dataset", "ncars"
+    )
+    expected = f"{tmp_path / 'nc'}: holds cars/ and background/ directly; N-Cars wants them inside train/ and test/"
+    assert (code, err) == (1, f"error: {expected}\n")
+    assert expected not in capsys.readouterr().out  # said once

@@ -88,6 +88,43 @@ def test_bad_arguments_are_one_clear_line(tmp_path, args, message, monkeypatch, 
     assert not (tmp_path / "X").exists()  # nothing started
 
 
+def test_a_run_that_fails_before_its_first_checkpoint_leaves_no_run_directory(tmp_path, monkeypatch, capsys):
+    """N-Cars class folders without a split folder fail once the run directory is made: it goes again (with the
+    parent made for it), one short line says why; a folder the user had stays."""
+    for cls in ("cars", "background"):
+        (tmp_path / "nc" / cls).mkdir(parents=True)
+        (tmp_path / "nc" / cls / "0.dat").write_bytes(b"")
+    expected = (
+        f"error: {tmp_path / 'nc'}: holds cars/ and background/ directly; N-Cars wants them inside train/ and test/\n"
+    )
+    (tmp_path / "mine").mkdir()
+    for out in (tmp_path / "runs" / "ft", tmp_path / "mine"):
+        args = [
+            "finetune",
+            "--dataset",
+            "ncars",
+            "--data",
+            str(tmp_path / "nc"),
+            "--out",
+            str(out),
+            "--preset",
+            "cpu-tiny",
+        ]
+        assert mem_in_process(monkeypatch, capsys, *args) == (2, expected)
+    assert not (tmp_path / "runs").exists() and (tmp_path / "mine").is_dir()
+
+
+def test_a_run_that_checkpointed_keeps_its_directory_when_it_fails_later(tmp_path):
+    from mem_core.runs.rundir import CHECKPOINT_FILE, discarded_if_it_fails_unstarted
+
+    run = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt), discarded_if_it_fails_unstarted(run):
+        run.mkdir()
+        (run / CHECKPOINT_FILE).write_bytes(b"epoch 0")
+        raise KeyboardInterrupt  # Ctrl-C in the second epoch: --resume continues from the first
+    assert (run / CHECKPOINT_FILE).read_bytes() == b"epoch 0"
+
+
 def test_pretrain_method_comes_from_the_config_unless_given(tmp_path, monkeypatch, capsys):
     config = tmp_path / "emae.toml"
     config.write_text(

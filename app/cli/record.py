@@ -72,11 +72,13 @@ def ingest(
     table.add_row("time", f"{report.seconds:.1f} s ({report.events / max(report.seconds, 1e-9) / 1e6:.1f} Mev/s)")
     console.print(table)
     typer.echo(f"report: {report.report_path}")
+    failure = report.failure()
     for entry in report.failed:  # plain lines (no wrapping): one per file, easy to grep
-        typer.echo(f"failed {entry['path']}: {entry['reason']}")
+        if f"{entry['path']}: {entry['reason']}" != failure:  # (the error line says it)
+            typer.echo(f"failed {entry['path']}: {entry['reason']}")
     for entry in report.left_out:
         typer.echo(f"left out {entry['path']}: {entry['reason']}")
-    if (failure := report.failure()) is not None:
+    if failure is not None:
         raise fail(failure, code=1)
     if strict and report.failed:
         raise typer.Exit(code=1)

@@ -26,8 +26,11 @@ def ncars(root: Path, split: str, held_out: bool = True) -> EventSource:
         folder = root / official[split]
     elif held_out and split == "val" and ((root / "train").is_dir() or (root / "n-cars_train").is_dir()):
         folder, carved = (root / "train" if (root / "train").is_dir() else root / "n-cars_train"), True
+    elif all((root / cls).is_dir() for cls in NCARS_CLASSES):  # the class folders one level too high
+        raise DatasetError(f"{root}: holds cars/ and background/ directly; N-Cars wants them inside train/ and test/")
     else:
-        raise DatasetError(f"{root}: no N-Cars split {split!r} (expected {split}/ or n-cars_{split}/ folders)")
+        folders = f"{split}/" + (f" or {official[split]}/" if split in official else "")
+        raise DatasetError(f"{root}: no N-Cars split {split!r} (a {folders} folder holding cars/ and background/)")
     files, labels = [], []
     for label, cls in enumerate(NCARS_CLASSES):
         sub = require_dir(folder / cls, f"N-Cars class folder {cls!r}")

@@ -12,11 +12,13 @@ Layout::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +124,27 @@ def make_dir(path: Path, what: str) -> None:
         raise RunError(f"{path}: cannot hold {what} ({e.strerror or e})") from None
     if not writable:
         raise RunError(f"{path}: cannot hold {what} (not writable)")
+
+
+@contextlib.contextmanager
+def discarded_if_it_fails_unstarted(path: Path | str) -> Iterator[None]:
+    """Remove the run directory ``path``, and the parents made for it, when the block fails before the run's first
+    checkpoint and none of them existed before: such a folder holds a config and perhaps a few metrics, nothing
+    ``--resume`` could continue, and a half-made run is all it would leave. A folder the user had and a run that
+    checkpointed are never removed. Only the main process (``RANK`` 0) removes it: under torchrun it made it."""
+    made = None  # the outermost folder of ``path`` that does not exist yet: what mkdir(parents=True) makes
+    for folder in (Path(path), *Path(path).parents):
+        if os.path.lexists(folder):
+            break
+        made = folder
+    try:
+        yield
+    except BaseException:
+        run = RunDir(path)
+        started = any(p.exists() for p in (run.checkpoint_path, run.best_path, run.path / RESULT_FILE))
+        if made is not None and not started and os.environ.get("RANK", "0") == "0":
+            shutil.rmtree(made, ignore_errors=True)
+        raise
 
 
 # Settings a resumed run may take other than it started with: where and how fast it runs, not what it learns.

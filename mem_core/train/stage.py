@@ -23,7 +23,7 @@ from mem_core.datasets import EventSource
 from mem_core.models import MEMViT, ViTConfig, load_pretrained_backbone
 from mem_core.representation import EventBatch, batch_preprocess
 from mem_core.runs.lineage import INIT_LINK
-from mem_core.runs.rundir import RunDir, RunError, load_checkpoint, load_state
+from mem_core.runs.rundir import RunDir, RunError, discarded_if_it_fails_unstarted, load_checkpoint, load_state
 from mem_core.train.common import batch_generator, fit_input, open_split, start_run, train_indices, wrap_model
 from mem_core.train.engine import StepResult
 from mem_core.train.fit import Training, build_stage_loaders, fit
@@ -141,9 +141,10 @@ def run_stage(stage_cls: type[Stage], cfg, out: Path | str, *, resume: bool = Fa
     """Train one stage into the run directory ``out`` (continued from its checkpoint with ``resume``).
 
     ``inputs`` go to the stage's constructor (a tokenizer run, a pretraining run to start from). SIGINT stops it,
-    even in a process started with SIGINT ignored (a background job of a script).
+    even in a process started with SIGINT ignored (a background job of a script). A run that fails before its first
+    checkpoint leaves no run directory behind unless it was there before (``discarded_if_it_fails_unstarted``).
     """
-    with interruptible():
+    with interruptible(), discarded_if_it_fails_unstarted(out):
         return _run_stage(stage_cls, cfg, out, resume, inputs)
 
 
