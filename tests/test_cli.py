@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -46,6 +47,17 @@ def test_help_shows_flags_plainly_and_flows_its_paragraphs():
         checked += len(flags)
     assert checked >= 10 and "--json  " in mem("inspect", "--help")
     assert "(with --verify every event is read and checked too)" in mem("inspect", "--help")  # flowed, not cut
+
+
+def test_help_names_every_bundled_preset_and_the_viewer_s_keys():
+    presets = sorted(path.stem for path in (Path(__file__).resolve().parent.parent / "configs").glob("*.toml"))
+    assert "cpu-small" in presets
+    for command in (("tokenizer",), ("finetune",), ("experiment", "label-efficiency")):
+        shown = " ".join(mem(*command, "--help").replace("│", " ").split())
+        assert f"A bundled preset (configs/): {', '.join(presets)}." in shown, command
+    shown = " ".join(mem("view", "--help").split())
+    assert "Keys: 1-9 capture the window on screen as the label panel's class 1-9" in shown
+    assert "Ctrl+Z takes the last capture back" in shown
 
 
 def test_record_help_explains_sim_fast_and_duration_in_the_source_s_time():
@@ -113,6 +125,16 @@ def test_inspect_of_a_folder_lists_its_event_files_and_caps_what_it_reads(tmp_pa
         "broken.raw",
         "deep/b.bin",
     ]
+
+
+def test_inspect_piped_keeps_every_file_name_whole(tmp_path):
+    """Piped (here: not a terminal, no COLUMNS), the tables are as wide as they need: rich folded them at 80 columns
+    and broke file names mid-word, which grep and a reader then miss."""
+    name = "session_2024-05-17_dvxplorer_on_the_lab_desk_looking_at_the_door_with_people_walking_by.dat"
+    dat_file(tmp_path / name, 0, 1.0, 100)
+    result = CliRunner().invoke(app, ["inspect", str(tmp_path)], env={"COLUMNS": None})
+    assert result.exit_code == 0, result.output
+    assert f"│ {name} │ dat" in result.output
 
 
 def test_inspect_of_a_folder_without_event_files_says_what_it_looked_for(tmp_path):

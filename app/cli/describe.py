@@ -22,6 +22,7 @@ from app.units import event_rate
 
 MAX_ROWS = 50  # recordings listed in a corpus's table (--json lists all)
 BLANK = "\u2013"
+UNFOLDED = 100_000  # columns of piped output: no table is that wide
 
 
 def inspect(
@@ -70,7 +71,14 @@ def _print(info: dict[str, Any], as_json: bool, tables) -> None:
     if as_json:
         print(json.dumps(info))
     else:
-        tables(Console())
+        tables(_console())
+
+
+def _console() -> Console:
+    """The terminal's width on a terminal; piped or redirected, as wide as the tables need, so that a program or a
+    search reads every file name whole (rich would fold them at 80 columns, mid-word)."""
+    console = Console()
+    return console if console.is_terminal else Console(width=UNFOLDED)
 
 
 def _span(info: dict[str, Any]) -> dict[str, Any]:

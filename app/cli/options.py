@@ -22,6 +22,7 @@ import typer
 from typer.core import TyperGroup
 from typer.models import OptionInfo, ParameterInfo
 
+from mem_core.configuration import preset_names
 from mem_core.fields import help_of
 
 DatasetOpt = Annotated[
@@ -30,7 +31,8 @@ DatasetOpt = Annotated[
 ]
 DataOpt = Annotated[Path | None, typer.Option("--data", help="Dataset root or corpus directory.")]
 OutOpt = Annotated[Path, typer.Option("--out", help="Run directory to write.")]
-PresetOpt = Annotated[str | None, typer.Option("--preset", help="Bundled preset: cpu-tiny, paper-ncars, ...")]
+PRESETS_HELP = f"A bundled preset (configs/): {', '.join(preset_names())}."
+PresetOpt = Annotated[str | None, typer.Option("--preset", help=PRESETS_HELP)]
 ConfigOpt = Annotated[
     Path | None, typer.Option("--config", help="TOML config file (\\[input], \\[data], \\[vit] and per-stage tables).")
 ]

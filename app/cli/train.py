@@ -10,7 +10,18 @@ from typing import Annotated, Any
 
 import typer
 
-from app.cli.options import ConfigOpt, DataOpt, DatasetOpt, OutOpt, PresetOpt, ResumeOpt, SetOpt, fail, with_options
+from app.cli.options import (
+    PRESETS_HELP,
+    ConfigOpt,
+    DataOpt,
+    DatasetOpt,
+    OutOpt,
+    PresetOpt,
+    ResumeOpt,
+    SetOpt,
+    fail,
+    with_options,
+)
 from app.config import TrainLabelsConfig
 from mem_core.train.experiment import STAGE_OVERRIDES, LabelEfficiencyConfig
 
@@ -168,7 +179,7 @@ def label_efficiency(
     ),
     dataset: DatasetOpt = _LE.dataset,
     data: DataOpt = None,
-    preset: Annotated[str, typer.Option("--preset", help="Preset of every stage.")] = _LE.preset,
+    preset: Annotated[str, typer.Option("--preset", help=f"Every stage's preset. {PRESETS_HELP}")] = _LE.preset,
     config: ConfigOpt = None,
     fractions: Annotated[str, typer.Option("--fractions", help="Comma-separated label fractions.")] = ",".join(
         f"{f:g}" for f in _LE.fractions
