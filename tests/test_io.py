@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import pickle
+import shlex
 import struct
 import subprocess
 import sys
@@ -584,6 +585,20 @@ def test_broken_files_raise_event_file_error(tmp_path, name, content, message):
     with pytest.raises(EventFileError, match=message) as info:
         read_events(path)
     assert info.value.path == str(path)
+
+
+def test_a_truncated_dat_says_how_to_keep_its_whole_records(tmp_path, events_factory):
+    events = events_factory(100)
+    whole = write_events(tmp_path / "rec.dat", events, SensorSize(32, 48)).read_bytes()
+    cut = tmp_path / "cut file.dat"
+    cut.write_bytes(whole[:-3])  # a copy interrupted inside the last record
+    with pytest.raises(EventFileError, match="5 trailing bytes after 99 whole records") as info:
+        read_events(cut)
+    head, option, size, path, into, kept = shlex.split(str(info.value).split("keep them in a new file: ")[1])
+    assert (head, option, path, into, kept) == ("head", "-c", str(cut), ">", "cut file-whole.dat")
+    kept = tmp_path / kept
+    kept.write_bytes(cut.read_bytes()[: int(size)])  # what the command keeps
+    assert_same_events(read_events(kept).events, events[:99])
 
 
 def test_npz_without_event_data_lists_its_keys(tmp_path):

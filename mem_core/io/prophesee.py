@@ -15,6 +15,7 @@ without one get the sensor of the camera named by ``% plugin_name`` when the eve
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
 import numba
@@ -144,10 +145,16 @@ def read_dat(path: Path) -> EventFile:
     pos += 2
     body = len(buf) - pos
     if body % DAT_RECORD.itemsize:
+        whole = body // DAT_RECORD.itemsize
+        # the whole records before the cut are sound (tonic reads them): say how to keep them, without changing the
+        # user's file; a partial record is never guessed at
+        keep = f"{path.stem}-whole{path.suffix}"
+        recover = f"head -c {pos + whole * DAT_RECORD.itemsize} {shlex.quote(str(path))} > {shlex.quote(keep)}"
         raise EventFileError(
             path,
             f"truncated: {body} bytes of events is not a whole number of {DAT_RECORD.itemsize}-byte records "
-            f"({body % DAT_RECORD.itemsize} trailing bytes after {body // DAT_RECORD.itemsize} whole records)",
+            f"({body % DAT_RECORD.itemsize} trailing bytes after {whole} whole records); "
+            f"to read those records, keep them in a new file: {recover}",
         )
     rec = np.frombuffer(buf, dtype=DAT_RECORD, offset=pos)
     events = np.empty(len(rec), dtype=EVENT_DTYPE)
