@@ -826,7 +826,7 @@ def test_a_training_run_leaves_a_core_to_the_live_stream_unless_the_user_chose(
     child trains on one core fewer, or on the OMP_NUM_THREADS the user set."""
     from app.live.labelling import TRAIN_LOG, TrainingJob
 
-    monkeypatch.setattr("os.cpu_count", lambda: cpus)
+    monkeypatch.setattr("app.live.labelling.usable_cores", lambda: cpus)  # the cores this process may run on
     if user is None:
         monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     else:
