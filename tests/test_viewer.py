@@ -200,6 +200,23 @@ def test_the_seek_slider_stays_where_it_was_dropped_until_the_server_confirms(wi
     assert window.replay.seek.value() == 250  # the server's answer is the truth
 
 
+def test_a_click_on_the_seek_slider_s_groove_seeks_to_the_place_clicked(window, qtbot):
+    """Qt's slider stepped a page towards the click and sent nothing: the replay did not move."""
+    window.apply({"stats": stats(source=FILE_SOURCE)})  # at 0.5 of 2.0 s
+    seek, sent = window.replay.seek, []
+    window.replay.command.connect(lambda name, args: sent.append((name, args)))
+    groove = seek.rect().adjusted(8, 0, -8, 0)  # (the handle's half at each end)
+    qtbot.mouseClick(
+        seek,
+        QtCore.Qt.MouseButton.LeftButton,
+        pos=QtCore.QPoint(groove.left() + groove.width() * 4 // 5, seek.height() // 2),
+    )
+    assert [name for name, _ in sent] == ["seek"]
+    assert sent[0][1]["position_s"] == pytest.approx(1.6, abs=0.1)  # 4/5 of the 2 s
+    assert seek.value() == pytest.approx(800, abs=50)  # the slider stays where it was clicked
+    assert window.replay.position.text() == f"{sent[0][1]['position_s']:.2f} / 2.00 s"
+
+
 def sensor_message(image, sensor, seq: int = 0, binning: int = 1, **fields):
     return message("sensor", seq, {"sensor": image}, sensor=list(sensor), binning=binning, **fields)
 

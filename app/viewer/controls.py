@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 import numpy as np
-from PySide6 import QtCore, QtWidgets
+from PySide6 import QtCore, QtGui, QtWidgets
 
 from mem_core.limits import MAX_WINDOW_EVENTS, MAX_WINDOW_MS
 
@@ -28,6 +28,30 @@ def control_grid(
     return layout
 
 
+class SeekSlider(QtWidgets.QSlider):
+    """A horizontal slider whose groove, clicked, puts the handle under the mouse and goes on as a drag of it from
+    there (``sliderReleased`` on release), as a video player's does; a QSlider steps a page towards the click, which
+    is no place the user chose."""
+
+    def __init__(self, parent: QtWidgets.QWidget | None = None) -> None:
+        super().__init__(QtCore.Qt.Orientation.Horizontal, parent)
+
+    def mousePressEvent(self, event: QtGui.QMouseEvent) -> None:
+        if event.button() == QtCore.Qt.MouseButton.LeftButton:
+            option = QtWidgets.QStyleOptionSlider()
+            self.initStyleOption(option)
+            style, control = self.style(), QtWidgets.QStyle.ComplexControl.CC_Slider
+            handle = style.subControlRect(control, option, QtWidgets.QStyle.SubControl.SC_SliderHandle, self)
+            if not handle.contains(event.position().toPoint()):
+                groove = style.subControlRect(control, option, QtWidgets.QStyle.SubControl.SC_SliderGroove, self)
+                x = round(event.position().x()) - groove.x() - handle.width() // 2
+                span = groove.width() - handle.width()
+                self.setSliderPosition(
+                    QtWidgets.QStyle.sliderValueFromPosition(self.minimum(), self.maximum(), x, span, option.upsideDown)
+                )
+        super().mousePressEvent(event)  # the press is now on the handle: Qt starts dragging it
+
+
 class ReplayControls(QtWidgets.QGroupBox):
     """Play / pause, one window forward, speed and seek for a replayed file or corpus. Emits
     ``command(name, args)``."""
@@ -43,7 +67,7 @@ class ReplayControls(QtWidgets.QGroupBox):
         self.speed = QtWidgets.QComboBox()
         self.speed.addItems([f"{s:g}x" for s in self.SPEEDS])
         self.speed.setCurrentIndex(self.SPEEDS.index(1.0))
-        self.seek = QtWidgets.QSlider(QtCore.Qt.Orientation.Horizontal)
+        self.seek = SeekSlider()
         self.seek.setRange(0, 1000)
         self.position = QtWidgets.QLabel("0.00 / 0.00 s")
         control_grid(self, (self.play, self.step, self.speed, self.position), self.seek)
@@ -61,7 +85,9 @@ class ReplayControls(QtWidgets.QGroupBox):
     def _seek(self) -> None:
         # stats sent before the seek still carry the old position: the slider must not jump back to it
         self._seeking_until = time.monotonic() + PENDING_S
-        self.command.emit("seek", {"position_s": self.seek.value() / 1000 * self.duration_s})
+        position = self.seek.value() / 1000 * self.duration_s
+        self.position.setText(f"{position:.2f} / {self.duration_s:.2f} s")  # where the replay goes, not where it was
+        self.command.emit("seek", {"position_s": position})
 
     def set_state(self, replay: dict, confirmed: bool = False) -> None:
         """Follow the server's replay state (``playing``, ``speed``, ``position_s``, ``duration_s``); ``confirmed``
