@@ -21,7 +21,7 @@ from mem_core.fields import (
     WindowMs,
     check_fields,
 )
-from recorders.config import SIM_SOURCES, SPECS
+from recorders.config import LOOP_HELP, SOURCE_HELP
 
 LABEL_EPOCHS = 150  # epochs of a run on the viewer's captures: `mem serve`'s Train and `mem train-labels`
 
@@ -37,14 +37,17 @@ class ServeConfig:
             "view for labelling (mem view: number keys capture, Train finetunes --pretrain on the captures)."
         ),
     ] = None
-    source: Annotated[str, Help(f"{SPECS} (a file is replayed, in a loop unless --no-loop). {SIM_SOURCES}")] = "sim"
+    source: Annotated[str, Help(SOURCE_HELP)] = "sim"
     tokenizer: Annotated[
         Path | None,
         Help("Tokenizer run or export for the token overlay (default: the one exported with the model)."),
     ] = None
-    window: Annotated[
+    window_events: Annotated[
         WindowEvents | None,
-        Help("Events per window (default: the model's n_max, 30000 for the paper's models; mem view can change it)."),
+        Help(
+            "Events per window (default: the model's input.n_max, 30000 for the paper's models; mem view can "
+            "change it)."
+        ),
     ] = None
     window_ms: Annotated[
         WindowMs | None,
@@ -56,7 +59,7 @@ class ServeConfig:
     pub: Annotated[str, Help("PUB endpoint to bind.")] = "tcp://127.0.0.1:5557"
     control: Annotated[str | None, Help("Control (REP) endpoint to bind (default: the --pub port + 1).")] = None
     speed: Annotated[Speed, Help("Replay / simulator speed (x real time); 0: as fast as possible.")] = 1.0
-    loop: Annotated[bool, Help("Replay a file in a loop.", flag="--loop/--no-loop")] = True
+    loop: Annotated[bool, Help(LOOP_HELP, flag="--loop/--no-loop")] = False
     top_k: Annotated[int, AT_LEAST_1] = 5
     threads: Annotated[int, AT_LEAST_1, Help("Torch CPU threads for inference.")] = 1
     device: Annotated[str, Help("cpu or cuda[:N].")] = "cpu"
@@ -132,7 +135,7 @@ class DemoConfig:
     out: Annotated[Path, Help("Where the demo writes everything.")] = Path("mem-demo")
     headless: Annotated[
         bool | None,
-        Help("Snapshots and a report instead of a window (default: no display).", flag="--headless/--window"),
+        Help("Snapshots and a report instead of the viewer (default: no display).", flag="--headless/--viewer"),
     ] = None
     fresh: Annotated[bool, Help("Start over instead of reusing the last demo's work.")] = False
     labels_per_class: Annotated[int, Help("Labelled samples per class in each finetuning run.")] = 10

@@ -399,7 +399,7 @@ def main(
                     # as it comes: a run cut short by a time limit still says what it measured
                     print(f"{label}: {done['images_per_s']:.1f} img/s, {done['step_ms']:.1f} ms a step", flush=True)
     # what the windows were (a step's histogram costs grow with the events and the sensor): a stage's own n_max
-    # unless --events, which can differ between stages
+    # unless --window-events, which can differ between stages
     size = f"{sensor.width}x{sensor.height}"
     loader_events = events or configs["finetune"].input.n_max
     trained_workers = loader_workers(stage_config("finetune", preset=preset).data.num_workers)  # what training starts

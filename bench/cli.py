@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-from app.cli.options import writable_file
+from app.cli.options import Renamed, refusing, writable_file
+from app.cli.train import OLD_LABELS
 
 app = typer.Typer(help="Benchmarks: print a table and write JSON.", no_args_is_help=True)
 JsonOpt = Annotated[Path | None, typer.Option("--json", help="Write the results as JSON here.", callback=writable_file)]
@@ -77,6 +78,7 @@ def live(
 
 
 @app.command("train")
+@refusing(Renamed("--events", "--window-events", "events per window, as mem serve --window-events"))
 def train(
     json_path: JsonOpt = None,
     preset: Annotated[
@@ -96,9 +98,9 @@ def train(
         str,
         typer.Option("--sensor", help="WIDTHxHEIGHT of the synthetic windows (N-Cars: 120x100; N-ImageNet: 640x480)."),
     ] = "640x480",
-    events: Annotated[
+    window_events: Annotated[
         int | None,
-        typer.Option("--events", help="Events per synthetic window (default: the preset's n_max).", min=1),
+        typer.Option("--window-events", help="Events per synthetic window (default: the preset's n_max).", min=1),
     ] = None,
     sync_check: Annotated[
         bool,
@@ -156,7 +158,7 @@ def train(
         steps,
         profile=profile,
         sensor=size,
-        events=events,
+        events=window_events,
         sync_check=sync_check,
         stages=chosen,
         loader=loader,
@@ -165,12 +167,15 @@ def train(
 
 
 @app.command("cnn-reference")
+@refusing(OLD_LABELS)
 def cnn_reference(
     dataset: Annotated[str, typer.Option("--dataset", help="A labelled dataset (ncars, nmnist, ...).")],
     json_path: JsonOpt = None,
     data: Annotated[Path | None, typer.Option("--data", help="Dataset root.")] = None,
     preset: Annotated[str, typer.Option("--preset", help="The preset whose finetuning input to use.")] = "cpu-small",
-    labels: Annotated[float, typer.Option("--labels", help="Fraction of labelled training samples.")] = 1.0,
+    label_fraction: Annotated[
+        float, typer.Option("--label-fraction", help="Fraction of labelled training samples.")
+    ] = 1.0,
     seed: Annotated[int, typer.Option("--seed", help="Weights, augmentation and label subset.")] = 0,
     epochs: Annotated[
         int, typer.Option("--epochs", help="Epochs with all labels (below: as many as make up their steps).")
@@ -181,4 +186,4 @@ def cnn_reference(
     """Validation top-1 of a CNN trained from scratch on a preset's finetuning input: what the input allows."""
     from bench import cnn_reference as bench
 
-    bench.main(json_path, dataset, data, preset, labels, seed, epochs, arch, out=out)
+    bench.main(json_path, dataset, data, preset, label_fraction, seed, epochs, arch, out=out)

@@ -114,7 +114,7 @@ SHARE = Range(0, 1, lo_open=True)  # a share that must keep something: a label f
 # Replay and simulator pacing, x real time; 0: as fast as possible (`mem serve`/`mem record --speed`, the `speed`
 # control command, recorders.base.Pacer).
 Speed = Annotated[float, Range(0, MAX_SPEED)]
-# Events of a live window (`mem serve --window`, the `window` command, a model's n_max).
+# Events of a live window (`mem serve --window-events`, the `window` command, a model's input.n_max).
 WindowEvents = Annotated[int, Range(1, MAX_WINDOW_EVENTS)]
 # The time span a live window may cover, in ms; 0: no time limit (`mem serve --window-ms`, the `window` command).
 WindowMs = Annotated[float, Range(0, MAX_WINDOW_MS)]

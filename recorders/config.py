@@ -15,6 +15,8 @@ SPECS = (  # recorders.sources
     "a corpus directory (CORPUS[:RECORDING]) or an event file"
 )
 SIM_SOURCES = "sim: the sim dataset's 128 x 128 camera; sim:fast: a 640 x 480 load test (about 100 Mev/s)."
+SOURCE_HELP = f"{SPECS} (a file or corpus is replayed once, over and over with --loop). {SIM_SOURCES}"
+LOOP_HELP = "Replay a file or corpus over and over instead of once."  # mem record and mem serve alike
 MIN_FREE_HELP = "Stop before the disk has less than this free."
 CORPUS_HELP = "Corpus directory (created, or appended to)."
 
@@ -23,7 +25,7 @@ CORPUS_HELP = "Corpus directory (created, or appended to)."
 class RecordConfig:
     """What ``mem record`` does; ``source`` is any ``recorders.sources.open_source`` string (``SPECS``)."""
 
-    source: Annotated[str, Help(f"{SPECS} (a file is replayed). {SIM_SOURCES}")]
+    source: Annotated[str, Help(SOURCE_HELP)]
     out: Annotated[Path, Help(CORPUS_HELP)]
     name: Annotated[str | None, Help("Session name (default: <kind>-<UTC time>).")] = None
     duration_s: Annotated[
@@ -40,7 +42,7 @@ class RecordConfig:
         None  # ZMQ endpoint (or PORT)
     )
     speed: Annotated[Speed, Help("File replay / simulator speed: 1 = real time, 0 = as fast as possible.")] = 1.0
-    loop: Annotated[bool, Help("Replay the file over and over.")] = False
+    loop: Annotated[bool, Help(LOOP_HELP, flag="--loop/--no-loop")] = False
     flush_interval_s: Annotated[float, AT_LEAST_0] = 1.0
     min_free_bytes: Annotated[int, AT_LEAST_0, Help(MIN_FREE_HELP)] = 256 << 20
     shard_max_events: Annotated[int, AT_LEAST_1] = 1 << 26

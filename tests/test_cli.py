@@ -41,7 +41,7 @@ def test_help_shows_flags_plainly_and_flows_its_paragraphs():
     for path, command in commands(get_command(app)):
         shown = mem(*path, "--help")
         assert "<bool>" not in shown, f"mem {' '.join(path)}"
-        flags = [p.opts[0] for p in command.params if getattr(p, "is_flag", False)]
+        flags = [p.opts[0] for p in command.params if getattr(p, "is_flag", False) and not p.hidden]
         for flag in flags:
             assert flag in shown
         checked += len(flags)
@@ -237,3 +237,54 @@ def test_ingest_of_ncars_class_folders_outside_a_split_folder_is_one_short_line(
     expected = f"{tmp_path / 'nc'}: holds cars/ and background/ directly; N-Cars wants them inside train/ and test/"
     assert (code, err) == (1, f"error: {expected}\n")
     assert expected not in capsys.readouterr().out  # said once
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["finetune", "--dataset", "sim", "--out", "X", "--labels", "0.1"],
+            "--labels 0.1: use --label-fraction 0.1 (--labels names a folder of labelled captures)",
+        ),
+        (
+            ["segment", "--dataset", "sim", "--out", "X", "--labels", "0.1"],
+            "--labels 0.1: use --label-fraction 0.1 (--labels names a folder of labelled captures)",
+        ),
+        (
+            ["bench", "cnn-reference", "--dataset", "sim", "--out", "X", "--labels", "0.1"],
+            "--labels 0.1: use --label-fraction 0.1 (--labels names a folder of labelled captures)",
+        ),
+        (
+            ["serve", "--source", "sim", "--window", "5000"],
+            "--window 5000: use --window-events 5000 (the events of each window; --window-ms caps its time span)",
+        ),
+        (
+            ["bench", "train", "--events", "3000"],
+            "--events 3000: use --window-events 3000 (events per window, as mem serve --window-events)",
+        ),
+        (
+            ["demo", "--out", "X", "--window"],
+            "--window: use --viewer (--window-events is the events of mem serve's windows)",
+        ),
+    ],
+)
+def test_an_old_spelling_of_a_renamed_flag_is_one_line_naming_the_new_one(args, message, tmp_path, monkeypatch, capsys):
+    """Each flag means one thing in every command: --labels a folder, --label-fraction a fraction, --window-events
+    a window's events, --viewer the demo's window. A script with an old spelling stops before it starts anything."""
+    monkeypatch.chdir(tmp_path)
+    args = [str(tmp_path / a) if a == "X" else a for a in args]
+    assert mem_fails(monkeypatch, capsys, *args) == (2, f"error: {message}\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_loop_is_one_option_with_one_default_in_record_and_serve():
+    """A file or corpus source plays once unless --loop, whichever command replays it (serve looped by default)."""
+    from typer.main import get_command
+
+    from recorders.config import LOOP_HELP
+
+    commands = get_command(app).commands
+    loops = [next(p for p in commands[name].params if p.name == "loop") for name in ("record", "serve")]
+    assert [(p.opts, p.secondary_opts, p.default, p.help) for p in loops] == [
+        (["--loop"], ["--no-loop"], False, LOOP_HELP)
+    ] * 2

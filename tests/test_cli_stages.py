@@ -48,7 +48,7 @@ def test_tokenizer_pretrain_finetune_evaluate_export(tmp_path):
 
     stage("tokenizer", "tok", *sets(*TINY, *TINY_TOK))
     stage("pretrain", "pre", "--tokenizer", str(tmp_path / "tok"), *sets(*TINY, *TINY_VIT))
-    stage("finetune", "ft", "--init", str(tmp_path / "pre"), "--labels", "0.5", *sets(*TINY, *TINY_VIT))
+    stage("finetune", "ft", "--init", str(tmp_path / "pre"), "--label-fraction", "0.5", *sets(*TINY, *TINY_VIT))
     r = mem("evaluate", "--model", str(tmp_path / "ft"), "--dataset", "sim", "--split", "test", "--json")
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads(r.stdout.strip().splitlines()[-1])
@@ -189,6 +189,7 @@ def test_command_defaults_are_the_config_dataclasses_defaults():
         "fractions": lambda v: tuple(map(float, v.split(","))),
         "seeds": lambda v: tuple(map(int, v.split(","))),
         "classes": lambda v: tuple(c for c in v.split(",") if c),
+        "held_out": lambda v: tuple(v.split(",")),
     }
     group = get_command(app)
     commands = {
@@ -218,7 +219,7 @@ def test_command_defaults_are_the_config_dataclasses_defaults():
 
 def test_bench_train_measures_every_stage_and_the_loader(tmp_path, monkeypatch, capsys):
     out = tmp_path / "train.json"
-    args = ("--preset", "cpu-tiny", "--steps", "1", "--batch-size", "4", "--sensor", "120x100", "--events", "3000")
+    args = "--preset cpu-tiny --steps 1 --batch-size 4 --sensor 120x100 --window-events 3000".split()
     r = mem("bench", "train", *args, "--json", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     rows = {row["name"]: row for row in json.loads(out.read_text())}
@@ -243,7 +244,7 @@ def test_bench_cnn_reference_trains_on_the_finetuning_label_subset(tmp_path):
     """The CNN yardstick trains through the finetuning stage: its label fraction, with the steps of a run on all
     labels, validated on the whole val split, into a run directory like any finetuning run's."""
     out = tmp_path / "cnn.json"
-    args = ("--dataset", "sim", "--preset", "cpu-tiny", "--labels", "0.1", "--epochs", "1", "--arch", "resnet10t")
+    args = "--dataset sim --preset cpu-tiny --label-fraction 0.1 --epochs 1 --arch resnet10t".split()
     r = mem("bench", "cnn-reference", *args, "--json", str(out), "--out", str(tmp_path / "run"))
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads(out.read_text())

@@ -147,8 +147,8 @@ def test_a_window_of_0_ms_means_no_time_limit_on_the_command_line_and_the_wire()
     )
     with pytest.raises(ConfigError, match="window_ms must be in"):
         ServeConfig(window_ms=-1.0)
-    with pytest.raises(ConfigError, match=re.escape(f"window must be in [1, {MAX_WINDOW_EVENTS}], got 0")):
-        ServeConfig(window=0)
+    with pytest.raises(ConfigError, match=re.escape(f"window_events must be in [1, {MAX_WINDOW_EVENTS}], got 0")):
+        ServeConfig(window_events=0)
 
 
 @pytest.mark.parametrize(

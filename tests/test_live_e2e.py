@@ -89,7 +89,7 @@ def export(tmp_path_factory):
 @contextlib.contextmanager
 def mem_serve(export, source):
     """``mem serve`` replaying ``source`` in a loop, as a user starts it; yields its PUB endpoint."""
-    command = [*CLI, "serve", "--model", str(export), "--source", str(source), "--pub", "tcp://127.0.0.1:*"]
+    command = [*CLI, "serve", "--model", str(export), "--source", str(source), "--loop", "--pub", "tcp://127.0.0.1:*"]
     serve = subprocess.Popen(
         [*command, "--duration", "150"], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )

@@ -559,7 +559,7 @@ class SlowPredictor(Predictor):
 
 def test_a_slow_model_skips_windows_instead_of_building_a_backlog(export):
     source = SyntheticSource(2_000_000, SENSOR, batch_us=2000)  # 1000 windows/s, the model does < 20/s
-    with serving(export, source, predictor=SlowPredictor(export), window=2000) as server:
+    with serving(export, source, predictor=SlowPredictor(export), window_events=2000) as server:
         deadline = time.monotonic() + WAIT_S
         while len(server.latencies) < 30:
             assert time.monotonic() < deadline, "too few predictions"

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import typer
 
-from app.cli.options import comma_separated, with_options
+from app.cli.options import Renamed, comma_separated, refusing, with_options
 from app.config import DemoConfig
 
 # the fields given in another form on the command line; every other option is a field's own (``app.config``)
 DEMO_OPTIONS = {"label_seeds": comma_separated(typer.Option("--seeds"), int)}
 
 
+@refusing(Renamed("--window", "--viewer", "--window-events is the events of mem serve's windows", takes_value=False))
 @with_options(config=DEMO_OPTIONS)
 def demo(config: DemoConfig) -> None:
     """The whole product on the simulated camera: record, pretrain, finetune MEM vs scratch, live viewer."""

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import typer
 
-from app.cli.options import comma_separated, fail, with_options
+from app.cli.options import Renamed, comma_separated, fail, refusing, with_options
 from app.config import ServeConfig, ViewConfig
 
 # the fields given in another form on the command line; every other option is a field's own (``app.config``)
 SERVE_OPTIONS = {"classes": comma_separated(typer.Option("--classes"))}
 
 
+@refusing(Renamed("--window", "--window-events", "the events of each window; --window-ms caps its time span"))
 @with_options(config=SERVE_OPTIONS)
 def serve(config: ServeConfig) -> None:
     """Live inference: run a model on the newest events of a source and publish over ZMQ (docs/protocol.md).

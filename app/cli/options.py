@@ -94,6 +94,54 @@ def writable_file(path: Path | None) -> Path | None:
 
 
 @dataclasses.dataclass(frozen=True)
+class Renamed:
+    """An option's old spelling (``flag``, taking a value unless ``takes_value`` is false), refused in one line that
+    names the new one: ``new``, and ``why`` the old name was given up."""
+
+    flag: str
+    new: str
+    why: str
+    takes_value: bool = True
+
+    def refuse(self, value: Any) -> Any:
+        """A typer callback: given at all, the old spelling ends the command (a script fails at once, not later)."""
+        if value is None or value is False:
+            return value
+        given = f" {value}" if self.takes_value else ""
+        raise fail(f"{self.flag}{given}: use {self.new}{given} ({self.why})")
+
+
+def refusing(*renamed: Renamed) -> Callable[[Callable], Callable]:
+    """Give a typer command the old spellings ``renamed`` as hidden options that refuse themselves (``Renamed``),
+    so that each flag means one thing in every command."""
+
+    def decorate(func: Callable) -> Callable:
+        signature = inspect.signature(func, eval_str=True)
+        old = {f"renamed_{i}": r for i, r in enumerate(renamed)}
+        parameters = [*signature.parameters.values()] + [
+            inspect.Parameter(
+                name,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=None if r.takes_value else False,
+                annotation=Annotated[
+                    str | None if r.takes_value else bool, typer.Option(r.flag, hidden=True, callback=r.refuse)
+                ],
+            )
+            for name, r in old.items()
+        ]
+
+        @functools.wraps(func)
+        def command(**values: Any) -> Any:
+            return func(**{name: value for name, value in values.items() if name not in old})
+
+        command.__signature__ = signature.replace(parameters=parameters)  # what typer reads
+        command.__annotations__ = {p.name: p.annotation for p in parameters}
+        return command
+
+    return decorate
+
+
+@dataclasses.dataclass(frozen=True)
 class Converted:
     """A config field given on the command line in another form: ``option`` takes a ``type`` value, ``to_field``
     turns it into the field's value (a ``ValueError`` is a usage error naming the option) and ``to_option`` turns

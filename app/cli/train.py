@@ -17,16 +17,21 @@ from app.cli.options import (
     DatasetOpt,
     OutOpt,
     PresetOpt,
+    Renamed,
     ResumeOpt,
     SetOpt,
     fail,
+    refusing,
     with_options,
 )
 from app.config import TrainLabelsConfig
 from mem_core.train.experiment import STAGE_OVERRIDES, LabelEfficiencyConfig
 
 InitOpt = Annotated[Path | None, typer.Option("--init", help="Pretraining run to start from (default: scratch).")]
-LabelsOpt = Annotated[float | None, typer.Option("--labels", help="Fraction of labelled training samples.")]
+LabelFractionOpt = Annotated[
+    float | None, typer.Option("--label-fraction", help="Fraction of labelled training samples (data.labels).")
+]
+OLD_LABELS = Renamed("--labels", "--label-fraction", "--labels names a folder of labelled captures")
 VerifyOpt = Annotated[bool, typer.Option("--verify", help="Corpus: read and check every event before training.")]
 SkipBadOpt = Annotated[
     bool, typer.Option("--skip-bad", help="Corpus: leave out damaged shards (reported) instead of stopping.")
@@ -93,11 +98,12 @@ def pretrain(
     typer.echo(f"pretrain run: {result.path}")
 
 
+@refusing(OLD_LABELS)
 @with_options()
 def finetune(
     run: StageRun,
     init: InitOpt = None,
-    labels: LabelsOpt = None,
+    label_fraction: LabelFractionOpt = None,
     probe: Annotated[bool, typer.Option("--probe", help="Linear probing: train only the head.")] = False,
     *,
     recipe: StageRecipe,
@@ -106,8 +112,8 @@ def finetune(
     from mem_core.train import finetune as stage
 
     values = {"probe": probe} if probe else {}
-    if labels is not None:
-        values["data.labels"] = labels
+    if label_fraction is not None:
+        values["data.labels"] = label_fraction
     result = stage.run(recipe.config_of("finetune", run, **values), run.out, init=init, resume=recipe.resume)
     typer.echo(f"finetune run: {result.path}")
     typer.echo((result.path / "result.json").read_text() if (result.path / "result.json").exists() else "")
@@ -126,12 +132,15 @@ def train_labels(config: TrainLabelsConfig, set_: SetOpt = None) -> None:
     )
 
 
+@refusing(OLD_LABELS)
 @with_options()
-def segment(run: StageRun, init: InitOpt = None, labels: LabelsOpt = None, *, recipe: StageRecipe) -> None:
+def segment(
+    run: StageRun, init: InitOpt = None, label_fraction: LabelFractionOpt = None, *, recipe: StageRecipe
+) -> None:
     """Semantic segmentation (UperNet-style head on the last four blocks), from --init or from scratch."""
     from mem_core.train import segment as stage
 
-    values = {"data.labels": labels} if labels is not None else {}
+    values = {"data.labels": label_fraction} if label_fraction is not None else {}
     result = stage.run(recipe.config_of("segment", run, **values), run.out, init=init, resume=recipe.resume)
     typer.echo(f"segment run: {result.path}")
 

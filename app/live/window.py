@@ -31,7 +31,7 @@ def configured_window(config: ServeConfig, model: tuple[int, float | None] | Non
     None while loading). ``window_ms`` 0 means no time limit."""
     if model is None and config.model is None:  # no model coming: a window to label with
         model = NO_MODEL_WINDOW
-    events = config.window or min(model[0] if model else LOADING_WINDOW_EVENTS, MAX_WINDOW_EVENTS)
+    events = config.window_events or min(model[0] if model else LOADING_WINDOW_EVENTS, MAX_WINDOW_EVENTS)
     ms = config.window_ms if config.window_ms is not None else (model[1] if model else None)
     return Window(events, ms or None)
 
