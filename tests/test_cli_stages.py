@@ -219,7 +219,8 @@ def test_command_defaults_are_the_config_dataclasses_defaults():
 
 def test_bench_train_measures_every_stage_and_the_loader(tmp_path, monkeypatch, capsys):
     out = tmp_path / "train.json"
-    args = "--preset cpu-tiny --steps 1 --batch-size 4 --sensor 120x100 --window-events 3000".split()
+    args = ["--preset", "cpu-tiny", "--steps", "1", "--batch-size", "4"]
+    args += ["--sensor", "120x100", "--window-events", "3000"]
     r = mem("bench", "train", *args, "--json", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     rows = {row["name"]: row for row in json.loads(out.read_text())}
@@ -244,7 +245,8 @@ def test_bench_cnn_reference_trains_on_the_finetuning_label_subset(tmp_path):
     """The CNN yardstick trains through the finetuning stage: its label fraction, with the steps of a run on all
     labels, validated on the whole val split, into a run directory like any finetuning run's."""
     out = tmp_path / "cnn.json"
-    args = "--dataset sim --preset cpu-tiny --label-fraction 0.1 --epochs 1 --arch resnet10t".split()
+    args = ["--dataset", "sim", "--preset", "cpu-tiny", "--label-fraction", "0.1"]
+    args += ["--epochs", "1", "--arch", "resnet10t"]
     r = mem("bench", "cnn-reference", *args, "--json", str(out), "--out", str(tmp_path / "run"))
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads(out.read_text())
