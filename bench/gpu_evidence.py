@@ -89,7 +89,7 @@ SMOKE = Scale(
         "finetune": TINY_VIT,
     },
     files_per_class={"train": 24, "val": 8, "test": 8},
-    calibration_steps=2,
+    calibration_steps=1,
     run_overhead_s=1.0,
     latency_windows=5,
     yardstick="resnet10t",
@@ -202,7 +202,14 @@ def calibrate(experiment, events: float, steps: int) -> dict[str, float]:
             run.path.mkdir()
             inputs = {"tokenizer": tokenizer} if stage_cls is PretrainStage else {}
             measured = bench_stage(
-                stage_cls, cfg, run, steps, warmup=3, sensor=NCARS_SENSOR, events=max(1, round(events)), **inputs
+                stage_cls,
+                cfg,
+                run,
+                steps,
+                warmup=min(steps, 3),
+                sensor=NCARS_SENSOR,
+                events=max(1, round(events)),
+                **inputs,
             )
             rates[name] = measured["images_per_s"]
     return rates

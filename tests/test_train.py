@@ -537,7 +537,7 @@ def test_label_efficiency_experiment_scores_three_arms_on_test_and_runs_in_paral
     from mem_core.train.experiment import TEST_SCORES, LabelEfficiencyConfig
     from mem_core.train.experiment import run as run_experiment
 
-    monkeypatch.setattr("os.cpu_count", lambda: 2)  # two jobs of one torch thread each, as on a 2-core machine
+    monkeypatch.setattr("mem_core.cores.usable_cores", lambda: 2)  # two jobs of one torch thread each, as on 2 cores
     threads = torch.get_num_threads()
     request.addfinalizer(lambda: torch.set_num_threads(threads))
     torch.set_num_threads(1)  # the same arithmetic in this process as in the parallel jobs

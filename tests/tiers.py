@@ -14,6 +14,7 @@ import builtins
 import dis
 import multiprocessing.process
 import os
+import platform
 import subprocess
 import sys
 import types
@@ -174,6 +175,9 @@ def _refusing(what: str, start):
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # platform.processor() runs `uname -p` the first time it is asked (h5py asks on import) and keeps the answer:
+    # asked here, before the guard, no quick test starts that process
+    platform.processor()
     config.stash[_saved] = [(owner, name, getattr(owner, name)) for owner, name in _STARTS]
     for owner, name, start in config.stash[_saved]:
         setattr(owner, name, _refusing(f"{getattr(owner, '__name__', owner)}.{name}", start))

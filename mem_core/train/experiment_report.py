@@ -1,0 +1,175 @@
+"""The label-efficiency experiment's report: per arm and label fraction the mean and spread over seeds, MEM's leads
+per seed, the tables of ``results.md`` and the two plots (``mem_core.train.experiment`` runs the experiment)."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+MEM, SCRATCH = "mem", "scratch"
+
+
+def _mean_std(values: list[float]) -> dict[str, float]:
+    return {"mean": statistics.fmean(values), "std": statistics.pstdev(values)}
+
+
+def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per label fraction and arm: mean and std over seeds of the test top-1 (when scored), the kept model's and
+    the final epoch's validation top-1."""
+    out = []
+    for fraction in sorted({r["labels"] for r in rows}):
+        for arm in dict.fromkeys(r["arm"] for r in rows):
+            sel = [r for r in rows if r["labels"] == fraction and r["arm"] == arm]
+            if not sel:
+                continue
+            entry = {"arm": arm, "labels": fraction, "seeds": len(sel), "train_samples": sel[0]["train_samples"]}
+            for key in ("test_top1", "val_best_top1", "val_final_top1"):
+                if sel[0][key] is not None:
+                    entry[key] = _mean_std([r[key] for r in sel])
+            out.append(entry)
+    return out
+
+
+def leads(rows: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
+    """MEM's lead over every other arm in ``metric`` per label fraction: per seed (the same labelled samples in both
+    runs), and its mean and std."""
+    out = []
+    for fraction in sorted({r["labels"] for r in rows}):
+        mine = {r["seed"]: r[metric] for r in rows if r["labels"] == fraction and r["arm"] == MEM}
+        for arm in dict.fromkeys(r["arm"] for r in rows if r["arm"] != MEM):
+            theirs = {r["seed"]: r[metric] for r in rows if r["labels"] == fraction and r["arm"] == arm}
+            seeds = sorted(mine.keys() & theirs.keys())
+            if seeds:
+                per_seed = [mine[s] - theirs[s] for s in seeds]
+                out.append({"labels": fraction, "over": arm, "per_seed": per_seed, **_mean_std(per_seed)})
+    return out
+
+
+def _pct(stats: dict[str, float] | None) -> str:
+    return "" if stats is None else f"{100 * stats['mean']:.1f} ± {100 * stats['std']:.1f}"
+
+
+def markdown_report(report: dict[str, Any]) -> str:
+    """The experiment's tables: top-1 per fraction and arm (the headline first, each seed's headline figure),
+    MEM's leads, and what each arm's model costs."""
+    headline, rows = report["headline"], report["rows"]
+    on_test = headline == "test_top1"
+    first = "test top-1 (kept model)" if on_test else "val top-1 (final epoch)"
+    lines = [
+        f"| labels | train samples | arm | **{first}** | val top-1 (kept model) | val top-1 (final epoch) | "
+        f"{'test' if on_test else 'val final'} per seed |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for s in report["summary"]:
+        seeds = [r for r in rows if r["labels"] == s["labels"] and r["arm"] == s["arm"]]
+        per_seed = " / ".join(f"{100 * r[headline]:.1f}" for r in seeds)
+        lines.append(
+            f"| {s['labels']:.0%} | {s['train_samples']} | {s['arm']} | **{_pct(s.get(headline))}** | "
+            f"{_pct(s['val_best_top1'])} | {_pct(s['val_final_top1'])} | {per_seed} |"
+        )
+    where = f"the test split ({report['test_samples']} samples)" if on_test else "the validation split, final epoch"
+    lines += ["", f"MEM's lead in top-1 points on {where}, per seed:", "", "| labels | over | lead | per seed |"]
+    lines.append("|---|---|---|---|")
+    for lead in report["leads"]:
+        per_seed = " / ".join(f"{100 * d:+.1f}" for d in lead["per_seed"])
+        lines.append(
+            f"| {lead['labels']:.0%} | {lead['over']} | {100 * lead['mean']:+.1f} ± {100 * lead['std']:.1f} | "
+            f"{per_seed} |"
+        )
+    lines += ["", "| arm | parameters | CPU ms per live window, median / p95 |", "|---|---|---|"]
+    for arm, info in report["arms"].items():
+        lines.append(
+            f"| {arm} | {info['parameters'] / 1e6:.2f}M | {info['cpu_ms_p50']:.1f} / {info['cpu_ms_p95']:.1f} "
+            f"({info['cpu_threads']} thread(s)) |"
+        )
+    if any(r["cut_short"] for r in rows):
+        cut = ", ".join(Path(r["run"]).name for r in rows if r["cut_short"])
+        lines += ["", f"Cut short by their time limit: {cut}."]
+    return "\n".join(lines)
+
+
+COLOURS = {MEM: "tab:red", SCRATCH: "tab:blue"}
+YARDSTICK_COLOUR = "tab:green"
+
+
+def _arm_label(arm: str) -> str:
+    return {MEM: "MEM pretrained", SCRATCH: "same ViT from scratch"}.get(arm, f"{arm} from scratch")
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    """The headline top-1 against the label fraction per arm (mean ± std over seeds); with a test split, the kept
+    models' validation top-1 beside it, dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    headline, summary = report["headline"], report["summary"]
+    on_test = headline == "test_top1"
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for arm in dict.fromkeys(s["arm"] for s in summary):
+        pts = [s for s in summary if s["arm"] == arm]
+        xs = [100 * s["labels"] for s in pts]
+        colour = COLOURS.get(arm, YARDSTICK_COLOUR)
+        ax.errorbar(
+            xs,
+            [100 * s[headline]["mean"] for s in pts],
+            yerr=[100 * s[headline]["std"] for s in pts],
+            marker="o",
+            capsize=4,
+            color=colour,
+            label=_arm_label(arm) + (", test" if on_test else ""),
+        )
+        if on_test:
+            ys = [100 * s["val_best_top1"]["mean"] for s in pts]
+            ax.plot(xs, ys, linestyle="--", marker=".", color=colour, alpha=0.5, label=f"{_arm_label(arm)}, val")
+    ax.set_xscale("log")
+    what = "test top-1 of the kept model" if on_test else "validation top-1 at the final epoch"
+    ax.set(
+        xlabel="labelled training samples (%)",
+        ylabel=f"{what} (%)",
+        title=f"Label efficiency on {report['dataset']} (mean ± std over seeds)",
+    )
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_curves(rows: list[dict[str, Any]], path: Path, dataset: str) -> None:
+    """Every run's validation top-1 against the share of its training budget, one panel per label fraction: a colour
+    per arm, a line style per seed, one legend entry for each."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    colours = {arm: COLOURS.get(arm, YARDSTICK_COLOUR) for arm in dict.fromkeys(r["arm"] for r in rows)}
+    seeds = sorted({r["seed"] for r in rows})
+    styles = {seed: ("-", "--", ":", "-.")[i % 4] for i, seed in enumerate(seeds)}
+    fractions = sorted({r["labels"] for r in rows})
+    fig, axes = plt.subplots(1, len(fractions), figsize=(5 * len(fractions), 3.6), squeeze=False, sharey=True)
+    for ax, fraction in zip(axes[0], fractions, strict=True):
+        for r in (r for r in rows if r["labels"] == fraction):
+            epochs, top1 = zip(*r["val_curve"], strict=True)
+            ax.plot(
+                [100 * (e + 1) / r["epochs"] for e in epochs],
+                [100 * t for t in top1],
+                color=colours.get(r["arm"], "tab:gray"),
+                linestyle=styles[r["seed"]],
+                alpha=0.8,
+            )
+        ax.set(title=f"{fraction:.0%} of the labels", xlabel="training budget (%)")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("validation top-1 (%)")
+    arms = [a for a in colours if any(r["arm"] == a for r in rows)]
+    handles = [Line2D([], [], color=colours[a], label=_arm_label(a)) for a in arms]
+    handles += [Line2D([], [], color="0.35", linestyle=styles[s], label=f"seed {s}") for s in seeds]
+    axes[0][-1].legend(handles=handles, fontsize=7, loc="lower right")
+    fig.suptitle(f"Validation curves on {dataset}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
