@@ -150,10 +150,6 @@ def merge(config: T, values: dict[str, Any], prefix: str = "") -> T:
         return dataclasses.replace(config, **changes)
     except FieldError as exc:  # the nested config's own check names its field; the path to it is known here
         raise exc.under(prefix) from None
-    except ZeroDivisionError:  # a 0 that a __post_init__ divides by (num_heads, patch_size) before its range check
-        raise ConfigError(
-            f"{', '.join(prefix + key for key in changes)}: must not be 0 (the config divides by it)"
-        ) from None
 
 
 def parse_override(text: str) -> tuple[str, Any, str]:
@@ -207,12 +203,10 @@ def apply_overrides(config: T, overrides: list[str] | tuple[str, ...]) -> T:
                 config = merge(config, {key: raw})
             except ConfigError:
                 raise ConfigError(f"--set {text}: " + str(_override_error(config, key, value))) from None
-        except ValueError:  # a model config's own consistency check (``ViTConfig``): as a ConfigConflict
-            waiting[key] = (value, text)
     if waiting:
         try:
             config = merge(config, {key: value for key, (value, _) in waiting.items()})
-        except ValueError as exc:
+        except ConfigError as exc:
             raise ConfigError(f"--set {', '.join(text for _, text in waiting.values())}: {exc}") from None
     return config
 

@@ -14,7 +14,8 @@ A subclass that restates a field's default keeps the bounds its base class decla
 class of the MRO), so no bound is dropped by restating ``lr: float = 2e-4``. ``__post_init__`` is left with the rules
 between fields, which raise ``ConfigConflict``.
 
-The values that cross boundaries have one type here: ``Speed``, ``WindowEvents``, ``WindowMs`` and ``TrainEpochs``.
+The values that cross boundaries have one type here: ``Speed``, ``WindowEvents``, ``WindowMs``, ``TrainEpochs`` and a
+model's sizes (``Side``, ``Channels``, ``Width``).
 Light to import on purpose: ``mem --help`` reads these fields, and pydantic (0.3 s to import) is imported only when
 the wire builds a schema.
 """
@@ -30,7 +31,15 @@ import typing
 from typing import Annotated, Any
 
 from mem_core.errors import ConfigError
-from mem_core.limits import MAX_SPEED, MAX_TRAIN_EPOCHS, MAX_WINDOW_EVENTS, MAX_WINDOW_MS
+from mem_core.limits import (
+    MAX_CHANNELS,
+    MAX_INPUT_SIDE,
+    MAX_SPEED,
+    MAX_TRAIN_EPOCHS,
+    MAX_WIDTH,
+    MAX_WINDOW_EVENTS,
+    MAX_WINDOW_MS,
+)
 
 
 class FieldError(ConfigError):
@@ -121,6 +130,12 @@ WindowMs = Annotated[float, Range(0, MAX_WINDOW_MS)]
 # Epochs of a run on the viewer's labelled captures (`mem serve --train-epochs`, the `train` command,
 # `mem train-labels --epochs`).
 TrainEpochs = Annotated[int, Range(1, MAX_TRAIN_EPOCHS)]
+# The sizes of a model and its input (``ViTConfig``, ``TokenizerConfig``, ``InputSpec``), checked by every training
+# config and every export: px of the input or of a patch; input channels; a width (embedding, hidden, codebook,
+# attention heads, a head's channels).
+Side = Annotated[int, Range(1, MAX_INPUT_SIDE)]
+Channels = Annotated[int, Range(1, MAX_CHANNELS)]
+Width = Annotated[int, Range(1, MAX_WIDTH)]
 
 
 # ------------------------------------------------------------------------------------------------ checks
@@ -143,16 +158,6 @@ def check_value(key: str, value: Any, bound: Range | Any) -> Any:
         if not rng.holds(value):
             raise FieldError(key, f"must be {rng}", value)
     return value
-
-
-def ranges_of(cls: type, **ranges: Range) -> dict[str, Range]:
-    """A table of bounds for the fields of ``cls``, a dataclass declared where its fields cannot carry them; every
-    name must be a field of ``cls`` (a typo fails at import, not silently)."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(ranges) - names)
-    if unknown:
-        raise TypeError(f"{cls.__name__} has no field(s) {', '.join(unknown)}")
-    return ranges
 
 
 def help_of(cls: type, name: str) -> Help | None:

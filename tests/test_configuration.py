@@ -68,7 +68,7 @@ def test_bad_overrides_name_the_key(override, message):
         ("tokenizer", "grad_clip=inf", "grad_clip must be a number >= 0, got inf"),
         ("finetune", "model.depth=100000", "model.depth must be in [1, 256], got 100000"),
         ("finetune", "model.embed_dim=999996", "model.embed_dim must be in [1, 8192], got 999996"),
-        ("finetune", "model.num_heads=0", "model.num_heads=0: num_heads must be >= 1, got 0"),
+        ("finetune", "model.num_heads=0", "model.num_heads=0: model.num_heads must be in [1, 8192], got 0"),
         ("pretrain", "model.patch_size=1", "model.img_size 224 in patches of 1 px gives 50176 tokens, at most 4096"),
         ("pretrain", "model.img_size=4096", "model.img_size must be in [1, 2048], got 4096"),
         ("tokenizer", "model.num_tokens=1000000", "model.num_tokens must be in [2, 65536], got 1000000"),

@@ -136,7 +136,7 @@ def rename_tensor(folder: Path) -> None:
         (
             edit_json("model.json", lambda m: m["architecture"].update(patch_size=0)),
             "model.json",
-            "patch_size must be >= 1, got 0",
+            r"architecture.patch_size must be in \[1, 2048\], got 0",
         ),
         (edit_json("model.json", lambda m: m["architecture"].update(embed_dim="wide")), "model.json", "embed_dim"),
         (
@@ -206,12 +206,14 @@ def test_an_architecture_whose_derived_buffers_would_not_fit_is_refused_before_b
 
 
 def test_a_compute_bomb_is_refused_before_it_is_built(tmp_path):
-    """33.5 MB of weights that ask for 4 million tokens (4096 px in 2 px patches): a warm-up that never ends."""
+    """A model.json that asks for 4 million tokens (4096 px in 2 px patches): a warm-up that never ends."""
     arch = ViTConfig(
-        img_size=4096, patch_size=2, embed_dim=2, depth=1, num_heads=1, rel_pos_bias=False, abs_pos_emb=True
+        img_size=2048, patch_size=2, embed_dim=2, depth=1, num_heads=1, rel_pos_bias=False, abs_pos_emb=True
     )
     folder = write_export(tmp_path / "export", arch, InputSpec(size=(2048, 2048)))
-    edit_json("model.json", lambda m: m["input"].update(size=[4096, 4096]))(folder)  # no InputSpec holds it
+    # no ViTConfig or InputSpec holds 4096 px: written by hand
+    edit_json("model.json", lambda m: m["architecture"].update(img_size=4096))(folder)
+    edit_json("model.json", lambda m: m["input"].update(size=[4096, 4096]))(folder)
     with pytest.raises(RunError, match=r"model\.json: architecture\.img_size must be in \[1, 2048\], got 4096"):
         Predictor(folder)
 

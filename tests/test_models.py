@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from timm.optim import create_optimizer_v2
 
+from mem_core.errors import ConfigError
+from mem_core.fields import ConfigConflict, FieldError
 from mem_core.models import (
     BlockMaskGenerator,
     DiscreteVAE,
@@ -95,14 +97,14 @@ def test_vit_config_presets_and_validation():
     assert (base.depth, base.num_heads, base.embed_dim, base.patch_size, base.grid_size) == (12, 12, 768, 16, (14, 14))
     assert vit_tiny().grid_size == (14, 14)
     assert vit_tiny(img_size=112, patch_size=8).grid_size == (14, 14)
-    with pytest.raises(ValueError, match="patch_size"):
+    with pytest.raises(ConfigConflict, match="patch_size"):
         ViTConfig(img_size=100, patch_size=16)
-    with pytest.raises(ValueError, match="positive multiple of patch_size"):
+    with pytest.raises(ConfigConflict, match="positive multiple of patch_size"):
         ViTConfig(img_size=8, patch_size=16)
     for field in ("img_size", "patch_size", "in_chans", "embed_dim", "depth", "num_heads"):  # no ZeroDivisionError
-        with pytest.raises(ValueError, match=f"{field} must be >= 1, got 0"):
+        with pytest.raises(FieldError, match=rf"^{field} must be in \[1, \d+\], got 0$"):
             ViTConfig(**{field: 0})
-    with pytest.raises(ValueError, match="num_heads"):
+    with pytest.raises(ConfigConflict, match="num_heads"):
         ViTConfig(embed_dim=100, num_heads=12)
 
 
@@ -134,9 +136,9 @@ def test_conv_stem_keeps_the_patch_grid_and_is_checked():
     assert vit.forward_tokens(histograms()).shape == (2, N, DIM)
     strides = [m.stride[0] for m in vit.patch_embed.proj.modules() if isinstance(m, torch.nn.Conv2d)]
     assert math.prod(strides) == PATCH and strides[-1] == 1  # log2(PATCH) halvings, then the 1 x 1 projection
-    with pytest.raises(ValueError, match="power of two"):
+    with pytest.raises(ConfigConflict, match="power of two"):
         ViTConfig(img_size=96, patch_size=12, stem="conv")
-    with pytest.raises(ValueError, match="unknown stem 'hmlp'"):
+    with pytest.raises(ConfigError, match="unknown stem 'hmlp'"):
         ViTConfig(stem="hmlp")
 
 
@@ -149,7 +151,7 @@ def test_resnet_stem_is_a_hybrid_vit_on_the_patch_grid():
     assert vit.forward_tokens(histograms()).shape == (2, N, DIM)
     vit(histograms()).square().mean().backward()
     assert stem.body.conv1.weight.grad.abs().sum() > 0
-    with pytest.raises(ValueError, match=r"one of \(2, 4, 8, 16, 32\), got 12"):
+    with pytest.raises(ConfigConflict, match=r"one of \(2, 4, 8, 16, 32\), got 12"):
         ViTConfig(img_size=96, patch_size=12, stem="resnet")
 
 
@@ -708,11 +710,11 @@ def test_temperature_schedule_anneals_from_start_to_min():
     assert config.temperature(100) == pytest.approx(1 / 16) and temps[-1] == pytest.approx(1 / 16)
     assert all(a >= b for a, b in itertools.pairwise(temps))
     assert config.grid_size == (14, 14) and config.patch_size == 16
-    with pytest.raises(ValueError, match="img_size"):
+    with pytest.raises(ConfigConflict, match="img_size"):
         TokenizerConfig(img_size=100)
-    with pytest.raises(ValueError, match="positive multiple"):  # a grid of no tokens: found by the model-file fuzzer
+    with pytest.raises(FieldError, match="img_size must be in"):  # a grid of no tokens: found by the model-file fuzzer
         TokenizerConfig(img_size=0)
-    with pytest.raises(ValueError, match="num_layers"):  # refused before 2**num_layers, which would never finish
+    with pytest.raises(FieldError, match="num_layers"):  # refused before 2**num_layers, which would never finish
         TokenizerConfig(num_layers=2**31)
 
 

@@ -96,7 +96,7 @@ class EMAEPretrainModel(BackboneModel):
         """The visible patches of ``x`` ``(B, C, H, W)`` (``mask`` ``(B, N)``, the same count per sample) encoded:
         ``(B, 1 + V, D)``, cls first, visible patches in row-major order."""
         vit = self.backbone
-        vit._check_input(x)
+        vit.check_input(x)
         tokens = vit.patch_tokens(x, mask) + vit.pos_embed[:, 1:]  # (B, N, D); a conv stem sees no masked pixel
         batch, _, dim = tokens.shape
         visible = tokens.gather(1, _visible_index(mask, x.device)[..., None].expand(-1, -1, dim))  # (B, V, D)

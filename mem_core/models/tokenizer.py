@@ -17,10 +17,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from mem_core.fields import POSITIVE, Channels, ConfigConflict, Range, Side, Width, check_fields
+from mem_core.limits import MAX_DEPTH, MAX_NUM_TOKENS
 
 MAX_LAYERS = 12  # 2**12 = 4096 px per token side: far past any sensor
 
@@ -35,31 +39,30 @@ class TokenizerConfig:
     deliberate difference: the codebook diversity term (``diversity_weight``, see the module doc); 0 is the paper's.
     """
 
-    in_chans: int = 2
-    img_size: int = 224
-    num_tokens: int = 8192
-    codebook_dim: int = 32
-    num_layers: int = 4  # each halves the resolution: patch size 2**num_layers
-    hidden_dim: int = 384
-    num_resnet_blocks: int = 3
+    in_chans: Channels = 2
+    img_size: Side = 224
+    num_tokens: Annotated[int, Range(2, MAX_NUM_TOKENS)] = 8192  # the diversity term divides by log(num_tokens)
+    codebook_dim: Width = 32
+    num_layers: Annotated[int, Range(1, MAX_LAYERS)] = 4  # each halves the resolution: patch size 2**num_layers
+    hidden_dim: Width = 384
+    num_resnet_blocks: Annotated[int, Range(0, MAX_DEPTH)] = 3
     temperature_start: float = 1.0
-    temperature_min: float = 0.5
+    temperature_min: Annotated[float, POSITIVE] = 0.5
     temperature_anneal_steps: int = 693_147  # ln 2 / 1e-6: the paper's exp(-1e-6 * step) reaches 0.5 here
     kl_weight: float = 1e-10
     diversity_weight: float = 0.1  # 0 = the paper's loss (collapses on sparse histograms, see the module doc)
     straight_through: bool = False
 
     def __post_init__(self) -> None:
-        if not 1 <= self.num_layers <= MAX_LAYERS:  # before 2**num_layers, which a huge value would never finish
-            raise ValueError(f"num_layers must be in [1, {MAX_LAYERS}], got {self.num_layers}")
+        check_fields(self)  # num_layers first: 2**num_layers of a huge value would never finish
         if self.img_size < self.patch_size or self.img_size % self.patch_size:
-            raise ValueError(
+            raise ConfigConflict(
                 f"img_size {self.img_size} must be a positive multiple of 2**num_layers = {self.patch_size} "
                 f"(num_layers={self.num_layers})"
             )
-        if not 0 < self.temperature_min <= self.temperature_start:
-            raise ValueError(
-                f"need 0 < temperature_min ({self.temperature_min}) <= temperature_start ({self.temperature_start})"
+        if not self.temperature_min <= self.temperature_start:  # a NaN start too
+            raise ConfigConflict(
+                f"need temperature_min ({self.temperature_min}) <= temperature_start ({self.temperature_start})"
             )
 
     @property
@@ -130,7 +133,8 @@ class DiscreteVAE(nn.Module):
         decoder.append(nn.Conv2d(hidden, config.in_chans, 1))
         self.decoder = nn.Sequential(*decoder)
 
-    def _check_input(self, x: torch.Tensor) -> None:
+    def check_input(self, x: torch.Tensor) -> None:
+        """Raise ``ValueError`` unless ``x`` is ``(B, C, H, W)`` of this dVAE's channels and input size."""
         c = self.config
         expected = (c.in_chans, c.img_size, c.img_size)
         if x.ndim != 4 or tuple(x.shape[1:]) != expected:
@@ -145,7 +149,7 @@ class DiscreteVAE(nn.Module):
         ``diversity`` (in [0, 1], see the module doc), ``recon`` ``(B, C, H, W)`` and ``logits``
         ``(B, num_tokens, h, w)``.
         """
-        self._check_input(x)
+        self.check_input(x)
         logits = self.encoder(x)  # (B, V, h, w)
         soft_one_hot = gumbel_softmax(logits, temperature, self.config.straight_through, dim=1, generator=generator)
         z = torch.einsum("bvhw,vd->bdhw", soft_one_hot, self.codebook.weight.to(soft_one_hot.dtype))  # (B, d, h, w)
@@ -169,7 +173,7 @@ class DiscreteVAE(nn.Module):
     @torch.no_grad()
     def token_ids(self, x: torch.Tensor) -> torch.Tensor:
         """The most likely token of every grid cell: ``(B, h, w)`` int64."""
-        self._check_input(x)
+        self.check_input(x)
         return self.encoder(x).argmax(dim=1)
 
     @torch.no_grad()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import Any, Literal, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +22,9 @@ from timm.models.beit import Beit
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from mem_core.errors import ConfigError
+from mem_core.fields import AT_LEAST_0, FRACTION, Channels, ConfigConflict, Range, Side, Width, check_fields
+from mem_core.limits import MAX_DEPTH, MAX_MLP_RATIO
 from mem_core.models.attention import choose_kernel_per_call
 
 BACKBONE_PREFIX = "backbone."
@@ -30,44 +33,46 @@ RESNET_STRIDES = (2, 4, 8, 16, 32)  # ResNet-18's feature strides: after conv1, 
 
 @dataclass(frozen=True)
 class ViTConfig:
-    """Architecture of the MEM ViT (defaults: the paper's ViT-B/16 on 2-channel 224 x 224 histograms)."""
+    """Architecture of the MEM ViT (defaults: the paper's ViT-B/16 on 2-channel 224 x 224 histograms).
 
-    img_size: int = 224
-    patch_size: int = 16
-    in_chans: int = 2
-    embed_dim: int = 768
-    depth: int = 12
-    num_heads: int = 12
-    mlp_ratio: float = 4.0
-    drop_path: float = 0.1
-    layer_scale_init: float = 0.1
+    The bounds of its sizes are generous for ViT-B/16 (``mem_core/limits.py``); ``models.sizes.check_model_sizes``
+    bounds the patch grid and the parameter count they give together.
+    """
+
+    img_size: Side = 224
+    patch_size: Side = 16
+    in_chans: Channels = 2
+    embed_dim: Width = 768
+    depth: Annotated[int, Range(1, MAX_DEPTH)] = 12
+    num_heads: Width = 12
+    mlp_ratio: Annotated[float, Range(0, MAX_MLP_RATIO, lo_open=True)] = 4.0
+    drop_path: Annotated[float, FRACTION] = 0.1
+    layer_scale_init: Annotated[float, AT_LEAST_0] = 0.1
     rel_pos_bias: bool = True
     abs_pos_emb: bool = False
     # "conv": stride-2 convolutions instead of one linear map per patch; "resnet": ResNet-18's stages (a hybrid ViT)
     stem: Literal["patch", "conv", "resnet"] = "patch"
 
     def __post_init__(self) -> None:
-        for name in ("img_size", "patch_size", "in_chans", "embed_dim", "depth", "num_heads"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        check_fields(self)
         if self.stem not in STEMS:
-            raise ValueError(f"unknown stem {self.stem!r}; expected one of {STEMS}")
+            raise ConfigError(f"unknown stem {self.stem!r}; expected one of {STEMS}")
         if self.stem == "conv" and (self.patch_size < 2 or self.patch_size & (self.patch_size - 1)):
-            raise ValueError(
+            raise ConfigConflict(
                 f"the conv stem halves the input per layer: patch_size must be a power of two >= 2, "
                 f"got {self.patch_size}"
             )
         if self.stem == "resnet" and self.patch_size not in RESNET_STRIDES:
-            raise ValueError(
+            raise ConfigConflict(
                 f"the resnet stem ends at one of ResNet-18's strides: patch_size must be one of "
                 f"{RESNET_STRIDES}, got {self.patch_size}"
             )
-        if self.patch_size < 1 or self.img_size < self.patch_size or self.img_size % self.patch_size:
-            raise ValueError(f"img_size {self.img_size} is not a positive multiple of patch_size {self.patch_size}")
+        if self.img_size < self.patch_size or self.img_size % self.patch_size:
+            raise ConfigConflict(f"img_size {self.img_size} is not a positive multiple of patch_size {self.patch_size}")
         if self.embed_dim % self.num_heads:
-            raise ValueError(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
+            raise ConfigConflict(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
         if not (self.rel_pos_bias or self.abs_pos_emb):
-            raise ValueError("a ViT needs position information: enable rel_pos_bias or abs_pos_emb")
+            raise ConfigConflict("a ViT needs position information: enable rel_pos_bias or abs_pos_emb")
 
     @property
     def grid_size(self) -> tuple[int, int]:
@@ -229,7 +234,8 @@ class MEMViT(Beit):
     def no_weight_decay(self) -> set[str]:
         return super().no_weight_decay() | {"mask_token"}
 
-    def _check_input(self, x: torch.Tensor) -> None:
+    def check_input(self, x: torch.Tensor) -> None:
+        """Raise ``ValueError`` unless ``x`` is ``(B, C, H, W)`` of this ViT's channels and input size."""
         expected = (self.in_chans, *self.patch_embed.img_size)
         if x.ndim != 4 or tuple(x.shape[1:]) != expected:
             raise ValueError(f"MEMViT expects input (B, {', '.join(map(str, expected))}), got {tuple(x.shape)}")
@@ -241,7 +247,7 @@ class MEMViT(Beit):
             x: ``(B, C, H, W)`` histograms.
             bool_masked_pos: ``(B, N)`` or ``(B, h, w)`` bool, True where the patch is masked.
         """
-        self._check_input(x)
+        self.check_input(x)
         mask = None if bool_masked_pos is None else self._patch_mask(x, bool_masked_pos)
         x = self.patch_tokens(x, mask)  # (B, N, D)
         batch = x.shape[0]

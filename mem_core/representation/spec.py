@@ -9,9 +9,9 @@ from typing import Annotated, Literal
 
 from mem_core.augment import MAX_MAGNITUDE
 from mem_core.errors import ConfigError
-from mem_core.fields import AT_LEAST_0, POSITIVE, PROBABILITY, ConfigConflict, Range, WindowEvents, check_fields
+from mem_core.fields import AT_LEAST_0, POSITIVE, PROBABILITY, ConfigConflict, Range, Side, WindowEvents, check_fields
 from mem_core.hot_pixels import HOT_PIXEL_STD
-from mem_core.limits import MAX_INPUT_SIDE, MAX_TEMPORAL_BINS
+from mem_core.limits import MAX_TEMPORAL_BINS
 
 Channels = Literal["hist", "temporal", "timestamp"]
 CHANNELS: tuple[str, ...] = ("hist", "temporal", "timestamp")
@@ -20,7 +20,6 @@ SCALES: tuple[str, ...] = ("linear", "log")
 Crop = Literal["sensor", "extent"]
 CROPS: tuple[str, ...] = ("sensor", "extent")
 LOG_GAIN = 50.0  # default gain of the log scale (``log_scale``)
-Side = Annotated[int, Range(1, MAX_INPUT_SIDE)]  # px of the model input (the viewer draws it at this size)
 Probability = Annotated[float, PROBABILITY]
 
 

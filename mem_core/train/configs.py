@@ -19,7 +19,7 @@ from mem_core.configuration import (
     load_toml,
     merge,
 )
-from mem_core.fields import AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, SHARE, Range, check_fields
+from mem_core.fields import AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, SHARE, Range, Width, check_fields
 from mem_core.limits import MAX_DEPTH, MAX_WIDTH
 from mem_core.models.cnn import VIT, Arch
 from mem_core.models.sizes import check_model_sizes
@@ -166,7 +166,7 @@ class FinetuneStageConfig(StageConfig):
 @dataclass
 class SegmentStageConfig(StageConfig):
     model: ViTConfig = field(default_factory=ViTConfig)
-    head_channels: Annotated[int, Range(1, MAX_WIDTH)] = 256
+    head_channels: Width = 256
     lr: float = 1e-4
     betas: tuple[float, float] = (0.9, 0.999)
     layer_decay: LayerDecay = 0.65

@@ -11,6 +11,7 @@ from pydantic import Field, StrictInt
 from typing_extensions import TypedDict  # pydantic reads typing.TypedDict only from Python 3.12
 
 from mem_core.configuration import from_dict
+from mem_core.errors import ConfigError
 from mem_core.limits import MAX_EXPORT_WINDOW_EVENTS, MAX_EXPORT_WINDOW_MS, MAX_WIDTH
 from mem_core.models import MEMViT, SegmentationModel, TokenizerConfig, ViTConfig
 from mem_core.models.cnn import VIT, Arch, build_cnn
@@ -103,7 +104,7 @@ def check_meta(meta: dict[str, Any], where: Path) -> None:
     try:
         check_model_sizes(from_dict(ViTConfig, meta["architecture"], "architecture."), "architecture.")
         from_dict(InputSpec, meta["input"], "input.")  # its fields' bounds checked as it is built
-    except ValueError as e:  # a ConfigError, or a __post_init__ finding the sizes inconsistent
+    except ConfigError as e:
         raise RunError(f"{where}: {e}") from None
 
 
@@ -114,6 +115,6 @@ def tokenizer_config(values: Any, where: Path) -> TokenizerConfig:
     try:
         config = from_dict(TokenizerConfig, values, "architecture.")
         check_model_sizes(config, "architecture.")
-    except ValueError as e:  # a ConfigError, or a __post_init__ finding the sizes inconsistent
+    except ConfigError as e:
         raise RunError(f"{where}: {e}") from None
     return config
