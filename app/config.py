@@ -130,7 +130,8 @@ class TrainLabelsConfig:
 @dataclass(frozen=True)
 class DemoConfig:
     """``mem demo``: where it writes, window or snapshots (None: snapshots when there is no display), fresh start,
-    the labels of each finetuning run and the label seeds that draw them, finetuning runs at once."""
+    the labels of each finetuning run and the label seeds that draw them, finetuning runs at once, the held-out sets
+    every kept model is scored on."""
 
     out: Annotated[Path, Help("Where the demo writes everything.")] = Path("mem-demo")
     headless: Annotated[
@@ -145,8 +146,18 @@ class DemoConfig:
     ] = (0, 1, 2)
     # two single-threaded runs at once finish sooner on 2 cores than one run on both
     jobs: Annotated[int, AT_LEAST_1, Help("Finetuning runs at once, each in its own process.")] = 2
+    held_out: Annotated[
+        tuple[str, ...],
+        Help(
+            "Comma-separated held-out sets every arm is scored on: test (the labelled windows' camera), test-sensor "
+            "or test-motion (other conditions).",
+            flag="--held-out",
+        ),
+    ] = ("test", "test-sensor")
 
     def __post_init__(self) -> None:
         check_fields(self)
         if not self.label_seeds or len(set(self.label_seeds)) != len(self.label_seeds):
             raise ConfigError(f"label seeds must be distinct and at least one, got {self.label_seeds}")
+        if not self.held_out or len(set(self.held_out)) != len(self.held_out):
+            raise ConfigError(f"held-out sets must be distinct and at least one, got {self.held_out}")

@@ -1,19 +1,23 @@
 """``mem demo``: the whole product on the built-in simulated camera, in minutes on a CPU.
 
 1. record an unlabeled corpus from the simulated camera (``recorders.record``),
-2. train the tokenizer and pretrain MEM on it (no labels),
-3. for each label seed, finetune a MEM-initialised and a from-scratch classifier on the same few labels,
-4. evaluate every run on held-out simulated samples; print the per-seed table and MEM's lead, write
-   ``results.json``,
-5. export the MEM model and start the live server + viewer on the simulated camera (headless: snapshots and a
+2. train the tokenizer on it, then
+3. pretrain MEM on it (no labels),
+4. for each label seed, finetune three classifiers on the same few labels with the same steps: the MEM-initialised
+   ViT, the same ViT from scratch, and the model a user would pick without MEM, a ResNet-18 from scratch (the
+   label-efficiency experiment's yardstick, ``mem_core.train.finetune.yardstick_config``),
+5. score every kept model on held-out simulated windows (``DemoConfig.held_out``); print, per held-out set, the
+   per-seed table and where MEM stands against each arm, and write ``results.json``,
+6. export the MEM model and start the live server + viewer on the simulated camera (headless: snapshots and a
    report instead of a window).
 
-Every step writes under ``--out`` and is reused by the next run unless ``--fresh``.
+Every stage writes under ``--out`` and is reused by the next run unless ``--fresh``; each says which of the six it is
+and about how long the rest will take. Ctrl-C says what was kept: a rerun goes on from there, a training run from its
+last finished epoch.
 
 The task is built so that the unlabeled recording carries what the labels cannot: 10 labelled 50 ms windows per
-shape against a minute of unlabeled camera time (about 700 windows). With so few labels a ViT from scratch does not
-learn what an outline is; pretraining has learned it from the recording. 10 was measured against 5, 20 and 40 labels
-per class over label seeds (docs/RESULTS.md section 7): the widest lead for the least finetuning time.
+shape against a minute of unlabeled camera time (about 700 windows). 10 was measured against 5, 20 and 40 labels per
+class over label seeds, and the held-out sets against each other (docs/RESULTS.md section 7).
 """
 
 from __future__ import annotations
@@ -23,9 +27,11 @@ import json
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from app.config import DemoConfig
@@ -56,7 +62,27 @@ STAGE_SETTINGS = {
 }
 CORPUS_SIM_SECONDS = 60
 LIVE_SECONDS = 12
-SERVER_START_S = 120  # the longest the live server may take to publish its first message
+# the longest the live server may take to publish its first prediction: loading the model took 140 s on 2 cores
+# shared with five other busy processes
+SERVER_START_S = 300
+
+MEM, SCRATCH = "mem", "scratch"
+YARDSTICK = "resnet18"  # the CNN a user would reach for first (mem_core.models.cnn), trained from scratch
+ARMS = (MEM, SCRATCH, YARDSTICK)
+ARM_NAMES = {MEM: "MEM (pretrained ViT)", SCRATCH: "ViT from scratch", YARDSTICK: "ResNet-18 from scratch"}
+# what each held-out set of the sim dataset shows (mem_core/datasets/sim.py): the test split's scenes, as the
+# labelled windows were recorded or under other conditions
+HELD_OUT = {
+    "test": "the camera and objects of the labelled windows",
+    "test-sensor": "another sensor (higher, uneven contrast thresholds; 20 times the background activity)",
+    "test-motion": "other objects (smaller and faster)",
+}
+
+# Each stage's wall time on 2 idle cores (docs/RESULTS.md section 7), for the estimate of what is left; a finetuning
+# run's is its share of the stage with two runs at a time.
+STAGE_SECONDS = {"record": 15.0, "tokenizer": 150.0, "pretrain": 170.0, "evaluate": 20.0, "live": 40.0}
+FINETUNE_SECONDS = {MEM: 20.0, SCRATCH: 20.0, YARDSTICK: 20.0}
+STAGES = ("record", "tokenizer", "pretrain", "finetune", "evaluate", "live")
 
 
 def say(message: str) -> None:
@@ -74,20 +100,54 @@ def demo_stage_config(stage: str, dataset: str, *extra: str):
     return stage_config(stage, preset="cpu-tiny", values={"data.dataset": dataset}, overrides=overrides)
 
 
+class Progress:
+    """Says which stage runs ("stage k of 6") and about how long the rest will take: what each stage has left in
+    seconds on 2 idle cores (``planned``), times how much slower than that this machine has run the stages so far."""
+
+    def __init__(self, planned: dict[str, float], clock: Callable[[], float] = time.perf_counter) -> None:
+        self.planned, self.clock = planned, clock
+        self.stage: str | None = None
+        self._spent = self._expected = 0.0
+        self._started = 0.0
+
+    def start(self, stage: str, what: str) -> None:
+        self._close()
+        self.stage, self._started = stage, self.clock()
+        number = f"stage {STAGES.index(stage) + 1} of {len(STAGES)}"
+        if not self.planned[stage]:
+            say(f"{number}: {what}")
+            return
+        left = sum(self.planned[s] for s in STAGES[STAGES.index(stage) :])
+        # the pace of the stages run so far, once they add up to more than a few seconds' work
+        pace = self._spent / self._expected if self._expected >= 10 else None
+        minutes = max(1, round(left * (pace or 1) / 60))
+        where = "at this machine's pace so far" if pace else "on 2 idle cores"
+        say(f"{number}: {what} (about {minutes} min left {where})")
+
+    def _close(self) -> None:
+        if self.stage is not None and self.planned[self.stage]:
+            self._spent += self.clock() - self._started
+            self._expected += self.planned[self.stage]
+
+
 def record_corpus(corpus: Path) -> None:
+    """Record the unlabeled corpus into ``corpus``: into a folder beside it that is renamed when the recording is
+    complete, so a recording cut short (Ctrl-C, a crash) is recorded again rather than trained on."""
     from mem_core.simulator import task_config
     from recorders.config import RecordConfig
     from recorders.record import run
     from recorders.simulated import SimulatorSource
 
-    if (corpus / "manifest.json").exists():
-        say(f"corpus {corpus} exists: reusing it")
-        return
-    say(f"recording {CORPUS_SIM_SECONDS} s of the simulated camera (as fast as it computes) into {corpus}")
+    partial = corpus.with_name(corpus.name + ".partial")
+    if partial.exists():
+        shutil.rmtree(partial)
     source = SimulatorSource(task_config(seed=7), speed=0, duration_us=CORPUS_SIM_SECONDS * 1_000_000)
-    result = run(RecordConfig(source="sim", out=corpus, name="sim-session", speed=0), source=source)
+    result = run(RecordConfig(source="sim", out=partial, name="sim-session", speed=0), source=source)
     if result.error:
         raise RuntimeError(f"recording the demo corpus failed: {result.error}")
+    if result.stop_reason.startswith("interrupted"):  # the recorder stops at the first Ctrl-C, keeping what it has
+        raise KeyboardInterrupt
+    partial.rename(corpus)
     say(f"recorded {result.stored:,} events in {result.seconds:.1f} s")
 
 
@@ -103,104 +163,204 @@ def label_fraction(labels_per_class: int) -> float:
     return labels_per_class / per_class
 
 
+def check_held_out(splits: tuple[str, ...]) -> None:
+    """Raise a ``ValueError`` for a held-out set the demo cannot score on."""
+    unknown = [s for s in splits if s not in HELD_OUT]
+    if unknown:
+        raise ValueError(f"held-out sets are {', '.join(HELD_OUT)}, not {unknown[0]!r}")
+
+
 def finetune_runs(cfg: DemoConfig) -> dict[tuple[str, int], Path]:
     """The finetuning run of each (arm, label seed): one set per label count, so another ``--labels-per-class``
     trains its own runs and reuses the corpus, tokenizer and pretraining."""
     return {
         (arm, seed): cfg.out / f"finetune-{arm}-{cfg.labels_per_class}-labels-seed{seed}"
         for seed in cfg.label_seeds
-        for arm in ("mem", "scratch")
+        for arm in ARMS
     }
 
 
-def train_all(cfg: DemoConfig) -> dict[str, Path]:
+def epochs_done(path: Path) -> int:
+    """The epochs of a training run that its checkpoint holds: where a rerun goes on from."""
+    from mem_core.runs.rundir import RunDir, load_checkpoint
+
+    checkpoint = RunDir(path).checkpoint_path
+    return load_checkpoint(checkpoint)["epoch"] + 1 if checkpoint.is_file() else 0
+
+
+def planned_seconds(cfg: DemoConfig) -> dict[str, float]:
+    """What each stage has left to do, in seconds on 2 idle cores (0: finished by an earlier run)."""
+    from mem_core.runs.rundir import RunDir
+
+    out = cfg.out
+
+    def training_left(stage: str) -> float:
+        if RunDir(out / stage).finished:
+            return 0.0
+        epochs = demo_stage_config(stage, "corpus").epochs
+        return STAGE_SECONDS[stage] * (1 - min(epochs_done(out / stage), epochs) / epochs)
+
+    pending = [arm for (arm, _), path in finetune_runs(cfg).items() if not RunDir(path).finished]
+    return {
+        "record": 0.0 if (out / "corpus").exists() else STAGE_SECONDS["record"],
+        "tokenizer": training_left("tokenizer"),
+        "pretrain": training_left("pretrain"),
+        "finetune": sum(FINETUNE_SECONDS[arm] for arm in pending),
+        "evaluate": STAGE_SECONDS["evaluate"] * len(cfg.held_out),
+        "live": STAGE_SECONDS["live"],
+    }
+
+
+def train_all(cfg: DemoConfig, progress: Progress) -> dict[str, Path]:
     """Record, tokenizer, pretraining, then every finetuning run; returns the unlabeled stages' run directories."""
     from mem_core.runs.rundir import RunDir
     from mem_core.train import pretrain, tokenizer
     from mem_core.train.experiment import finetune_all
+    from mem_core.train.finetune import yardstick_config
 
     fraction = label_fraction(cfg.labels_per_class)
     out = cfg.out
     corpus = out / "corpus"
-    record_corpus(corpus)
+    if corpus.exists():
+        progress.start("record", f"corpus {corpus} exists: reusing it")
+    else:
+        progress.start("record", f"recording {CORPUS_SIM_SECONDS} s of the simulated camera without labels")
+        record_corpus(corpus)
     runs = {name: out / name for name in ("tokenizer", "pretrain")}
-    if not RunDir(runs["tokenizer"]).finished:
-        say("stage 1: training the event tokenizer on the unlabeled corpus")
+    if RunDir(runs["tokenizer"]).finished:
+        progress.start("tokenizer", f"tokenizer {runs['tokenizer']} is trained: reusing it")
+    else:
+        progress.start("tokenizer", "training the event tokenizer on the unlabeled corpus")
         cfg_tok = demo_stage_config("tokenizer", "corpus", f"data.path={corpus}")
         tokenizer.run(cfg_tok, runs["tokenizer"], resume=runs["tokenizer"].exists())
-    if not RunDir(runs["pretrain"]).finished:
-        say("stage 2: masked event pretraining on the unlabeled corpus")
+    if RunDir(runs["pretrain"]).finished:
+        progress.start("pretrain", f"pretraining {runs['pretrain']} is done: reusing it")
+    else:
+        progress.start("pretrain", "masked event pretraining on the unlabeled corpus")
         cfg_pre = demo_stage_config("pretrain", "corpus", f"data.path={corpus}")
         pretrain.run(cfg_pre, runs["pretrain"], tokenizer=runs["tokenizer"], resume=runs["pretrain"].exists())
     pending = []
     for (arm, seed), path in finetune_runs(cfg).items():
         if RunDir(path).finished:
             continue
-        # the label seed draws which samples are labelled, the same ones for both arms; the run seed follows it
+        # the label seed draws which samples are labelled, the same ones for every arm; the run seed follows it
         ft = demo_stage_config("finetune", "sim", f"data.labels={fraction}", f"data.label_seed={seed}", f"seed={seed}")
-        pending.append((path, arm, ft, runs["pretrain"] if arm == "mem" else None))
+        if arm == YARDSTICK:  # the same labels, epochs and batches; the CNN's own optimiser settings
+            ft = yardstick_config(ft, YARDSTICK)
+        pending.append((path, arm, ft, runs["pretrain"] if arm == MEM else None))
+    seeds = ", ".join(map(str, cfg.label_seeds))
     if pending:
-        say(
-            f"stage 3: finetuning MEM and from-scratch models with {cfg.labels_per_class} labels per class, "
-            f"label seeds {', '.join(map(str, cfg.label_seeds))}"
+        progress.start(
+            "finetune",
+            f"finetuning MEM, the ViT from scratch and a ResNet-18 from scratch with {cfg.labels_per_class} labels "
+            f"per class, label seeds {seeds} ({len(pending)} runs, {cfg.jobs} at a time)",
         )
+    else:
+        progress.start("finetune", f"the finetuning runs of label seeds {seeds} are done: reusing them")
     finetune_all(pending, cfg.jobs, out / "logs")
     return runs
 
 
-def evaluate_all(cfg: DemoConfig) -> dict:
-    """Top-1 (%) of every finetuning run on the held-out test split, per label seed, with the means and MEM's lead."""
-    from mem_core.train.evaluate import evaluate_runs
-
-    runs = finetune_runs(cfg)
-    results = dict(zip(runs, evaluate_runs(list(runs.values()), "sim", None, "test", num_workers=0), strict=True))
-    seeds = [
-        {"label_seed": seed} | {arm: round(100 * results[arm, seed]["top1"], 1) for arm in ("mem", "scratch")}
-        for seed in cfg.label_seeds
-    ]
-    n = next(iter(results.values()))["n"]
-    leads = [row["mem"] - row["scratch"] for row in seeds]
-    mean = {arm: round(sum(row[arm] for row in seeds) / len(seeds), 1) for arm in ("mem", "scratch")}
+def spread(values: list[float]) -> dict:
+    """Mean, standard deviation, least and largest of ``values`` (top-1 points over label seeds), to 0.1."""
     return {
-        "labels_per_class": cfg.labels_per_class,
-        "test_samples": n,
-        "seeds": seeds,
-        "mean": mean,
-        "lead": {"mean": round(sum(leads) / len(leads), 1), "min": round(min(leads), 1)},
-        "mem_wins_every_seed": all(lead > 0 for lead in leads),
+        "mean": round(statistics.fmean(values), 1),
+        "std": round(statistics.pstdev(values), 1),
+        "min": round(min(values), 1),
+        "max": round(max(values), 1),
     }
 
 
-def print_table(results: dict) -> str:
-    """Print MEM and scratch per label seed, their means and MEM's lead; returns the same table as Markdown."""
+def evaluate_all(cfg: DemoConfig) -> dict:
+    """Top-1 (%) of every finetuning run on each held-out set, per label seed; per arm the mean and spread over
+    seeds, and MEM's lead over each other arm (per seed, mean, spread, worst and best seed)."""
+    from mem_core.train.evaluate import evaluate_runs
+
+    runs = finetune_runs(cfg)
+    held_out = {}
+    for split in cfg.held_out:
+        scores = evaluate_runs(list(runs.values()), "sim", None, split, num_workers=0)
+        top1 = {key: round(100 * score["top1"], 1) for key, score in zip(runs, scores, strict=True)}
+        per_arm = {arm: [top1[arm, seed] for seed in cfg.label_seeds] for arm in ARMS}
+        leads = {
+            arm: [round(mine - theirs, 1) for mine, theirs in zip(per_arm[MEM], per_arm[arm], strict=True)]
+            for arm in ARMS[1:]
+        }
+        held_out[split] = {
+            "conditions": HELD_OUT[split],
+            "samples": scores[0]["n"],
+            "seeds": [{"label_seed": seed} | {arm: top1[arm, seed] for arm in ARMS} for seed in cfg.label_seeds],
+            "arms": {arm: spread(values) for arm, values in per_arm.items()},
+            "mem_lead": {arm: {"per_seed": values, **spread(values)} for arm, values in leads.items()},
+        }
+    return {"labels_per_class": cfg.labels_per_class, "arms": ARM_NAMES, "held_out": held_out}
+
+
+def standing(lead: dict, name: str) -> str:
+    """Where MEM stands against the arm ``name`` over label seeds, from MEM's lead over it (``evaluate_all``)."""
+    n = len(lead["per_seed"])
+    ahead, behind = sum(d > 0 for d in lead["per_seed"]), sum(d < 0 for d in lead["per_seed"])
+    mean = f"{lead['mean']:+.1f} points on average"
+    if ahead == n:
+        return f"ahead of the {name} on every label seed ({mean}, {lead['min']:+.1f} at the least)"
+    if behind == n:
+        return f"behind the {name} on every label seed ({mean}, {lead['max']:+.1f} at the closest)"
+    if not ahead and not behind:
+        return f"level with the {name} on every label seed"
+    return (
+        f"ahead of the {name} on {ahead} and behind it on {behind} of {n} label seeds ({mean}, {lead['min']:+.1f} to "
+        f"{lead['max']:+.1f})"
+    )
+
+
+def summary(held: dict) -> str:
+    """One held-out set's result in a sentence: where MEM stands against every other arm."""
+    against = " and ".join(standing(held["mem_lead"][arm], ARM_NAMES[arm]) for arm in (YARDSTICK, SCRATCH))
+    return f"On {held['conditions']}, MEM is {against}."
+
+
+def print_tables(results: dict) -> str:
+    """Print, per held-out set, every arm's top-1 per label seed with MEM's leads, the means ± std over seeds, and
+    where MEM stands; returns the same as Markdown."""
     from rich.console import Console
     from rich.table import Table
 
-    lpc, n = results["labels_per_class"], results["test_samples"]
-    table = Table(title=f"Simulated camera, {lpc} labels per class, top-1 on {n} held-out test samples")
-    for column in ("label seed", "MEM (pretrained, finetuned)", "ViT from scratch", "MEM's lead"):
-        table.add_column(column, justify="right")
-    rows = [
-        (
-            str(row["label_seed"]),
-            f"{row['mem']:.1f} %",
-            f"{row['scratch']:.1f} %",
-            f"{row['mem'] - row['scratch']:+.1f}",
+    columns = ["label seed", *(ARM_NAMES[arm] for arm in ARMS), *(f"MEM - {ARM_NAMES[arm]}" for arm in ARMS[1:])]
+    markdown = []
+    for held in results["held_out"].values():
+        rows = [
+            [
+                str(row["label_seed"]),
+                *(f"{row[arm]:.1f}" for arm in ARMS),
+                *(f"{row[MEM] - row[arm]:+.1f}" for arm in ARMS[1:]),
+            ]
+            for row in held["seeds"]
+        ]
+        arms, leads = held["arms"], held["mem_lead"]
+        rows.append(
+            [
+                "mean ± std",
+                *(f"{arms[arm]['mean']:.1f} ± {arms[arm]['std']:.1f}" for arm in ARMS),
+                *(f"{leads[arm]['mean']:+.1f} ± {leads[arm]['std']:.1f}" for arm in ARMS[1:]),
+            ]
         )
-        for row in results["seeds"]
-    ]
-    mean, lead = results["mean"], results["lead"]
-    rows.append(("mean", f"{mean['mem']:.1f} %", f"{mean['scratch']:.1f} %", f"{lead['mean']:+.1f}"))
-    for i, row in enumerate(rows):
-        table.add_row(*row, end_section=i == len(rows) - 2)
-    Console().print(table)
-    if results["mem_wins_every_seed"]:
-        say(f"MEM leads on every label seed: by {lead['mean']:+.1f} points on average, {lead['min']:+.1f} at the least")
-    else:
-        say(f"MEM's lead is {lead['mean']:+.1f} points on average and {lead['min']:+.1f} on its worst label seed")
-    lines = ["| label seed | MEM (pretrained, finetuned) | ViT from scratch | MEM's lead |", "|---|---|---|---|"]
-    lines += [f"| {' | '.join(row)} |" for row in rows]
-    return "\n".join(lines)
+        title = (
+            f"{results['labels_per_class']} labels per class; top-1 (%) on {held['samples']} held-out windows: "
+            f"{held['conditions']}"
+        )
+        # on the terminal one row per arm and lead, one column per label seed: it fits 80 characters
+        table = Table(title=title)
+        table.add_column("")
+        for column in [f"seed {row['label_seed']}" for row in held["seeds"]] + ["mean ± std"]:
+            table.add_column(column, justify="right")
+        for i, name in enumerate(columns[1:], 1):
+            table.add_row(name, *(row[i] for row in rows), end_section=i == len(ARMS))
+        Console().print(table)
+        say(summary(held))
+        markdown += [f"**{title}**", "", f"| {' | '.join(columns)} |", "|---" * len(columns) + "|"]
+        markdown += [f"| {' | '.join(row)} |" for row in rows]
+        markdown += ["", summary(held), ""]
+    return "\n".join(markdown)
 
 
 def _free_port() -> int:
@@ -267,7 +427,7 @@ def _wait_for_server(pub: str, server: subprocess.Popen) -> None:
         sub.close()
 
 
-def write_report(cfg: DemoConfig, runs: dict[str, Path], table_md: str, live_state: dict | None) -> Path:
+def write_report(cfg: DemoConfig, runs: dict[str, Path], tables_md: str, live_state: dict | None) -> Path:
     from mem_core.simulator import task_config
 
     out = cfg.out
@@ -281,19 +441,21 @@ def write_report(cfg: DemoConfig, runs: dict[str, Path], table_md: str, live_sta
         / "predictions.png",
     }
     first_seed, finetuned = cfg.label_seeds[0], finetune_runs(cfg)
-    for arm, name in (("mem", "MEM"), ("scratch", "scratch")):
-        pictures[f"finetuning curves ({name}, label seed {first_seed})"] = finetuned[arm, first_seed] / "curves.png"
+    for arm in ARMS:
+        pictures[f"finetuning curves ({ARM_NAMES[arm]}, label seed {first_seed})"] = (
+            finetuned[arm, first_seed] / "curves.png"
+        )
     n_classes = len(task_config().classes)
     lines = [
         "# MEM demo report",
         "",
         f"The simulated camera's {n_classes} shapes (chance {100 / n_classes:.0f} %), {cfg.labels_per_class} labels per"
         f" class, drawn anew for each label seed. MEM was pretrained on a {CORPUS_SIM_SECONDS} s recording without"
-        " labels; the from-scratch ViT has the same architecture, finetuning recipe and labels. Top-1 on held-out"
-        " simulated windows (`results.json`):",
+        " labels; the ViT from scratch has the same architecture, finetuning recipe and labels, and the ResNet-18 from"
+        " scratch the same labels and steps with a CNN's optimiser settings. Top-1 of each run's kept model (its best"
+        " epoch on the validation split) on held-out simulated windows (`results.json`):",
         "",
-        table_md,
-        "",
+        tables_md,
     ]
     if live_state:
         lines += ["## Live: the exported model on the simulated camera", "", *_live_summary(live_state), ""]
@@ -341,14 +503,36 @@ def has_display() -> bool:
 
 # What the demo writes into its folder: --fresh deletes the folder only when it holds nothing else.
 DEMO_ENTRIES = (
-    *("corpus", "tokenizer", "pretrain", "finetune-*", "logs", "export"),
+    *("corpus", "corpus.partial", "tokenizer", "pretrain", "finetune-*", "logs", "export"),
     *("report", "report.md", "results.json", "live.png", "live.json"),
 )
+
+
+def kept(cfg: DemoConfig) -> str:
+    """What the demo's folder holds for the next run, in words (after an interruption)."""
+    from mem_core.runs.rundir import RunDir
+
+    out, parts = cfg.out, []
+    if (out / "corpus").exists():
+        parts.append("the recorded corpus")
+    for stage, name in (("tokenizer", "the tokenizer"), ("pretrain", "the pretraining")):
+        if RunDir(out / stage).finished:
+            parts.append(name)
+        elif done := epochs_done(out / stage):
+            parts.append(f"{name}'s first {done} of {demo_stage_config(stage, 'corpus').epochs} epochs")
+    runs = list(finetune_runs(cfg).values())
+    finished = sum(RunDir(path).finished for path in runs)
+    begun = sum(not RunDir(path).finished and epochs_done(path) > 0 for path in runs)
+    if finished or begun:
+        parts.append(f"{finished} of {len(runs)} finetuning runs" + (f" and {begun} begun" if begun else ""))
+    return ", ".join(parts) or "nothing yet"
 
 
 def run(cfg: DemoConfig) -> Path:
     from mem_core.runs.rundir import RunError, make_dir
 
+    label_fraction(cfg.labels_per_class)
+    check_held_out(cfg.held_out)
     make_dir(cfg.out, "the demo's work")
     if cfg.fresh:
         foreign = [p.name for p in cfg.out.iterdir() if not any(fnmatch.fnmatch(p.name, e) for e in DEMO_ENTRIES)]
@@ -357,17 +541,32 @@ def run(cfg: DemoConfig) -> Path:
         shutil.rmtree(cfg.out)
         cfg.out.mkdir()
     t0 = time.perf_counter()
-    runs = train_all(cfg)
-    results = evaluate_all(cfg)
-    table_md = print_table(results)
-    (cfg.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    progress = Progress(planned_seconds(cfg))
+    try:
+        report = _run_stages(cfg, progress)
+    except KeyboardInterrupt:
+        where = f"stage {STAGES.index(progress.stage) + 1} of {len(STAGES)}" if progress.stage else "its first stage"
+        say(
+            f"interrupted in {where}. Kept in {cfg.out}: {kept(cfg)}. Run the same command again to go on from there "
+            "(a training run from its last finished epoch)."
+        )
+        raise
+    say(f"done in {time.perf_counter() - t0:.0f} s; report: {report}")
+    return report
+
+
+def _run_stages(cfg: DemoConfig, progress: Progress) -> Path:
     from mem_core.runs.export import export_run
 
-    served = finetune_runs(cfg)["mem", cfg.label_seeds[0]]
+    runs = train_all(cfg, progress)
+    progress.start("evaluate", f"scoring every kept model on held-out windows ({', '.join(cfg.held_out)})")
+    results = evaluate_all(cfg)
+    tables_md = print_tables(results)
+    (cfg.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    progress.start("live", "exporting the MEM model and running it live on the simulated camera")
+    served = finetune_runs(cfg)[MEM, cfg.label_seeds[0]]
     export_dir = export_run(served, cfg.out / "export")
     say(f"exported the MEM model of label seed {cfg.label_seeds[0]} to {export_dir}")
     headless = (not has_display()) if cfg.headless is None else cfg.headless
     live_state = live(export_dir, cfg.out, headless)
-    report = write_report(cfg, runs, table_md, live_state)
-    say(f"done in {time.perf_counter() - t0:.0f} s; report: {report}")
-    return report
+    return write_report(cfg, runs, tables_md, live_state)
