@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from demo_child import shrink
 
-from app import demo
+from app import demo, demo_results
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,7 +61,8 @@ def test_demo_headless_reports_three_arms_per_label_seed_and_reuses_its_work(tmp
     assert "min left" in printed.err
     assert "ResNet-18 from scratch" in printed.out and "mean ± std" in printed.out
     for held in results["held_out"].values():
-        assert demo.summary(held) in printed.err.replace("\n", " ")  # where MEM stands against each arm, in words
+        # where MEM stands against each arm, in words
+        assert demo_results.summary(held) in printed.err.replace("\n", " ")
     text = report.read_text()
     header = "| label seed | MEM (pretrained ViT) | ViT from scratch | ResNet-18 from scratch |"
     assert text.count(header) == 2  # one table per held-out set
@@ -151,7 +152,7 @@ def test_ctrl_c_says_what_was_kept_and_a_rerun_goes_on_from_there(tmp_path):
     ],
 )
 def test_the_demo_says_where_mem_stands_against_an_arm_whichever_arm_wins(leads, said):
-    assert demo.standing({"per_seed": leads, **demo.spread(leads)}, "CNN") == said
+    assert demo_results.standing({"per_seed": leads, **demo_results.spread(leads)}, "CNN") == said
 
 
 def test_the_estimate_of_what_is_left_follows_the_machines_pace(capsys):
@@ -170,7 +171,7 @@ def test_demo_messages_are_never_wrapped(monkeypatch, capsys):
     # scripts and tests read these lines: a narrow terminal or a long path must not break them
     monkeypatch.setenv("COLUMNS", "30")
     message = "corpus /tmp/" + "a-long-folder-name/" * 8 + "corpus exists: reusing it"
-    demo.say(message)
+    demo_results.say(message)
     assert message in capsys.readouterr().err
 
 
