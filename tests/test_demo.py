@@ -36,7 +36,7 @@ def test_demo_headless_reports_three_arms_per_label_seed_and_reuses_its_work(tmp
     report = demo.run(cfg)
 
     results = json.loads((out / "results.json").read_text())
-    assert list(results["held_out"]) == list(cfg.held_out) == ["test", "test-sensor"]
+    assert list(results["held_out"]) == list(cfg.held_out) == ["test", "test-motion"]
     for held in results["held_out"].values():
         assert held["samples"] == 30  # the test split's scenes
         assert [row["label_seed"] for row in held["seeds"]] == [0, 1]
@@ -83,7 +83,7 @@ def test_demo_headless_reports_three_arms_per_label_seed_and_reuses_its_work(tmp
     assert stage_files(out) == trained  # nothing retrained
     assert "exists: reusing it" in capsys.readouterr().err
 
-    demo.run(dataclasses.replace(cfg, labels_per_class=3, label_seeds=(0,), held_out=("test-motion",)))
+    demo.run(dataclasses.replace(cfg, labels_per_class=3, label_seeds=(0,), held_out=("test-sensor",)))
     retrained = stage_files(out)
     assert {p: t for p, t in retrained.items() if p in trained} == trained  # the corpus stages are reused
     assert sorted(p.parent.name for p in set(retrained) - set(trained)) == [
@@ -92,8 +92,8 @@ def test_demo_headless_reports_three_arms_per_label_seed_and_reuses_its_work(tmp
         "finetune-scratch-3-labels-seed0",
     ]
     results = json.loads((out / "results.json").read_text())
-    assert list(results["held_out"]) == ["test-motion"]
-    assert [row["label_seed"] for row in results["held_out"]["test-motion"]["seeds"]] == [0]
+    assert list(results["held_out"]) == ["test-sensor"]
+    assert [row["label_seed"] for row in results["held_out"]["test-sensor"]["seeds"]] == [0]
 
 
 def _demo_until(out: Path, line: str) -> tuple[int, str]:
