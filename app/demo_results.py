@@ -3,12 +3,11 @@ over each other arm, and where MEM stands in words."""
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 
 from app.config import DemoConfig
+from mem_core.train.experiment_report import MEM, SCRATCH, mean_std
 
-MEM, SCRATCH = "mem", "scratch"
 YARDSTICK = "resnet18"  # the CNN a user would reach for first (mem_core.models.cnn), trained from scratch
 ARMS = (MEM, SCRATCH, YARDSTICK)
 ARM_NAMES = {MEM: "MEM (pretrained ViT)", SCRATCH: "ViT from scratch", YARDSTICK: "ResNet-18 from scratch"}
@@ -31,12 +30,8 @@ def say(message: str) -> None:
 
 def spread(values: list[float]) -> dict:
     """Mean, standard deviation, least and largest of ``values`` (top-1 points over label seeds), to 0.1."""
-    return {
-        "mean": round(statistics.fmean(values), 1),
-        "std": round(statistics.pstdev(values), 1),
-        "min": round(min(values), 1),
-        "max": round(max(values), 1),
-    }
+    stats = mean_std(values) | {"min": min(values), "max": max(values)}
+    return {key: round(value, 1) for key, value in stats.items()}
 
 
 def evaluate_all(cfg: DemoConfig, runs: dict[tuple[str, int], Path]) -> dict:

@@ -10,7 +10,8 @@ from typing import Any
 MEM, SCRATCH = "mem", "scratch"
 
 
-def _mean_std(values: list[float]) -> dict[str, float]:
+def mean_std(values: list[float]) -> dict[str, float]:
+    """Mean and population standard deviation of ``values`` (over seeds)."""
     return {"mean": statistics.fmean(values), "std": statistics.pstdev(values)}
 
 
@@ -26,7 +27,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             entry = {"arm": arm, "labels": fraction, "seeds": len(sel), "train_samples": sel[0]["train_samples"]}
             for key in ("test_top1", "val_best_top1", "val_final_top1"):
                 if sel[0][key] is not None:
-                    entry[key] = _mean_std([r[key] for r in sel])
+                    entry[key] = mean_std([r[key] for r in sel])
             out.append(entry)
     return out
 
@@ -42,7 +43,7 @@ def leads(rows: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
             seeds = sorted(mine.keys() & theirs.keys())
             if seeds:
                 per_seed = [mine[s] - theirs[s] for s in seeds]
-                out.append({"labels": fraction, "over": arm, "per_seed": per_seed, **_mean_std(per_seed)})
+                out.append({"labels": fraction, "over": arm, "per_seed": per_seed, **mean_std(per_seed)})
     return out
 
 
