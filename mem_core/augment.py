@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from numba import njit
 
-from mem_core.events import EVENT_DTYPE, SensorSize
+from mem_core.events import EVENT_DTYPE, SensorSize, random_window
 
 # ------------------------------------------------------------------------------------- event augmentations
 
@@ -31,6 +31,7 @@ class EventAugmentation(Protocol):
     event_drop_p: float
     scale_jitter: float
     noise_events: float
+    n_max: int
 
 
 @njit(cache=True, nogil=True)
@@ -70,8 +71,9 @@ def augment_events(
     [1 / (1 + ``spec.scale_jitter``), 1 + ``spec.scale_jitter``] (other object sizes and distances), then a shift of
     up to +-``spec.shift_px`` in x and y (uniform integers) that drops events leaving the frame, then EventDrop with
     ``spec.event_drop_p`` (``drop_events``), then background activity (``add_noise``, up to
-    ``spec.noise_events`` times the window's events). Returns a new array. A setting at 0 draws nothing from
-    ``rng``, so the other augmentations draw as they did without it.
+    ``spec.noise_events`` times the window's events; past ``spec.n_max`` events a random contiguous ``spec.n_max``
+    of them are kept, as a noisier sensor's window of that many events spans less time). Returns a new array. A
+    setting at 0 draws nothing from ``rng``, so the other augmentations draw as they did without it.
 
     One numba pass (three numpy steps - flip, mirror, shift and drop - cost ~1 ms on a 30 000-event window, mostly
     copies of the 13-byte records).
@@ -92,7 +94,11 @@ def augment_events(
     out = out[:kept]
     if spec.event_drop_p > 0 and rng.random() < spec.event_drop_p:
         out = drop_events(out, sensor, rng)
-    return add_noise(out, sensor, spec.noise_events, rng) if spec.noise_events > 0 else out
+    if spec.noise_events > 0:
+        out = add_noise(out, sensor, spec.noise_events, rng)
+        if len(out) > spec.n_max:
+            out = random_window(out, spec.n_max, rng)
+    return out
 
 
 def add_noise(events: np.ndarray, sensor: SensorSize, most: float, rng: np.random.Generator) -> np.ndarray:

@@ -16,7 +16,7 @@ from mem_core.augment import (
     rand_augment,
 )
 from mem_core.events import SensorSize, validate_events
-from mem_core.representation import InputSpec, event_histogram
+from mem_core.representation import InputSpec, batch_preprocess, collate_events, event_histogram
 
 SENSOR = SensorSize(32, 48)
 
@@ -296,3 +296,15 @@ def test_background_activity_adds_uniform_events_in_time_order(events_factory):
     assert min(added) >= 0 and max(added) <= 1000 and max(added) > 500
     with pytest.raises(ValueError, match="noise_events must be in"):
         InputSpec(noise_events=2.0)
+
+
+def test_background_activity_keeps_the_window_within_n_max(events_factory):
+    """A window already at ``n_max`` events with background activity added stays at ``n_max`` (a contiguous run
+    of the noisy stream, in time order), so a batch of them goes through ``batch_preprocess``."""
+    spec = InputSpec(shift_px=0, flip_polarity_p=0.0, hflip_p=0.0, noise_events=0.5, n_max=1500)
+    ev = events_factory(1500, SENSOR)
+    windows = [augment_events(ev, SENSOR, spec, np.random.default_rng(seed)) for seed in range(8)]
+    assert all(len(w) <= spec.n_max for w in windows) and max(len(w) for w in windows) == spec.n_max
+    assert all(np.all(np.diff(w["t"]) >= 0) for w in windows)
+    x = batch_preprocess(collate_events(windows, SENSOR), spec, train=True, generator=torch.Generator().manual_seed(0))
+    assert x.shape == (8, spec.in_chans, *spec.size)
