@@ -295,6 +295,38 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, monkeypatch, augmenta
     )
 
 
+@pytest.mark.parametrize("stage", ["tokenizer", "pretrain"])
+def test_resume_of_the_unsupervised_stages_reproduces_the_uninterrupted_run(
+    tmp_path, monkeypatch, stage, tokenizer_run
+):
+    """What ``mem demo`` and ``--resume`` rely on after a Ctrl-C: the tokenizer and MEM pretraining (masking,
+    augmentations, loader workers) continued from an epoch checkpoint end with the same weights bit for bit."""
+    import mem_core.train.fit as fit_module
+
+    def train(out: Path, resume: bool = False):
+        cfg = config(stage, "epochs=2", "data.num_workers=2")
+        if stage == "tokenizer":
+            return tokenizer.run(cfg, out, resume=resume)
+        return pretrain.run(cfg, out, tokenizer=tokenizer_run, resume=resume)
+
+    full = train(tmp_path / "full")
+
+    def crash_after_first_epoch(run):
+        raise Interrupted
+
+    monkeypatch.setattr(fit_module, "plot_curves", crash_after_first_epoch)
+    with pytest.raises(Interrupted):
+        train(tmp_path / "interrupted")
+    monkeypatch.undo()
+    resumed = train(tmp_path / "interrupted", resume=True)
+    a = load_checkpoint(full.path / "checkpoint.pt")["model"]
+    b = load_checkpoint(resumed.path / "checkpoint.pt")["model"]
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    assert [r["epoch"] for r in RunDir(resumed.path).metrics()] == [0, 1]
+
+
 def test_mixup_needs_an_even_batch_per_process(tmp_path):
     with pytest.raises(RunError, match="batch_size 7 over 1 process"):
         finetune.run(config("finetune", "batch_size=7", "cutmix=1.0"), tmp_path / "odd")
