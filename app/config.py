@@ -26,6 +26,15 @@ from recorders.config import LOOP_HELP, SOURCE_HELP
 LABEL_EPOCHS = 150  # epochs of a run on the viewer's captures: `mem serve`'s Train and `mem train-labels`
 
 
+# The held-out sets ``mem demo`` can score on and what each shows: the sim dataset's test split and its shifted
+# versions (``mem_core/datasets/sim.py``'s ``SIM_SHIFTED_SPLITS``), the same scenes under other conditions.
+DEMO_HELD_OUT = {
+    "test": "the camera and objects of the labelled windows",
+    "test-sensor": "another sensor (higher, uneven contrast thresholds; 20 times the background activity)",
+    "test-motion": "other objects (smaller and faster)",
+}
+
+
 @dataclass(frozen=True)
 class ServeConfig:
     """Everything ``mem serve`` needs; ``control=None`` binds the control socket on the port after ``pub``."""
@@ -161,3 +170,6 @@ class DemoConfig:
             raise ConfigError(f"label seeds must be distinct and at least one, got {self.label_seeds}")
         if not self.held_out or len(set(self.held_out)) != len(self.held_out):
             raise ConfigError(f"held-out sets must be distinct and at least one, got {self.held_out}")
+        unknown = [s for s in self.held_out if s not in DEMO_HELD_OUT]
+        if unknown:
+            raise ConfigError(f"held-out sets are {', '.join(DEMO_HELD_OUT)}, not {unknown[0]!r}")

@@ -5,19 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.config import DemoConfig
+from app.config import DEMO_HELD_OUT, DemoConfig
 from mem_core.train.experiment_report import MEM, SCRATCH, mean_std
 
 YARDSTICK = "resnet18"  # the CNN a user would reach for first (mem_core.models.cnn), trained from scratch
 ARMS = (MEM, SCRATCH, YARDSTICK)
 ARM_NAMES = {MEM: "MEM (pretrained ViT)", SCRATCH: "ViT from scratch", YARDSTICK: "ResNet-18 from scratch"}
-# what each held-out set of the sim dataset shows (mem_core/datasets/sim.py): the test split's scenes, as the
-# labelled windows were recorded or under other conditions
-HELD_OUT = {
-    "test": "the camera and objects of the labelled windows",
-    "test-sensor": "another sensor (higher, uneven contrast thresholds; 20 times the background activity)",
-    "test-motion": "other objects (smaller and faster)",
-}
 
 
 def say(message: str) -> None:
@@ -49,7 +42,7 @@ def evaluate_all(cfg: DemoConfig, runs: dict[tuple[str, int], Path]) -> dict:
             for arm in ARMS[1:]
         }
         held_out[split] = {
-            "conditions": HELD_OUT[split],
+            "conditions": DEMO_HELD_OUT[split],
             "samples": scores[0]["n"],
             "seeds": [{"label_seed": seed} | {arm: top1[arm, seed] for arm in ARMS} for seed in cfg.label_seeds],
             "arms": {arm: spread(values) for arm, values in per_arm.items()},

@@ -192,7 +192,7 @@ def test_demo_rejects_impossible_label_counts_before_any_work(tmp_path):
     [
         (["--seeds", "0,0"], "distinct"),
         (["--seeds", "a"], "--seeds"),
-        (["--held-out", "train"], "--held-out"),  # the labelled windows' own split is not held out
+        (["--held-out", "train"], "held-out sets are test, test-sensor, test-motion, not 'train'"),  # the labelled windows' own split is not held out
         (["--held-out", "test,test"], "distinct"),
     ],
 )
@@ -206,3 +206,10 @@ def test_demo_rejects_bad_label_seeds_and_held_out_sets_before_any_work(tmp_path
     )
     assert r.returncode == 2 and problem in r.stderr
     assert not out.exists()
+
+
+def test_the_demo_offers_every_held_out_set_of_the_sim_dataset_and_no_other():
+    from app.config import DEMO_HELD_OUT
+    from mem_core.datasets.sim import SIM_SHIFTED_SPLITS
+
+    assert set(DEMO_HELD_OUT) == {"test", *SIM_SHIFTED_SPLITS}

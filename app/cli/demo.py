@@ -19,16 +19,12 @@ DEMO_OPTIONS = {
 def demo(config: DemoConfig) -> None:
     """The whole product on the simulated camera: record, pretrain, finetune MEM against a ViT and a ResNet-18 from
     scratch, live viewer."""
-    from app.demo import check_held_out, label_fraction, run
+    from app.demo import label_fraction, run
 
-    for check, value, flag in (
-        (label_fraction, config.labels_per_class, "--labels-per-class"),
-        (check_held_out, config.held_out, "--held-out"),
-    ):
-        try:
-            check(value)
-        except ValueError as exc:
-            raise typer.BadParameter(str(exc), param_hint=flag) from None
+    try:
+        label_fraction(config.labels_per_class)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--labels-per-class") from None
     try:
         run(config)
     except KeyboardInterrupt:  # the demo has said what it kept; no "Aborted!" after it
