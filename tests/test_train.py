@@ -295,18 +295,13 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, monkeypatch, augmenta
     )
 
 
-@pytest.mark.parametrize("stage", ["tokenizer", "pretrain"])
-def test_resume_of_the_unsupervised_stages_reproduces_the_uninterrupted_run(
-    tmp_path, monkeypatch, stage, tokenizer_run
-):
-    """What ``mem demo`` and ``--resume`` rely on after a Ctrl-C: the tokenizer and MEM pretraining (masking,
-    augmentations, loader workers) continued from an epoch checkpoint end with the same weights bit for bit."""
+def test_resume_of_pretraining_reproduces_the_uninterrupted_run(tmp_path, monkeypatch, tokenizer_run):
+    """What ``mem demo`` and ``--resume`` rely on after a Ctrl-C: MEM pretraining (block masks, augmentations,
+    loader workers) continued from an epoch checkpoint ends with the same weights bit for bit."""
     import mem_core.train.fit as fit_module
 
     def train(out: Path, resume: bool = False):
-        cfg = config(stage, "epochs=2", "data.num_workers=2")
-        if stage == "tokenizer":
-            return tokenizer.run(cfg, out, resume=resume)
+        cfg = config("pretrain", "epochs=2", "data.num_workers=2")
         return pretrain.run(cfg, out, tokenizer=tokenizer_run, resume=resume)
 
     full = train(tmp_path / "full")
