@@ -70,8 +70,8 @@ SERVER_START_S = 300
 
 # Each stage's wall time on 2 idle cores (docs/RESULTS.md section 7), for the estimate of what is left; a finetuning
 # run's is its share of the stage with two runs at a time.
-STAGE_SECONDS = {"record": 15.0, "tokenizer": 150.0, "pretrain": 170.0, "evaluate": 20.0, "live": 40.0}
-FINETUNE_SECONDS = {MEM: 36.0, SCRATCH: 36.0, YARDSTICK: 63.0}  # runs of 1.2 and 2.1 min, two at a time
+STAGE_SECONDS = {"record": 12.0, "tokenizer": 110.0, "pretrain": 115.0, "evaluate": 10.0, "live": 30.0}
+FINETUNE_SECONDS = {MEM: 38.0, SCRATCH: 38.0, YARDSTICK: 52.0}  # runs of 1.25 and 1.7 min, two at a time
 STAGES = ("record", "tokenizer", "pretrain", "finetune", "evaluate", "live")
 
 
