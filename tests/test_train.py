@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -320,6 +321,26 @@ def test_resume_of_pretraining_reproduces_the_uninterrupted_run(tmp_path, monkey
     for key in a:
         assert torch.equal(a[key], b[key]), key
     assert [r["epoch"] for r in RunDir(resumed.path).metrics()] == [0, 1]
+
+
+def test_a_run_resumes_on_a_cpu_with_or_without_bf16(tmp_path, monkeypatch):
+    """``cpu_bf16`` is how fast a CPU steps, as the device is: a run (``mem demo``'s, which turns it on where the CPU
+    has native bf16) started without it goes on with it and finishes, where another setting would be refused."""
+    import mem_core.train.fit as fit_module
+
+    def crash_after_first_epoch(run):
+        raise Interrupted
+
+    monkeypatch.setattr(fit_module, "plot_curves", crash_after_first_epoch)
+    with pytest.raises(Interrupted):
+        finetune.run(config("finetune", "epochs=2", "cpu_bf16=false"), tmp_path / "ft")
+    monkeypatch.undo()
+    with pytest.raises(RunError, match="differs in"):
+        finetune.run(config("finetune", "epochs=2", "lr=0.5"), tmp_path / "ft", resume=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a CPU without native bf16 says it trains in fp32
+        run = finetune.run(config("finetune", "epochs=2", "cpu_bf16=true"), tmp_path / "ft", resume=True)
+    assert [r["epoch"] for r in run.metrics()] == [0, 1] and run.finished
 
 
 def test_mixup_needs_an_even_batch_per_process(tmp_path):

@@ -147,10 +147,12 @@ def discarded_if_it_fails_unstarted(path: Path | str) -> Iterator[None]:
         raise
 
 
-# Settings a resumed run may take other than it started with: where and how fast it runs, not what it learns.
+# Settings a resumed run may take other than it started with: where and how fast it runs, not what it learns (bf16
+# steps on a CPU are the CPU's speed, as the device is; a run moved to a CPU without native bf16 goes on in fp32).
 RESUME_MAY_CHANGE = (
     "device",
     "compile",
+    "cpu_bf16",
     "time_limit_s",
     "checkpoint_every_s",
     "data.num_workers",
