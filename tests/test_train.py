@@ -266,6 +266,28 @@ class Interrupted(Exception):
     pass
 
 
+def interrupted_after_first_epoch(monkeypatch, train) -> None:
+    """Call ``train()`` as a process that dies right after epoch 0's checkpoint was written."""
+    import mem_core.train.fit as fit_module
+
+    def crash_after_first_epoch(run):
+        raise Interrupted
+
+    monkeypatch.setattr(fit_module, "plot_curves", crash_after_first_epoch)
+    with pytest.raises(Interrupted):
+        train()
+    monkeypatch.undo()
+
+
+def assert_same_weights(a: RunDir, b: RunDir) -> None:
+    """The two runs' last checkpoints hold the same weights, bit for bit."""
+    wa = load_checkpoint(a.path / "checkpoint.pt")["model"]
+    wb = load_checkpoint(b.path / "checkpoint.pt")["model"]
+    assert wa.keys() == wb.keys()
+    for key in wa:
+        assert torch.equal(wa[key], wb[key]), key
+
+
 @pytest.mark.parametrize(
     "augmentations", [(), ("mixup=0.8", "cutmix=1.0", "input.event_drop_p=0.5")], ids=["plain", "mixup-cutmix-drop"]
 )
@@ -274,22 +296,11 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, monkeypatch, augmenta
     random augmentation of finetuning too."""
     settings = ("epochs=2", "data.num_workers=2", *augmentations)
     full = finetune.run(config("finetune", *settings), tmp_path / "full")
-
-    import mem_core.train.fit as fit_module
-
-    def crash_after_first_epoch(run):
-        raise Interrupted  # the process dies right after epoch 0's checkpoint was written
-
-    monkeypatch.setattr(fit_module, "plot_curves", crash_after_first_epoch)
-    with pytest.raises(Interrupted):
-        finetune.run(config("finetune", *settings), tmp_path / "interrupted")
-    monkeypatch.undo()
+    interrupted_after_first_epoch(
+        monkeypatch, lambda: finetune.run(config("finetune", *settings), tmp_path / "interrupted")
+    )
     resumed = finetune.run(config("finetune", *settings), tmp_path / "interrupted", resume=True)
-    a = load_checkpoint(full.path / "checkpoint.pt")["model"]
-    b = load_checkpoint(resumed.path / "checkpoint.pt")["model"]
-    assert a.keys() == b.keys()
-    for key in a:
-        assert torch.equal(a[key], b[key]), key
+    assert_same_weights(full, resumed)
     assert [r["epoch"] for r in RunDir(resumed.path).metrics()] == [0, 1]
     assert json.loads((full.path / "result.json").read_text())["top1"] == pytest.approx(
         json.loads((resumed.path / "result.json").read_text())["top1"]
@@ -299,42 +310,24 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, monkeypatch, augmenta
 def test_resume_of_pretraining_reproduces_the_uninterrupted_run(tmp_path, monkeypatch, tokenizer_run):
     """What ``mem demo`` and ``--resume`` rely on after a Ctrl-C: MEM pretraining (block masks, augmentations,
     loader workers) continued from an epoch checkpoint ends with the same weights bit for bit."""
-    import mem_core.train.fit as fit_module
 
     def train(out: Path, resume: bool = False):
         cfg = config("pretrain", "epochs=2", "data.num_workers=2")
         return pretrain.run(cfg, out, tokenizer=tokenizer_run, resume=resume)
 
     full = train(tmp_path / "full")
-
-    def crash_after_first_epoch(run):
-        raise Interrupted
-
-    monkeypatch.setattr(fit_module, "plot_curves", crash_after_first_epoch)
-    with pytest.raises(Interrupted):
-        train(tmp_path / "interrupted")
-    monkeypatch.undo()
+    interrupted_after_first_epoch(monkeypatch, lambda: train(tmp_path / "interrupted"))
     resumed = train(tmp_path / "interrupted", resume=True)
-    a = load_checkpoint(full.path / "checkpoint.pt")["model"]
-    b = load_checkpoint(resumed.path / "checkpoint.pt")["model"]
-    assert a.keys() == b.keys()
-    for key in a:
-        assert torch.equal(a[key], b[key]), key
+    assert_same_weights(full, resumed)
     assert [r["epoch"] for r in RunDir(resumed.path).metrics()] == [0, 1]
 
 
 def test_a_run_resumes_on_a_cpu_with_or_without_bf16(tmp_path, monkeypatch):
     """``cpu_bf16`` is how fast a CPU steps, as the device is: a run (``mem demo``'s, which turns it on where the CPU
     has native bf16) started without it goes on with it and finishes, where another setting would be refused."""
-    import mem_core.train.fit as fit_module
-
-    def crash_after_first_epoch(run):
-        raise Interrupted
-
-    monkeypatch.setattr(fit_module, "plot_curves", crash_after_first_epoch)
-    with pytest.raises(Interrupted):
-        finetune.run(config("finetune", "epochs=2", "cpu_bf16=false"), tmp_path / "ft")
-    monkeypatch.undo()
+    interrupted_after_first_epoch(
+        monkeypatch, lambda: finetune.run(config("finetune", "epochs=2", "cpu_bf16=false"), tmp_path / "ft")
+    )
     with pytest.raises(RunError, match="differs in"):
         finetune.run(config("finetune", "epochs=2", "lr=0.5"), tmp_path / "ft", resume=True)
     with warnings.catch_warnings():
