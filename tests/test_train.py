@@ -811,3 +811,25 @@ def test_automatic_loader_workers_share_the_cores_a_process_gets(monkeypatch):
     assert stage_config("finetune").data.num_workers == -1
     with pytest.raises(ConfigError, match="num_workers"):
         stage_config("finetune", overrides=["data.num_workers=-2"])
+
+
+def test_ctrl_c_in_the_middle_of_a_checkpoint_write_is_a_ctrl_c_and_keeps_the_old_checkpoint(tmp_path, monkeypatch):
+    from mem_core.runs import rundir
+
+    path = tmp_path / "checkpoint.pt"
+    rundir.atomic_torch_save({"epoch": 0, "w": torch.zeros(4096)}, path)
+    write, calls = rundir._Writes.write, []
+
+    def ctrl_c_on_the_third_write(self, data):
+        calls.append(len(data))
+        if len(calls) == 3:
+            write(self, bytes(data)[: len(data) // 2])  # part of the record reached the file
+            raise KeyboardInterrupt
+        return write(self, data)
+
+    monkeypatch.setattr(rundir._Writes, "write", ctrl_c_on_the_third_write)
+    with pytest.raises(KeyboardInterrupt):  # not torch's "unexpected pos": the CLI says what was kept and exits 130
+        rundir.atomic_torch_save({"epoch": 1, "w": torch.ones(4096)}, path)
+    monkeypatch.undo()
+    assert load_checkpoint(path)["epoch"] == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]  # no half-written temporary file

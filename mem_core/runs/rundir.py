@@ -49,17 +49,19 @@ def atomic_torch_save(obj: Any, path: Path) -> None:
         writes = _Writes(f)
         try:
             torch.save(obj, writes)
-        except RuntimeError:
-            if writes.error is None:
+        except RuntimeError as e:
+            stopped_by = writes.error or (e.__context__ if isinstance(e.__context__, KeyboardInterrupt) else None)
+            if stopped_by is None:
                 raise
-            raise writes.error from None
+            raise stopped_by from None
 
     _atomic_write(Path(path), save)
 
 
 class _Writes:
-    """The file ``torch.save`` writes to, keeping the ``OSError`` of a failed write: torch's zip writer reports it as
-    ``RuntimeError: [enforce fail at inline_container.cc] unexpected pos``, without the reason."""
+    """The file ``torch.save`` writes to, keeping what stopped a write - the ``OSError`` of a full disk, the
+    ``KeyboardInterrupt`` of a Ctrl-C: torch's zip writer closes the archive on its way out, fails on the short
+    file, and reports ``RuntimeError: [enforce fail at inline_container.cc] unexpected pos`` instead."""
 
     def __init__(self, file) -> None:
         self.file, self.error = file, None
@@ -67,7 +69,7 @@ class _Writes:
     def write(self, data) -> int:
         try:
             return self.file.write(data)
-        except OSError as e:
+        except (OSError, KeyboardInterrupt) as e:
             self.error = e
             raise
 
