@@ -155,6 +155,22 @@ def test_resnet_stem_is_a_hybrid_vit_on_the_patch_grid():
         ViTConfig(img_size=96, patch_size=12, stem="resnet")
 
 
+def test_frozen_layers_of_a_hybrid_vit_keep_their_batch_norm_statistics_and_get_no_gradient():
+    """``freeze_layers(2)``: in training mode the stem's batch norm still normalizes with its pretrained statistics
+    (and leaves them), the stem and the first block get no gradient, the second block does."""
+    vit = tiny_vit(stem="resnet")
+    vit.freeze_layers(2)
+    vit.train()
+    bn = vit.patch_embed.proj.body.bn1
+    before = bn.running_mean.clone()
+    vit(histograms()).square().mean().backward()
+    assert not bn.training and torch.equal(bn.running_mean, before)
+    assert vit.patch_embed.proj.body.conv1.weight.grad is None and vit.blocks[0].mlp.fc1.weight.grad is None
+    assert vit.blocks[1].mlp.fc1.weight.grad.abs().sum() > 0 and vit.blocks[1].training
+    with pytest.raises(ValueError, match="frozen layers must be 0"):
+        vit.freeze_layers(len(vit.blocks) + 1)
+
+
 def test_grad_checkpointing_gives_the_same_result():
     vit = tiny_vit().eval()
     x = histograms()

@@ -196,6 +196,20 @@ def test_l2_sp_keeps_finetuned_weights_near_the_pretrained_ones(tmp_path, pretra
     assert moved[200.0] < 0.5 * moved[0.0]
 
 
+def test_frozen_layers_keep_the_stem_and_lower_blocks_as_pretrained_and_the_rest_moves(tmp_path, pretrain_run):
+    """``frozen_layers=2``: the stem and the first block stay as pretraining left them, the blocks above and the
+    head learn."""
+    pre = load_checkpoint(pretrain_run / "checkpoint.pt")["model"]
+    cfg = config("finetune", "epochs=2", "lr=0.01", "frozen_layers=2")
+    model, _ = load_model(finetune.run(cfg, tmp_path / "ft", init=pretrain_run).path)
+    tuned = model.state_dict()
+    stem = [k for k in tuned if k.startswith(("patch_embed.", "blocks.0.", "cls_token", "pos_embed"))]
+    assert stem and all(torch.equal(tuned[k], pre[f"backbone.{k}"]) for k in stem)
+    assert not torch.equal(tuned["blocks.1.mlp.fc1.weight"], pre["backbone.blocks.1.mlp.fc1.weight"])
+    with pytest.raises(ConfigError, match="frozen_layers must be at most the depth"):
+        config("finetune", "frozen_layers=99")
+
+
 def test_a_malformed_lineage_link_is_an_error_naming_it(tmp_path):
     run = tmp_path / "ft"
     run.mkdir()

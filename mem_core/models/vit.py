@@ -213,6 +213,7 @@ class MEMViT(Beit):
         if num_classes > 0:
             self.mask_token.requires_grad_(False)  # a classifier never masks (and DDP rejects unused parameters)
         self.features_frozen = False
+        self.frozen: list[nn.Module] = []  # the bottom layers ``freeze_layers`` keeps as they are
         for block in self.blocks:
             choose_kernel_per_call(block.attn)
 
@@ -304,12 +305,28 @@ class MEMViT(Beit):
         self.features_frozen = True
         self.train(self.training)
 
+    def freeze_layers(self, layers: int) -> None:
+        """Keep the bottom ``layers`` of layer decay's groups as they are: 1 the stem (with the embeddings and the
+        shared position bias), 1 + k the stem and the first k blocks. They stay in eval mode, so a convolutional
+        stem's batch norm keeps its statistics and the frozen blocks draw no drop path."""
+        if not 0 <= layers <= len(self.blocks):
+            raise ValueError(f"frozen layers must be 0 (none) to {len(self.blocks)} (the stem and all but one block)")
+        self.frozen = [self.patch_embed, self.pos_drop, *self.blocks[: layers - 1]] if layers else []
+        stem = re.compile(self.group_matcher()["stem"])
+        for name, parameter in self.named_parameters():
+            block = re.match(r"blocks\.(\d+)\.", name)
+            if layers and (stem.match(name) or (block and int(block[1]) < layers - 1)):
+                parameter.requires_grad_(False)
+        self.train(self.training)
+
     def train(self, mode: bool = True) -> MEMViT:
         super().train(mode)
         if self.features_frozen:
             for module in self.children():
                 if module not in (self.fc_norm, self.head_drop, self.head):
                     module.eval()
+        for module in self.frozen:
+            module.eval()
         return self
 
 

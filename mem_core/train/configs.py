@@ -152,6 +152,8 @@ class FinetuneStageConfig(StageConfig):
     mixup: Rate = 0.0  # Beta(alpha, alpha) of mixup between a batch and its reverse (0 = off; BEiT: 0.8)
     cutmix: Rate = 0.0  # the same for CutMix; with both on, each batch takes one of them (BEiT: 1.0)
     probe: bool = False  # linear probing: only the head's norm and linear layer train
+    # layer decay's bottom groups kept as pretraining left them: 1 the stem, 1 + k the stem and the first k blocks
+    frozen_layers: Count = 0
     warmup_epochs: float = 5.0
     # L2-SP (Li et al., ICML 2018): l2_sp / 2 x the squared distance of the weights from where finetuning started (the
     # pretrained ones; from scratch, the initial ones), the head aside: what few labels change stays near pretraining
@@ -161,6 +163,13 @@ class FinetuneStageConfig(StageConfig):
         super().__post_init__()
         if self.probe and self.arch != VIT:
             raise ConfigError(f"probe: a linear probe reads a pretrained ViT's features, arch={self.arch!r} has none")
+        if self.frozen_layers and self.arch != VIT:
+            raise ConfigError(f"frozen_layers: counts a ViT's stem and blocks, arch={self.arch!r} has none")
+        if self.frozen_layers > self.model.depth:
+            raise ConfigError(
+                f"frozen_layers must be at most the depth, {self.model.depth} (the stem and all but one block), "
+                f"got {self.frozen_layers}"
+            )
 
 
 @dataclass

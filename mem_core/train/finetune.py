@@ -93,6 +93,8 @@ class FinetuneStage(TaskStage):
         super().initialize(model)
         if self.cfg.probe:
             model.freeze_features()
+        elif self.cfg.frozen_layers:
+            model.freeze_layers(self.cfg.frozen_layers)
         if self.cfg.l2_sp > 0:  # where finetuning starts, kept on the host until the first step finds the device
             self._start = {
                 name: (p, p.detach().clone()) for name, p in model.named_parameters() if not name.startswith(FRESH)
