@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from timm import create_model
 from timm.layers import DropPath, resample_abs_pos_embed, resize_rel_pos_bias_table, trunc_normal_
-from timm.models import beit, vision_transformer
+from timm.models import beit, group_parameters, vision_transformer
 from timm.models.beit import Beit
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -212,8 +212,7 @@ class MEMViT(Beit):
         trunc_normal_(self.mask_token, std=0.02)
         if num_classes > 0:
             self.mask_token.requires_grad_(False)  # a classifier never masks (and DDP rejects unused parameters)
-        self.features_frozen = False
-        self.frozen: list[nn.Module] = []  # the bottom layers ``freeze_layers`` keeps as they are
+        self.frozen: list[nn.Module] = []  # the modules ``freeze_features`` or ``freeze_layers`` keep in eval mode
         for block in self.blocks:
             choose_kernel_per_call(block.attn)
 
@@ -302,30 +301,26 @@ class MEMViT(Beit):
         mode (no drop path or dropout noise in frozen features)."""
         for name, parameter in self.named_parameters():
             parameter.requires_grad_(name.startswith(("fc_norm.", "head.")))
-        self.features_frozen = True
+        self.frozen = [m for m in self.children() if m not in (self.fc_norm, self.head_drop, self.head)]
         self.train(self.training)
 
     def freeze_layers(self, layers: int) -> None:
-        """Keep the bottom ``layers`` of layer decay's groups as they are: 1 the stem (with the embeddings and the
-        shared position bias), 1 + k the stem and the first k blocks. They stay in eval mode, so a convolutional
-        stem's batch norm keeps its statistics and the frozen blocks draw no drop path."""
+        """Keep the bottom ``layers`` of layer decay's groups (timm's, of ``group_matcher``) as they are: 1 the stem
+        (with the embeddings and the shared position bias), 1 + k the stem and the first k blocks. They stay in eval
+        mode, so a convolutional stem's batch norm keeps its statistics and the frozen blocks draw no drop path."""
         if not 0 <= layers <= len(self.blocks):
             raise ValueError(f"frozen layers must be 0 (none) to {len(self.blocks)} (the stem and all but one block)")
-        self.frozen = [self.patch_embed, self.pos_drop, *self.blocks[: layers - 1]] if layers else []
-        stem = re.compile(self.group_matcher()["stem"])
+        groups = group_parameters(self, self.group_matcher())
+        frozen = {name for layer, names in groups.items() if layer < layers for name in names}
         for name, parameter in self.named_parameters():
-            block = re.match(r"blocks\.(\d+)\.", name)
-            if layers and (stem.match(name) or (block and int(block[1]) < layers - 1)):
+            if name in frozen:
                 parameter.requires_grad_(False)
+        self.frozen = [self.patch_embed, self.pos_drop, *self.blocks[: layers - 1]] if layers else []
         self.train(self.training)
 
     def train(self, mode: bool = True) -> MEMViT:
         super().train(mode)
-        if self.features_frozen:
-            for module in self.children():
-                if module not in (self.fc_norm, self.head_drop, self.head):
-                    module.eval()
-        for module in self.frozen:
+        for module in self.frozen:  # what freeze_features or freeze_layers keeps as it is
             module.eval()
         return self
 
