@@ -195,7 +195,7 @@ def train_all(cfg: DemoConfig, progress: Progress) -> dict[str, Path]:
     from mem_core.runs.rundir import RunDir
     from mem_core.train import pretrain, tokenizer
     from mem_core.train.experiment import finetune_all
-    from mem_core.train.finetune import yardstick_config
+    from mem_core.train.finetune import scratch_config, yardstick_config
 
     fraction = label_fraction(cfg.labels_per_class)
     out = cfg.out
@@ -226,6 +226,8 @@ def train_all(cfg: DemoConfig, progress: Progress) -> dict[str, Path]:
         ft = demo_stage_config("finetune", "sim", f"data.labels={fraction}", f"data.label_seed={seed}", f"seed={seed}")
         if arm == YARDSTICK:  # the same labels, epochs and batches; the CNN's own optimiser settings
             ft = yardstick_config(ft, YARDSTICK)
+        elif arm == SCRATCH:  # no layer decay from random weights
+            ft = scratch_config(ft)
         pending.append((path, arm, ft, runs["pretrain"] if arm == MEM else None))
     seeds = ", ".join(map(str, cfg.label_seeds))
     if pending:

@@ -137,8 +137,10 @@ def test_each_arm_of_the_experiment_takes_its_own_overrides_after_the_shared_one
     cfg = LabelEfficiencyConfig(dataset="sim", preset="cpu-tiny", overrides=overrides)
     mem, scratch, cnn = (finetune_config(cfg, arm, 1.0, 0) for arm in ("mem", "scratch", "resnet18"))
     assert (mem.layer_decay, mem.lr, mem.epochs) == (0.5, 0.01, 7)
-    assert (scratch.layer_decay, scratch.lr, scratch.epochs) == (0.75, 0.01, 7)
+    assert (scratch.layer_decay, scratch.lr, scratch.epochs) == (1.0, 0.01, 7)  # no layer decay from scratch
     assert (cnn.arch, cnn.lr, cnn.epochs, cnn.betas) == ("resnet18", 0.02, 7, (0.9, 0.999))
+    decayed = LabelEfficiencyConfig(dataset="sim", preset="cpu-tiny", overrides={"scratch": ["layer_decay=0.75"]})
+    assert finetune_config(decayed, "scratch", 1.0, 0).layer_decay == 0.75  # an earlier recipe, asked for
 
 
 def test_a_label_fraction_trains_the_steps_and_validations_of_all_labels():

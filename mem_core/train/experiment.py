@@ -97,15 +97,17 @@ def stage_config_of(cfg: LabelEfficiencyConfig, stage: str, *extra: str):
 
 
 def finetune_config(cfg: LabelEfficiencyConfig, arm: str, fraction: float, seed: int, train_source=None):
-    """The finetuning config of one run: the preset's with the label fraction and seed, the yardstick's recipe for
-    the CNN arm, then the arm's own overrides (``mem:``, ``scratch:``, ``yardstick:``), stretched to the steps of a
+    """The finetuning config of one run: the preset's with the label fraction and seed, the from-scratch recipe
+    for the ViT from scratch and the yardstick's for the CNN arm, then the arm's own overrides (``mem:``, ``scratch:``, ``yardstick:``), stretched to the steps of a
     run on all labels (``equal_steps``, counted on ``train_source``, the training split, opened here when None)."""
     from mem_core.configuration import apply_overrides
-    from mem_core.train.finetune import yardstick_config
+    from mem_core.train.finetune import scratch_config, yardstick_config
 
     ft = stage_config_of(cfg, "finetune", f"seed={seed}", f"data.labels={fraction}", f"data.label_seed={seed}")
-    if arm in (MEM, SCRATCH):
+    if arm == MEM:
         ft = apply_overrides(ft, cfg.overrides.get(arm, []))
+    elif arm == SCRATCH:
+        ft = apply_overrides(scratch_config(ft), cfg.overrides.get(arm, []))
     else:
         ft = apply_overrides(yardstick_config(ft, arm), cfg.overrides.get("yardstick", []))
     if not cfg.equal_steps or fraction >= 1:
