@@ -61,6 +61,28 @@ def test_tokenizer_pretrain_finetune_evaluate_export(tmp_path):
     assert (tmp_path / "export" / "tokenizer.safetensors").is_file()
 
 
+def test_finetune_from_scratch_trains_without_layer_decay_unless_set(monkeypatch, capsys, tmp_path):
+    """`mem finetune` without --init trains as the experiment's ViT from scratch: no layer decay, which would only
+    slow blocks with nothing pretrained to keep; from --init, or with --set layer_decay, the preset's or the given."""
+    from types import SimpleNamespace
+
+    from mem_core.train import finetune
+
+    trained = {}
+
+    def record(cfg, out, *, init=None, resume=False):
+        trained[init] = cfg.layer_decay
+        return SimpleNamespace(path=tmp_path)
+
+    monkeypatch.setattr(finetune, "run", record)
+    base = ["finetune", "--dataset", "sim", "--preset", "cpu-tiny", "--out", str(tmp_path / "run")]
+    for extra in ([], ["--init", "pre"]):
+        assert mem_in_process(monkeypatch, capsys, *base, *extra)[0] == 0
+    assert trained == {None: 1.0, Path("pre"): 0.75}
+    assert mem_in_process(monkeypatch, capsys, *base, "--set", "layer_decay=0.6")[0] == 0
+    assert trained[None] == 0.6
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -108,10 +108,13 @@ def finetune(
     *,
     recipe: StageRecipe,
 ) -> None:
-    """Stage 3: finetune a classifier (or --probe linearly), from --init or from scratch."""
+    """Stage 3: finetune a classifier (or --probe linearly), from --init or from scratch (then without layer decay,
+    as the experiment's ViT from scratch, unless --set layer_decay=...)."""
     from mem_core.train import finetune as stage
 
     values = {"probe": probe} if probe else {}
+    if init is None:
+        values["layer_decay"] = stage.SCRATCH_LAYER_DECAY
     if label_fraction is not None:
         values["data.labels"] = label_fraction
     result = stage.run(recipe.config_of("finetune", run, **values), run.out, init=init, resume=recipe.resume)
