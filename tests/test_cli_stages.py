@@ -61,12 +61,13 @@ def test_tokenizer_pretrain_finetune_evaluate_export(tmp_path):
     assert (tmp_path / "export" / "tokenizer.safetensors").is_file()
 
 
-def test_finetune_from_scratch_trains_without_layer_decay_unless_set(monkeypatch, capsys, tmp_path):
-    """`mem finetune` without --init trains as the experiment's ViT from scratch: no layer decay, which would only
-    slow blocks with nothing pretrained to keep; from --init, or with --set layer_decay, the preset's or the given."""
+@pytest.mark.parametrize("command", ["finetune", "segment"])
+def test_training_from_scratch_goes_without_layer_decay_unless_set(monkeypatch, capsys, tmp_path, command):
+    """`mem finetune` or `mem segment` without --init trains as the experiment's ViT from scratch: no layer decay,
+    which would only slow blocks with nothing pretrained to keep; from --init, or with --set layer_decay, the preset's
+    or the given."""
+    import importlib
     from types import SimpleNamespace
-
-    from mem_core.train import finetune
 
     trained = {}
 
@@ -74,8 +75,8 @@ def test_finetune_from_scratch_trains_without_layer_decay_unless_set(monkeypatch
         trained[init] = cfg.layer_decay
         return SimpleNamespace(path=tmp_path)
 
-    monkeypatch.setattr(finetune, "run", record)
-    base = ["finetune", "--dataset", "sim", "--preset", "cpu-tiny", "--out", str(tmp_path / "run")]
+    monkeypatch.setattr(importlib.import_module(f"mem_core.train.{command}"), "run", record)
+    base = [command, "--dataset", "sim", "--preset", "cpu-tiny", "--out", str(tmp_path / "run")]
     for extra in ([], ["--init", "pre"]):
         assert mem_in_process(monkeypatch, capsys, *base, *extra)[0] == 0
     assert trained == {None: 1.0, Path("pre"): 0.75}

@@ -220,16 +220,20 @@ def test_label_windows_in_the_viewer_train_and_the_new_model_takes_over(qtbot, t
         assert "label-001 v1" in window.header.text()
 
         # the new model classifies the live stream; on held-out simulated windows of the same camera it is scored
-        qtbot.wait(5000)
+        def live_calls() -> list[bool]:  # of the trained model on the last 150 windows: right or wrong
+            calls = []
+            for frame in range(server.windows - 150, server.windows + 1):
+                with contextlib.suppress(LabelError):
+                    held = server.labelling.windows.get(frame)
+                    truth = server.window_truth(held.events).get("truth")
+                    if held.info.get("model_version") == 1 and truth and "prediction" in held.info:
+                        calls.append(held.info["prediction"] == truth[0])
+            return calls
+
+        # the trained model predicts on the stream
+        wait_until(qtbot, lambda: len(live_calls()) >= 20, 30, "20 live predictions of the trained model")
         snapshot(window, "label-switch.png")  # (before the scoring below holds up the GUI thread)
-        live = []
-        for frame in range(server.windows - 150, server.windows + 1):
-            with contextlib.suppress(LabelError):
-                held = server.labelling.windows.get(frame)
-                truth = server.window_truth(held.events).get("truth")
-                if held.info.get("model_version") == 1 and truth and "prediction" in held.info:
-                    live.append(held.info["prediction"] == truth[0])
-        assert len(live) >= 20  # the trained model predicts on the stream
+        live = live_calls()
         served, val_top1 = server.window, panel.training["val_top1"]
 
         # another day: one more capture after the undo (the names now have a gap), then mem serve started again on

@@ -140,10 +140,14 @@ def train_labels(config: TrainLabelsConfig, set_: SetOpt = None) -> None:
 def segment(
     run: StageRun, init: InitOpt = None, label_fraction: LabelFractionOpt = None, *, recipe: StageRecipe
 ) -> None:
-    """Semantic segmentation (UperNet-style head on the last four blocks), from --init or from scratch."""
+    """Semantic segmentation (UperNet-style head on the last four blocks), from --init or from scratch (then without
+    layer decay unless --set layer_decay=...)."""
     from mem_core.train import segment as stage
+    from mem_core.train.finetune import SCRATCH_LAYER_DECAY
 
     values = {"data.labels": label_fraction} if label_fraction is not None else {}
+    if init is None:
+        values["layer_decay"] = SCRATCH_LAYER_DECAY
     result = stage.run(recipe.config_of("segment", run, **values), run.out, init=init, resume=recipe.resume)
     typer.echo(f"segment run: {result.path}")
 
