@@ -97,9 +97,10 @@ def stage_config_of(cfg: LabelEfficiencyConfig, stage: str, *extra: str):
 
 
 def finetune_config(cfg: LabelEfficiencyConfig, arm: str, fraction: float, seed: int, train_source=None):
-    """The finetuning config of one run: the preset's with the label fraction and seed, the from-scratch recipe
-    for the ViT from scratch and the yardstick's for the CNN arm, then the arm's own overrides (``mem:``, ``scratch:``, ``yardstick:``), stretched to the steps of a
-    run on all labels (``equal_steps``, counted on ``train_source``, the training split, opened here when None)."""
+    """The finetuning config of one run: the preset's with the label fraction and seed, the from-scratch recipe for
+    the ViT from scratch and the yardstick's for the CNN arm, then the arm's own overrides (``mem:``, ``scratch:``,
+    ``yardstick:``), stretched to the steps of a run on all labels (``equal_steps``, counted on ``train_source``, the
+    training split, opened here when None)."""
     from mem_core.configuration import apply_overrides
     from mem_core.train.finetune import scratch_config, yardstick_config
 
