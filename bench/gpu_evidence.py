@@ -5,15 +5,15 @@ everything the call needs is prepared on a CPU and the call itself does one thin
 (``bash bench/gpu_evidence.sh MODE``, which runs ``python -m bench.gpu_evidence MODE``):
 
 ``prepare`` (``bench/gpu_pack.py``)
-    packs ``ncars-dev`` (train, val and test) as ``.evz`` files (``mem_core.io.pack``) into one uncompressed zip,
+    packs ``ncars-dev`` (train, val, val-apart and test) as ``.evz`` files (``mem_core.io.pack``) into one uncompressed zip,
     and downloads the wheels the GPU machine lacks (pydantic and its parts, timm at the locked version) into the
     git-ignored ``.gpu/``; prints the sizes, tracked code included, against the 60 MiB the call may carry.
 ``run``
     the device command: unpack, measure each stage's images/s at the ``gpu-small`` sizes (a ViT-S/8 at 112 x 112),
     size every stage's epochs to the time left from those measurements, then the tokenizer, MEM pretraining, and
     the label-efficiency experiment (MEM, scratch, ResNet-18; 10 %, 100 % and 1 % of the labels in that order;
-    seeds 0-2; validation picks each run's epoch, ``ncars-dev/test`` scores it). Every stage has a time limit and
-    the report names any stage or run it cut short or left out; the call ends within ``budget`` seconds (540 on a
+    seeds 0-2; ``val-apart`` picks each run's epoch, ``val``, ``val-apart`` and ``test`` score the kept model).
+    Every stage has a time limit and the report names any stage or run it cut short or left out; the call ends within ``budget`` seconds (540 on a
     GPU, under the device tool's 570-s limit). It writes ``results.json``, ``results.md``, ``label_efficiency.png``
     and the pretrained model in bf16 safetensors parts of at most 15 MiB to ``--out`` ($OUT on the device).
 ``smoke``
@@ -61,6 +61,7 @@ class Scale:
     run_overhead_s: float  # a finetuning run's cost beside its steps: loaders, validations, checkpoints, plots
     latency_windows: int
     yardstick: str = "resnet18"
+    choose_on: str = "val-apart"  # picks each run's epoch where the data has it (else val); never test
 
 
 GPU = Scale(
@@ -88,7 +89,7 @@ SMOKE = Scale(
         "pretrain": TINY_VIT,
         "finetune": TINY_VIT,
     },
-    files_per_class={"train": 24, "val": 8, "test": 8},
+    files_per_class={"train": 24, "val": 8, "val-apart": 8, "test": 8},
     calibration_steps=1,
     run_overhead_s=1.0,
     latency_windows=5,
@@ -170,6 +171,7 @@ def _experiment(scale: Scale, data: Path, out: Path):
         yardstick=scale.yardstick,
         overrides={stage: list(values) for stage, values in scale.overrides.items()},
         latency_windows=scale.latency_windows,
+        choose_on=scale.choose_on if (data / scale.choose_on).is_dir() else "val",
     )
 
 
@@ -299,7 +301,8 @@ def write_report(call: Call, experiment, info: dict, rates: dict[str, float], re
         "torch": torch.__version__,
         "budget_s": call.scale.budget_s,
         "seconds": call.elapsed(),
-        "data": {k: info[k] for k in ("files", "events", "mean_events", "packed_bytes")},
+        "data": {k: info.get(k) for k in ("files", "events", "mean_events", "packed_bytes", "per_split", "left_out")},
+        "choose_on": experiment.choose_on,
         "calibrated_images_per_s": rates,
         "stages": {name: dataclasses.asdict(stage) for name, stage in call.stages.items()},
         "not_run": call.not_run,
@@ -314,7 +317,11 @@ def write_report(call: Call, experiment, info: dict, rates: dict[str, float], re
         "",
         f"torch {torch.__version__}; {call.elapsed():.0f} s of a {call.scale.budget_s:.0f}-s budget; "
         f"ncars-dev: {info['files']} samples, {info['events'] / 1e6:.1f} M events; preset gpu-small "
-        f"({stage_config_of(experiment, 'finetune').model.embed_dim}-wide ViT).",
+        f"({stage_config_of(experiment, 'finetune').model.embed_dim}-wide ViT); {experiment.choose_on} picks each "
+        "run's epoch."
+        + (
+            f" Not carried (over the call's size limit): {', '.join(info['left_out'])}." if info.get("left_out") else ""
+        ),
         "",
         stage_table(call),
     ]

@@ -22,6 +22,8 @@ WHEELS = ("pydantic", "pydantic-core", "annotated-types", "typing-inspection", "
 DEVICE_PYTHON = "3.12"  # the GPU image's python3
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 SPLITS = ("train", "val", "test")
+OPTIONAL_SPLITS = ("val-apart",)  # packed when the data has it and the call can carry it
+ZIP_ENTRY_BYTES = 2 * 100  # a stored member's local header and central directory entry, with its name
 
 
 def log(message: str) -> None:
@@ -30,34 +32,48 @@ def log(message: str) -> None:
 
 def prepare(src: Path, dst: Path = PACK, files_per_class: dict[str, int] | None = None, wheels: bool = True) -> dict:
     """Pack ``src`` (an N-Cars folder with ``train/``, ``val/`` and ``test/``) into ``dst/DATA_ZIP`` and the GPU
-    machine's missing wheels into ``dst/WHEELS_DIR``; returns what ``PACK_INFO`` records (files, events, bytes)."""
+    machine's missing wheels into ``dst/WHEELS_DIR``; an ``OPTIONAL_SPLITS`` folder of ``src`` joins the zip when
+    the call still carries at most ``CARRY_LIMIT`` with it, else it is left out and named. Returns what
+    ``PACK_INFO`` records (files, events, bytes, per split, left out)."""
     from mem_core.io.pack import pack_folder
 
     missing = [split for split in SPLITS if not (src / split).is_dir()]
     if missing:
         raise SystemExit(f"{src}: no {', '.join(f'{s}/' for s in missing)} folder: give an ncars-dev-like folder")
     dst.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="gpu-evidence-") as tmp:
-        source = _subset(src, Path(tmp) / "subset", files_per_class) if files_per_class else src
-        packed = Path(tmp) / "ncars-dev"
-        report = pack_folder(source, packed, progress=log)
-        if report.skipped:
-            raise SystemExit(f"{src}: {len(report.skipped)} file(s) did not pack, e.g. {report.skipped[0]}")
-        with zipfile.ZipFile(dst / DATA_ZIP, "w", zipfile.ZIP_STORED) as archive:  # .evz is compressed already
-            for path in sorted(p for p in packed.rglob("*") if p.is_file()):
-                archive.write(path, path.relative_to(packed).as_posix())
-    info = {
-        "source": str(src),
-        "files": report.packed,
-        "events": report.events,
-        "mean_events": report.events / max(report.packed, 1),
-        "source_bytes": report.source_bytes,
-        "packed_bytes": report.packed_bytes,
-        "per_split": {split: sum(1 for _ in (packed_list(dst / DATA_ZIP, split))) for split in SPLITS},
-    }
-    (dst / PACK_INFO).write_text(json.dumps(info, indent=2) + "\n")
     if wheels:
         download_wheels(dst / WHEELS_DIR)
+    (dst / DATA_ZIP).unlink(missing_ok=True)
+    room = CARRY_LIMIT - sum(carried_bytes(dst).values())
+    per_split: dict[str, dict[str, int]] = {}
+    left_out: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="gpu-evidence-") as tmp:
+        source = _subset(src, Path(tmp) / "subset", files_per_class) if files_per_class else src
+        with zipfile.ZipFile(dst / DATA_ZIP, "w", zipfile.ZIP_STORED) as archive:  # .evz is compressed already
+            for split in (*SPLITS, *(s for s in OPTIONAL_SPLITS if (source / s).is_dir())):
+                packed = Path(tmp) / "packed" / split
+                report = pack_folder(source / split, packed, progress=lambda m, s=split: log(f"{s}: {m}"))
+                if report.skipped:
+                    raise SystemExit(f"{src}: {len(report.skipped)} file(s) did not pack, e.g. {report.skipped[0]}")
+                size = report.packed_bytes + ZIP_ENTRY_BYTES * report.packed
+                if split in OPTIONAL_SPLITS and sum(v["bytes"] for v in per_split.values()) + size > room:
+                    left_out.append(split)
+                    log(f"{split}/ left out: with it the call would carry more than {CARRY_LIMIT / 2**20:.0f} MiB")
+                    continue
+                for path in sorted(p for p in packed.rglob("*") if p.is_file()):
+                    archive.write(path, f"{split}/{path.relative_to(packed).as_posix()}")
+                per_split[split] = {"files": report.packed, "events": report.events, "bytes": size}
+    files, events = (sum(v[k] for v in per_split.values()) for k in ("files", "events"))
+    info = {
+        "source": str(src),
+        "files": files,
+        "events": events,
+        "mean_events": events / max(files, 1),
+        "packed_bytes": (dst / DATA_ZIP).stat().st_size,
+        "per_split": {split: v["files"] for split, v in per_split.items()},
+        "left_out": left_out,
+    }
+    (dst / PACK_INFO).write_text(json.dumps(info, indent=2) + "\n")
     return info
 
 
@@ -73,6 +89,8 @@ def _subset(src: Path, dst: Path, files_per_class: dict[str, int]) -> Path:
     from mem_core.io.registry import extensions
 
     for split, count in files_per_class.items():
+        if not (src / split).is_dir():
+            continue
         for folder in sorted(p for p in (src / split).iterdir() if p.is_dir()):
             (dst / split / folder.name).mkdir(parents=True)
             for path in sorted_files(folder, tuple(extensions()))[:count]:

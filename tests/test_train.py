@@ -612,7 +612,8 @@ def test_label_efficiency_experiment_scores_three_arms_on_test_and_runs_in_paral
     for row in report["rows"]:  # equal steps: the epochs and validations of all labels at every fraction
         assert row["epochs"] == 2 and len(row["val_curve"]) == 2
         assert row["train_samples"] == 24 and not row["cut_short"]  # data.max_samples caps both fractions
-        assert row["val_final_top1"] == row["val_curve"][-1][1] and row["val_best_top1"] >= row["val_final_top1"]
+        assert row["final_top1"] == row["val_curve"][-1][1] and row["kept_top1"] >= row["final_top1"]
+        assert row["choose_on"] == "val" and row["val_top1"] == row["kept_top1"] and row["val_apart_top1"] is None
         scored = json.loads((Path(row["run"]) / TEST_SCORES).read_text())
         assert scored["split"] == "test" and scored["top1"] == row["test_top1"] and scored["n"] == 300
     cnn = next(r for r in report["rows"] if r["arm"] == "resnet10t")
@@ -678,6 +679,8 @@ def test_label_efficiency_experiment_scores_three_arms_on_test_and_runs_in_paral
         LabelEfficiencyConfig(jobs=0)
     with pytest.raises(ConfigError, match="yardstick must be one of resnet10t, resnet18"):
         LabelEfficiencyConfig(yardstick="vgg11")
+    with pytest.raises(ConfigError, match="choose_on='test': choose on a validation split"):
+        LabelEfficiencyConfig(choose_on="test")
 
 
 def test_a_shard_damaged_inside_its_data_stops_training_with_one_line_from_a_worker(tmp_path, events_factory):

@@ -218,9 +218,17 @@ def label_efficiency(
             help="The CNN trained from scratch as a third arm (resnet10t, resnet18, resnet34, resnet50) or none.",
         ),
     ] = _LE.yardstick,
+    choose_on: Annotated[
+        str,
+        typer.Option(
+            "--choose-on",
+            help="The validation split that picks each run's epoch: val, or val-apart (recorded apart from training).",
+        ),
+    ] = _LE.choose_on,
 ) -> None:
     """Pretrain without labels, then finetune MEM, the same ViT from scratch and a CNN yardstick per label fraction
-    and seed; validation picks each run's epoch, the data's test split (when it has one) scores the kept models."""
+    and seed; the --choose-on split picks each run's epoch, and every kept model is scored on the data's val,
+    val-apart and test splits (test, when there, is the headline)."""
     from mem_core.train.experiment import markdown_report, run
 
     overrides: dict[str, list[str]] = {}
@@ -241,9 +249,10 @@ def label_efficiency(
             overrides=overrides,
             jobs=jobs,
             yardstick=yardstick,
+            choose_on=choose_on,
         )
     except ValueError as exc:
-        raise fail(f"--fractions/--seeds/--jobs/--yardstick: {exc}") from None
+        raise fail(f"--fractions/--seeds/--jobs/--yardstick/--choose-on: {exc}") from None
     report = run(cfg)
     typer.echo(markdown_report(report))
     typer.echo(f"results: {out / 'results.json'}, plot: {out / 'label_efficiency.png'}")

@@ -4,14 +4,15 @@ when labels are few?
 One command runs the paper's central comparison on a dataset the user has: train the tokenizer and pretrain on the
 training split *without labels*, then, for every label fraction and seed, finetune a MEM-initialised ViT, the same
 ViT from scratch and a yardstick CNN from scratch (timm's ResNet-18 by default) on the same labelled samples with
-the same number of steps and the same validations. The validation split picks each run's kept model (its best
-epoch); when the data has a ``test`` split, every kept model is then scored there once, and the test top-1 is the
-headline: validation was used to choose, so only the test split says how a model holds up on recordings nobody
+the same number of steps and the same validations. The choosing split (``choose_on``: ``val``, or ``val-apart``,
+a validation split recorded apart from the training recordings) picks each run's kept model (its best epoch); every
+kept model is then scored once on each of ``val``, ``val-apart`` and ``test`` the data has, and the test top-1 is
+the headline: validation was used to choose, so only the test split says how a model holds up on recordings nobody
 chose anything on (N-Cars' official test split was recorded apart from its training split). Without a test split
-the headline is the final epoch's validation top-1, which involves no choice made on validation data.
+the headline is the final epoch's top-1 on the choosing split, which involves no choice made on it.
 
-It writes ``results.json`` (every run: validation curve, kept epoch, validation and test top-1; per arm the mean
-and spread over seeds, its parameters and CPU latency per live window; the leads over seeds), ``results.md`` (the
+It writes ``results.json`` (every run: validation curve, kept epoch, its top-1 on every split; per arm the mean and
+spread over seeds, its parameters and CPU latency per live window; the leads over seeds), ``results.md`` (the
 tables), ``label_efficiency.png`` (the headline top-1 against the label fraction, per arm) and ``val_curves.png``
 (every run's validation top-1 over its training budget).
 
@@ -43,7 +44,18 @@ from mem_core.train.experiment_report import MEM, SCRATCH, leads, markdown_repor
 ARM_OVERRIDES = (MEM, SCRATCH, "yardstick")
 STAGE_OVERRIDES = ("tokenizer", "pretrain", "finetune", *ARM_OVERRIDES, "all")
 NO_YARDSTICK = "none"
-TEST_SCORES = "eval-test.json"  # beside a run's result.json: its kept model's top-1 on the test split
+# the splits every kept model is scored on when the data has them: the validation split carved from the training
+# recordings, a validation split recorded apart from them (N-Cars' val-apart), and the test split, the headline
+SCORED_SPLITS = ("val", "val-apart", "test")
+SPLIT_KEYS = {split: f"{split.replace('-', '_')}_top1" for split in SCORED_SPLITS}  # the row field of each split
+
+
+def scores_file(split: str) -> str:
+    """Beside a run's result.json: its kept model's top-1 on ``split``."""
+    return f"eval-{split}.json"
+
+
+TEST_SCORES = scores_file("test")
 
 
 @dataclass
@@ -66,6 +78,8 @@ class LabelEfficiencyConfig:
     latency_windows: Annotated[int, AT_LEAST_1] = (
         100  # windows timed per arm for its CPU latency per live window (after 5 untimed)
     )
+    # the split that picks each run's kept epoch and every recipe choice (a validation split: never test)
+    choose_on: str = "val"
 
     def __post_init__(self) -> None:
         from mem_core.configuration import ConfigError
@@ -79,6 +93,11 @@ class LabelEfficiencyConfig:
         if self.yardstick != NO_YARDSTICK and self.yardstick not in CNN_ARCHS:
             raise ConfigError(
                 f"yardstick must be one of {', '.join(CNN_ARCHS)} or {NO_YARDSTICK}, got {self.yardstick!r}"
+            )
+        if self.choose_on in ("test", "train"):
+            raise ConfigError(
+                f"choose_on={self.choose_on!r}: choose on a validation split (val or val-apart); "
+                + ("test is where results are claimed, never chosen" if self.choose_on == "test" else "not on train")
             )
 
     @property
@@ -104,7 +123,14 @@ def finetune_config(cfg: LabelEfficiencyConfig, arm: str, fraction: float, seed:
     from mem_core.configuration import apply_overrides
     from mem_core.train.finetune import scratch_config, yardstick_config
 
-    ft = stage_config_of(cfg, "finetune", f"seed={seed}", f"data.labels={fraction}", f"data.label_seed={seed}")
+    ft = stage_config_of(
+        cfg,
+        "finetune",
+        f"seed={seed}",
+        f"data.labels={fraction}",
+        f"data.label_seed={seed}",
+        f"data.val_split={cfg.choose_on}",
+    )
     if arm == MEM:
         ft = apply_overrides(ft, cfg.overrides.get(arm, []))
     elif arm == SCRATCH:
@@ -178,19 +204,27 @@ def run(cfg: LabelEfficiencyConfig) -> dict[str, Any]:
     if pending:
         timed("finetune (all runs, wall clock)", lambda: finetune_all(pending, cfg.jobs, out / "logs"))
     paths = [path for path, *_ in runs]
-    test = timed("test split", lambda: score_on_test(cfg, paths))
+    scored = timed("scoring", lambda: score_on_splits(cfg, paths))
+    test = scored.get("test", {})
     rows = []
     for path, arm, fraction, seed in runs:
         result = json.loads((path / "result.json").read_text())
         curve = [[r["epoch"], r["val_top1"]] for r in RunDir(path).metrics() if "val_top1" in r]
+        on_splits = {
+            key: result["top1"]
+            if split == cfg.choose_on
+            else (scored[split][path]["top1"] if split in scored else None)
+            for split, key in SPLIT_KEYS.items()
+        }
         rows.append(
             {
                 "arm": arm,
                 "labels": fraction,
                 "seed": seed,
-                "test_top1": test[path]["top1"] if test else None,
-                "val_best_top1": result["top1"],  # the kept model: the best epoch on val
-                "val_final_top1": curve[-1][1],
+                **on_splits,  # the kept model's top-1 on val, val-apart and test (None where the data has no such split)
+                "choose_on": cfg.choose_on,
+                "kept_top1": result["top1"],  # the kept model: the best epoch on the choosing split
+                "final_top1": curve[-1][1],  # the final epoch on the choosing split
                 "best_epoch": result["best_epoch"],
                 "train_samples": result["train_samples"],
                 "epochs": curve[-1][0] + 1,
@@ -199,7 +233,7 @@ def run(cfg: LabelEfficiencyConfig) -> dict[str, Any]:
                 "run": str(path),
             }
         )
-    headline = "test_top1" if test else "val_final_top1"
+    headline = "test_top1" if test else "final_top1"
     first_runs = {arm: next(path for path, a, *_ in runs if a == arm) for arm in cfg.arms}
     arms = timed("latency", lambda: describe_arms(cfg, first_runs))
     report = {
@@ -207,7 +241,9 @@ def run(cfg: LabelEfficiencyConfig) -> dict[str, Any]:
         "data": cfg.data,
         "preset": cfg.preset,
         "headline": headline,
+        "choose_on": cfg.choose_on,
         "test_samples": next(iter(test.values()))["n"] if test else None,
+        "scored_samples": {split: next(iter(by_run.values()))["n"] for split, by_run in scored.items()},
         "arms": arms,
         "rows": rows,
         "summary": summarize(rows),
@@ -221,26 +257,33 @@ def run(cfg: LabelEfficiencyConfig) -> dict[str, Any]:
     return report
 
 
-def score_on_test(cfg: LabelEfficiencyConfig, paths: list[Path]) -> dict[Path, dict[str, Any]]:
-    """The test-split top-1 of each run's kept model (``TEST_SCORES`` in the run, reused when there), or {} when
-    the data has no test split. Scored once every run has finished: nothing is chosen on these numbers."""
+def score_on_splits(cfg: LabelEfficiencyConfig, paths: list[Path]) -> dict[str, dict[Path, dict[str, Any]]]:
+    """Per split of ``SCORED_SPLITS`` the data has, other than the choosing one: each run's kept model's top-1
+    there (``scores_file(split)`` in the run, reused when there). Scored once every run has finished: nothing is
+    chosen on these numbers."""
     from mem_core.datasets import DatasetError
     from mem_core.train.common import open_for_input
     from mem_core.train.evaluate import evaluate_runs
 
-    try:
-        open_for_input(cfg.dataset, cfg.data, "test", stage_config_of(cfg, "finetune").input)
-    except DatasetError:
-        return {}
-    todo = [path for path in paths if not (path / TEST_SCORES).is_file()]
-    if todo:
-        workers = stage_config_of(cfg, "finetune").data.num_workers
-        print(f"scoring {len(todo)} kept model(s) on the test split", file=sys.stderr, flush=True)
-        scores = evaluate_runs(todo, cfg.dataset, cfg.data, "test", num_workers=workers)
-        for path, result in zip(todo, scores, strict=True):
-            kept = {k: result[k] for k in ("split", "top1", "n", "confusion")}
-            (path / TEST_SCORES).write_text(json.dumps(kept) + "\n")
-    return {path: json.loads((path / TEST_SCORES).read_text()) for path in paths}
+    spec = stage_config_of(cfg, "finetune").input
+    scored: dict[str, dict[Path, dict[str, Any]]] = {}
+    for split in SCORED_SPLITS:
+        if split == cfg.choose_on:
+            continue
+        try:
+            open_for_input(cfg.dataset, cfg.data, split, spec)
+        except DatasetError:
+            continue
+        todo = [path for path in paths if not (path / scores_file(split)).is_file()]
+        if todo:
+            workers = stage_config_of(cfg, "finetune").data.num_workers
+            print(f"scoring {len(todo)} kept model(s) on the {split} split", file=sys.stderr, flush=True)
+            scores = evaluate_runs(todo, cfg.dataset, cfg.data, split, num_workers=workers)
+            for path, result in zip(todo, scores, strict=True):
+                kept = {k: result[k] for k in ("split", "top1", "n", "confusion")}
+                (path / scores_file(split)).write_text(json.dumps(kept) + "\n")
+        scored[split] = {path: json.loads((path / scores_file(split)).read_text()) for path in paths}
+    return scored
 
 
 def describe_arms(cfg: LabelEfficiencyConfig, runs: dict[str, Path]) -> dict[str, dict[str, Any]]:

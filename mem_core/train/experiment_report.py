@@ -16,8 +16,8 @@ def mean_std(values: list[float]) -> dict[str, float]:
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per label fraction and arm: mean and std over seeds of the test top-1 (when scored), the kept model's and
-    the final epoch's validation top-1."""
+    """Per label fraction and arm: mean and std over seeds of the kept model's top-1 on every split scored (val,
+    val-apart, test), and the kept and the final epoch's top-1 on the choosing split."""
     out = []
     for fraction in sorted({r["labels"] for r in rows}):
         for arm in dict.fromkeys(r["arm"] for r in rows):
@@ -25,8 +25,8 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if not sel:
                 continue
             entry = {"arm": arm, "labels": fraction, "seeds": len(sel), "train_samples": sel[0]["train_samples"]}
-            for key in ("test_top1", "val_best_top1", "val_final_top1"):
-                if sel[0][key] is not None:
+            for key in ("test_top1", "val_top1", "val_apart_top1", "kept_top1", "final_top1"):
+                if sel[0].get(key) is not None:
                     entry[key] = mean_std([r[key] for r in sel])
             out.append(entry)
     return out
@@ -51,25 +51,36 @@ def _pct(stats: dict[str, float] | None) -> str:
     return "" if stats is None else f"{100 * stats['mean']:.1f} ± {100 * stats['std']:.1f}"
 
 
+def _keys(report: dict[str, Any]) -> set[str]:
+    """The per-split fields scored in every row of ``report``."""
+    return {k for k in ("val_top1", "val_apart_top1", "test_top1") if all(r.get(k) is not None for r in report["rows"])}
+
+
 def markdown_report(report: dict[str, Any]) -> str:
     """The experiment's tables: top-1 per fraction and arm (the headline first, each seed's headline figure),
     MEM's leads, and what each arm's model costs."""
     headline, rows = report["headline"], report["rows"]
     on_test = headline == "test_top1"
-    first = "test top-1 (kept model)" if on_test else "val top-1 (final epoch)"
+    chosen = report.get("choose_on", "val")
+    first = "test top-1 (kept model)" if on_test else f"{chosen} top-1 (final epoch)"
+    splits = [
+        (key, split) for key, split in (("val_top1", "val"), ("val_apart_top1", "val-apart")) if key in _keys(report)
+    ]
+    columns = [f"{split} top-1 (kept model{', chose it' if split == chosen else ''})" for _, split in splits]
     lines = [
-        f"| labels | train samples | arm | **{first}** | val top-1 (kept model) | val top-1 (final epoch) | "
-        f"{'test' if on_test else 'val final'} per seed |",
-        "|---|---|---|---|---|---|---|",
+        f"| labels | train samples | arm | **{first}** | {' | '.join(columns)} | {chosen} top-1 (final epoch) | "
+        f"{'test' if on_test else 'final'} per seed |",
+        "|---|---|---|---|" + "---|" * len(columns) + "---|---|",
     ]
     for s in report["summary"]:
         seeds = [r for r in rows if r["labels"] == s["labels"] and r["arm"] == s["arm"]]
         per_seed = " / ".join(f"{100 * r[headline]:.1f}" for r in seeds)
+        cells = "".join(f"{_pct(s.get(key))} | " for key, _ in splits)
         lines.append(
-            f"| {s['labels']:.0%} | {s['train_samples']} | {s['arm']} | **{_pct(s.get(headline))}** | "
-            f"{_pct(s['val_best_top1'])} | {_pct(s['val_final_top1'])} | {per_seed} |"
+            f"| {s['labels']:.0%} | {s['train_samples']} | {s['arm']} | **{_pct(s.get(headline))}** | {cells}"
+            f"{_pct(s['final_top1'])} | {per_seed} |"
         )
-    where = f"the test split ({report['test_samples']} samples)" if on_test else "the validation split, final epoch"
+    where = f"the test split ({report['test_samples']} samples)" if on_test else f"{chosen}, final epoch"
     lines += ["", f"MEM's lead in top-1 points on {where}, per seed:", "", "| labels | over | lead | per seed |"]
     lines.append("|---|---|---|---|")
     for lead in report["leads"]:
@@ -100,7 +111,7 @@ def _arm_label(arm: str) -> str:
 
 def plot(report: dict[str, Any], path: Path) -> None:
     """The headline top-1 against the label fraction per arm (mean ± std over seeds); with a test split, the kept
-    models' validation top-1 beside it, dashed."""
+    models' top-1 on the choosing split beside it, dashed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -123,10 +134,11 @@ def plot(report: dict[str, Any], path: Path) -> None:
             label=_arm_label(arm) + (", test" if on_test else ""),
         )
         if on_test:
-            ys = [100 * s["val_best_top1"]["mean"] for s in pts]
-            ax.plot(xs, ys, linestyle="--", marker=".", color=colour, alpha=0.5, label=f"{_arm_label(arm)}, val")
+            ys = [100 * s["kept_top1"]["mean"] for s in pts]
+            chosen = report.get("choose_on", "val")
+            ax.plot(xs, ys, linestyle="--", marker=".", color=colour, alpha=0.5, label=f"{_arm_label(arm)}, {chosen}")
     ax.set_xscale("log")
-    what = "test top-1 of the kept model" if on_test else "validation top-1 at the final epoch"
+    what = "test top-1 of the kept model" if on_test else f"{report.get('choose_on', 'val')} top-1 at the final epoch"
     ax.set(
         xlabel="labelled training samples (%)",
         ylabel=f"{what} (%)",
