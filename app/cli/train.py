@@ -36,6 +36,14 @@ VerifyOpt = Annotated[bool, typer.Option("--verify", help="Corpus: read and chec
 SkipBadOpt = Annotated[
     bool, typer.Option("--skip-bad", help="Corpus: leave out damaged shards (reported) instead of stopping.")
 ]
+UnlabeledOpt = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--unlabeled",
+        help="Unlabeled recordings to learn from beside the training split: a corpus (mem record / mem ingest) or "
+        "a folder of event files; repeatable.",
+    ),
+]
 experiment_app = typer.Typer(help="Experiments that reproduce the paper's claims on real data.", no_args_is_help=True)
 
 
@@ -71,12 +79,16 @@ class StageRecipe:
         )
 
 
+def _unlabeled(paths: list[Path] | None) -> dict[str, Any]:
+    return {"data.unlabeled": [str(p) for p in paths]} if paths else {}
+
+
 @with_options()
-def tokenizer(run: StageRun, recipe: StageRecipe) -> None:
+def tokenizer(run: StageRun, unlabeled: UnlabeledOpt = None, *, recipe: StageRecipe) -> None:
     """Stage 1: train the dVAE event tokenizer (no labels needed)."""
     from mem_core.train import tokenizer as stage
 
-    result = stage.run(recipe.config_of("tokenizer", run), run.out, resume=recipe.resume)
+    result = stage.run(recipe.config_of("tokenizer", run, **_unlabeled(unlabeled)), run.out, resume=recipe.resume)
     typer.echo(f"tokenizer run: {result.path}")
 
 
@@ -87,13 +99,14 @@ def pretrain(
     method: Annotated[
         str | None, typer.Option("--method", help="mem (token targets) or emae (pixel targets); default: the config's")
     ] = None,
+    unlabeled: UnlabeledOpt = None,
     *,
     recipe: StageRecipe,
 ) -> None:
     """Stage 2: masked event pretraining (MEM), or the eMAE baseline with --method emae."""
     from mem_core.train import pretrain as stage
 
-    values = {"method": method} if method is not None else {}
+    values = {**({"method": method} if method is not None else {}), **_unlabeled(unlabeled)}
     result = stage.run(recipe.config_of("pretrain", run, **values), run.out, tokenizer=tokenizer, resume=recipe.resume)
     typer.echo(f"pretrain run: {result.path}")
 
@@ -225,6 +238,15 @@ def label_efficiency(
             help="The validation split that picks each run's epoch: val, or val-apart (recorded apart from training).",
         ),
     ] = _LE.choose_on,
+    unlabeled: UnlabeledOpt = None,
+    pretrain_budget: Annotated[
+        str,
+        typer.Option(
+            "--pretrain-budget",
+            help="With --unlabeled: 'epochs' (the preset's epochs over every recording: more steps) or 'steps' (the "
+            "steps of the training split alone).",
+        ),
+    ] = _LE.pretrain_budget,
 ) -> None:
     """Pretrain without labels, then finetune MEM, the same ViT from scratch and a CNN yardstick per label fraction
     and seed; the --choose-on split picks each run's epoch, and every kept model is scored on the data's val,
@@ -250,9 +272,11 @@ def label_efficiency(
             jobs=jobs,
             yardstick=yardstick,
             choose_on=choose_on,
+            unlabeled=tuple(str(p) for p in unlabeled or ()),
+            pretrain_budget=pretrain_budget,
         )
     except ValueError as exc:
-        raise fail(f"--fractions/--seeds/--jobs/--yardstick/--choose-on: {exc}") from None
+        raise fail(f"--fractions/--seeds/--jobs/--yardstick/--choose-on/--pretrain-budget: {exc}") from None
     report = run(cfg)
     typer.echo(markdown_report(report))
     typer.echo(f"results: {out / 'results.json'}, plot: {out / 'label_efficiency.png'}")

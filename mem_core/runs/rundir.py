@@ -315,6 +315,11 @@ class RunDir:
             raise RunError(f"{self.config_path}: corrupt (a JSON {type(config).__name__}, not an object)")
         return config
 
+    def note_in_config(self, key: str, value: Any) -> None:
+        """Keep ``value`` under ``key`` in the run's config file, beside its stage and config (what the run's data
+        was, which a config's paths alone do not say)."""
+        self.write_json(CONFIG_FILE, {**self.read_config(), key: value})
+
     def write_json(self, name: str, obj: Any) -> None:
         atomic_write_bytes(self.path / name, (json.dumps(json_safe(obj), indent=2) + "\n").encode())
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,6 +39,22 @@ def open_split(cfg, split: str) -> EventSource:
     data = cfg.data
     checks = {"verify": data.verify, "skip_bad": data.skip_bad} if data.dataset == "corpus" else {}
     return open_for_input(data.dataset, data.path or None, split, cfg.input, split_file=data.split_file, **checks)
+
+
+def open_training(cfg) -> tuple[EventSource, dict[str, Any] | None]:
+    """The training split, and with ``data.unlabeled`` those recordings joined to it, every label dropped
+    (``datasets.unlabeled``): the source, and what it was (None without unlabeled recordings)."""
+    from mem_core.datasets.unlabeled import JoinedSource, describe, open_unlabeled
+
+    source = open_split(cfg, cfg.data.train_split)
+    if not cfg.data.unlabeled:
+        return source, None
+    described = [describe(path, source.sensor) for path in cfg.data.unlabeled]
+    extra = [open_unlabeled(path, source.sensor, cfg.input.n_max) for path in cfg.data.unlabeled]
+    joined = JoinedSource([source, *extra])
+    data = cfg.data
+    split = {"dataset": data.dataset, "path": data.path, "split": data.train_split, "samples": len(source)}
+    return joined, {"samples": len(joined), "train_split": split, "unlabeled": described}
 
 
 def open_for_input(dataset: str, path, split: str, spec, *, split_file: str = "", **options) -> EventSource:

@@ -53,6 +53,9 @@ class DataConfig:
     # loader processes per training process; -1: one per core it gets, at most 8
     num_workers: Annotated[int, Range(-1)] = -1
     split_file: str = ""  # ncaltech101: where the fixed split is stored (default: inside the dataset root)
+    # recordings without labels (corpora or folders of event files) that the tokenizer and the pretraining read
+    # beside the training split, its labels dropped (``datasets.unlabeled``); a stage that learns labels refuses them
+    unlabeled: tuple[str, ...] = ()
     verify: bool = False  # corpus: read and check every event before training (every shard is opened anyway)
     skip_bad: bool = False  # corpus: leave out the recordings of damaged shards instead of stopping
 

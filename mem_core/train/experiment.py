@@ -56,6 +56,8 @@ def scores_file(split: str) -> str:
 
 
 TEST_SCORES = scores_file("test")
+PRETRAINING_STAGES = ("tokenizer", "pretrain")  # the stages that read the unlabeled recordings
+PRETRAIN_BUDGETS = ("epochs", "steps")
 
 
 @dataclass
@@ -80,6 +82,13 @@ class LabelEfficiencyConfig:
     )
     # the split that picks each run's kept epoch and every recipe choice (a validation split: never test)
     choose_on: str = "val"
+    # recordings without labels (corpora, folders of event files) that the tokenizer and the pretraining read beside
+    # the training split, its labels dropped; the finetuning runs learn from the training split's labels alone
+    unlabeled: tuple[str, ...] = ()
+    # how pretraining scales with the unlabeled recordings: "epochs" (the preset's epochs over all of them: more
+    # steps) or "steps" (the tokenizer's and the pretraining's epochs scaled so they take the steps of the training
+    # split alone)
+    pretrain_budget: str = "epochs"
 
     def __post_init__(self) -> None:
         from mem_core.configuration import ConfigError
@@ -93,6 +102,10 @@ class LabelEfficiencyConfig:
         if self.yardstick != NO_YARDSTICK and self.yardstick not in CNN_ARCHS:
             raise ConfigError(
                 f"yardstick must be one of {', '.join(CNN_ARCHS)} or {NO_YARDSTICK}, got {self.yardstick!r}"
+            )
+        if self.pretrain_budget not in PRETRAIN_BUDGETS:
+            raise ConfigError(
+                f"pretrain_budget must be one of {', '.join(PRETRAIN_BUDGETS)}, got {self.pretrain_budget!r}"
             )
         if self.choose_on in ("test", "train"):
             raise ConfigError(
@@ -111,8 +124,23 @@ def stage_config_of(cfg: LabelEfficiencyConfig, stage: str, *extra: str):
     from mem_core.train.configs import stage_config
 
     values = {"data.dataset": cfg.dataset, **({"data.path": cfg.data} if cfg.data else {})}
+    if stage in PRETRAINING_STAGES and cfg.unlabeled:
+        values["data.unlabeled"] = list(cfg.unlabeled)
     overrides = [*cfg.overrides.get("all", []), *cfg.overrides.get(stage, []), *extra]
     return stage_config(stage, preset=cfg.preset, config_file=cfg.config_file, values=values, overrides=overrides)
+
+
+def pretraining_config(cfg: LabelEfficiencyConfig, stage: str):
+    """The config of ``stage`` (tokenizer or pretrain): ``stage_config_of``'s, with ``pretrain_budget`` "steps" its
+    epochs scaled by the training split's share of the samples it reads (the steps of the training split alone)."""
+    from mem_core.train.common import open_training
+
+    stage_cfg = stage_config_of(cfg, stage)
+    if cfg.pretrain_budget != "steps" or not cfg.unlabeled:
+        return stage_cfg
+    source, data = open_training(stage_cfg)
+    epochs = max(1, round(stage_cfg.epochs * data["train_split"]["samples"] / len(source)))
+    return dataclasses.replace(stage_cfg, epochs=epochs)
 
 
 def finetune_config(cfg: LabelEfficiencyConfig, arm: str, fraction: float, seed: int, train_source=None):
@@ -181,14 +209,11 @@ def run(cfg: LabelEfficiencyConfig) -> dict[str, Any]:
 
     tok_path, pre_path = out / "tokenizer", out / "pretrain"
     if not RunDir(tok_path).finished:
-        timed("tokenizer", lambda: tokenizer.run(stage_config_of(cfg, "tokenizer"), tok_path, resume=tok_path.exists()))
+        tok_cfg = pretraining_config(cfg, "tokenizer")
+        timed("tokenizer", lambda: tokenizer.run(tok_cfg, tok_path, resume=tok_path.exists()))
     if not RunDir(pre_path).finished:
-        timed(
-            "pretrain",
-            lambda: pretrain.run(
-                stage_config_of(cfg, "pretrain"), pre_path, tokenizer=tok_path, resume=pre_path.exists()
-            ),
-        )
+        pre_cfg = pretraining_config(cfg, "pretrain")
+        timed("pretrain", lambda: pretrain.run(pre_cfg, pre_path, tokenizer=tok_path, resume=pre_path.exists()))
     runs = [
         (out / f"finetune-{arm}-labels{fraction:g}-seed{seed}", arm, fraction, seed)
         for fraction in cfg.fractions
@@ -242,6 +267,7 @@ def run(cfg: LabelEfficiencyConfig) -> dict[str, Any]:
         "preset": cfg.preset,
         "headline": headline,
         "choose_on": cfg.choose_on,
+        "pretraining": pretraining_of(cfg, tok_path, pre_path),
         "test_samples": next(iter(test.values()))["n"] if test else None,
         "scored_samples": {split: next(iter(by_run.values()))["n"] for split, by_run in scored.items()},
         "arms": arms,
@@ -255,6 +281,21 @@ def run(cfg: LabelEfficiencyConfig) -> dict[str, Any]:
     plot(report, out / "label_efficiency.png")
     plot_curves(rows, out / "val_curves.png", cfg.dataset)
     return report
+
+
+def pretraining_of(cfg: LabelEfficiencyConfig, *runs: Path) -> dict[str, Any]:
+    """What the tokenizer and the pretraining read and for how long: the budget rule, each run's epochs, and the
+    data (the training split and every unlabeled corpus or folder, with its digest, recordings and events)."""
+    from mem_core.runs.rundir import RunDir
+    from mem_core.train.stage import PRETRAINING_DATA
+
+    configs = {run.name: RunDir(run).read_config() for run in runs}
+    data = next((c[PRETRAINING_DATA] for c in configs.values() if PRETRAINING_DATA in c), None)
+    return {
+        "budget": cfg.pretrain_budget,
+        "epochs": {name: c["config"]["epochs"] for name, c in configs.items()},
+        "data": data or {"train_split": {"dataset": cfg.dataset, "path": cfg.data, "split": "train"}, "unlabeled": []},
+    }
 
 
 def score_on_splits(cfg: LabelEfficiencyConfig, paths: list[Path]) -> dict[str, dict[Path, dict[str, Any]]]:

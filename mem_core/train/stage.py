@@ -18,16 +18,28 @@ import torch
 from timm.optim import create_optimizer_v2
 from torch.utils.data import DataLoader
 
-from mem_core.configuration import from_dict
+from mem_core.configuration import ConfigError, from_dict
 from mem_core.datasets import EventSource
 from mem_core.models import MEMViT, ViTConfig, load_pretrained_backbone
 from mem_core.representation import EventBatch, batch_preprocess
 from mem_core.runs.lineage import INIT_LINK
 from mem_core.runs.rundir import RunDir, RunError, discarded_if_it_fails_unstarted, load_checkpoint, load_state
-from mem_core.train.common import batch_generator, fit_input, open_split, start_run, train_indices, wrap_model
+from mem_core.train.common import (
+    batch_generator,
+    fit_input,
+    open_split,
+    open_training,
+    start_run,
+    train_indices,
+    wrap_model,
+)
 from mem_core.train.engine import StepResult
 from mem_core.train.fit import Training, build_stage_loaders, fit
 from mem_core.train.runtime import Runtime, interruptible, teardown_runtime
+
+# in the config file of a run that read unlabeled recordings (``data.unlabeled``): what it was trained on; in a run
+# finetuned from such a run, under ``PRETRAINED_ON``, the same with the pretraining run's path
+PRETRAINING_DATA, PRETRAINED_ON = "pretraining_data", "pretrained_on"
 
 
 class Stage(ABC):
@@ -152,7 +164,10 @@ def _run_stage(stage_cls: type[Stage], cfg, out: Path | str, resume: bool, input
     cfg = stage_cls.configure(cfg, **inputs)
     runtime, run = start_run(stage_cls.name, cfg, out, resume=resume)
     stage = stage_cls(cfg, runtime, run, **inputs)
-    train_src, val_src = open_split(cfg, cfg.data.train_split), open_split(cfg, cfg.data.val_split)
+    train_src, pretraining_data = open_training(cfg)
+    val_src = open_split(cfg, cfg.data.val_split)
+    if pretraining_data is not None and runtime.is_main:
+        run.note_in_config(PRETRAINING_DATA, pretraining_data)
     indices = train_indices(cfg, train_src)
     stage.prepare(train_src, val_src, indices)
     loader, sampler, val_loader = build_stage_loaders(cfg, runtime, train_src, val_src, indices)
@@ -248,9 +263,17 @@ class TaskStage(Stage):
         self.init = init
         if init is not None:
             run.write_json(INIT_LINK, {"path": str(Path(init).resolve())})
+            pretrained = RunDir(init).read_config().get(PRETRAINING_DATA)
+            if pretrained is not None and runtime.is_main:
+                run.note_in_config(PRETRAINED_ON, {"run": str(Path(init).resolve()), **pretrained})
 
     @classmethod
     def configure(cls, cfg, init: Path | str | None = None):
+        if cfg.data.unlabeled:
+            raise ConfigError(
+                f"data.unlabeled: {cls.name} learns from labels; pretrain on unlabeled recordings (mem pretrain "
+                "--unlabeled PATH), then finetune from that run (--init)"
+            )
         cfg = fit_input(cfg)
         if init is not None:
             _, pretrained = pretraining_run(init)

@@ -1,0 +1,114 @@
+"""Pretraining on unlabeled recordings: ingest (or point at a folder) -> tokenizer and pretraining on those recordings
+beside the labelled training split -> finetuning on the labels, each run naming what it learnt from."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from test_cli_stages import TINY, TINY_TOK, TINY_VIT, mem, mem_in_process, sets
+
+from mem_core.datasets.ncars import NCARS_SENSOR
+from mem_core.datasets.unlabeled import describe, open_unlabeled
+from mem_core.train.experiment import LabelEfficiencyConfig, pretraining_config
+
+
+@pytest.fixture
+def recordings(tmp_path, data_dir) -> dict[str, Path]:
+    """Real N-Cars recordings as a camera would leave them (one flat folder, no classes), and the same ingested."""
+    folder = tmp_path / "recorded"
+    folder.mkdir()
+    for cls in ("cars", "background"):
+        for path in sorted((data_dir / "ncars-dev" / "val-apart" / cls).iterdir())[:6]:
+            shutil.copy(path, folder / f"{cls[0]}-{path.name}")
+    return {"folder": folder, "ncars": data_dir / "ncars-dev", "fixtures": data_dir / "fixtures"}
+
+
+def test_record_or_ingest_then_pretrain_on_the_corpus_then_finetune_names_what_it_learnt_from(
+    tmp_path, recordings, monkeypatch, capsys
+):
+    corpus = tmp_path / "corpus"
+    status, err = mem_in_process(monkeypatch, capsys, "ingest", str(recordings["folder"]), "--out", str(corpus))
+    assert status == 0, err
+    stage = ["--dataset", "ncars", "--data", str(recordings["ncars"]), "--preset", "cpu-tiny"]
+    unlabeled = ["--unlabeled", str(corpus), "--unlabeled", str(recordings["folder"])]
+    status, err = mem_in_process(
+        monkeypatch, capsys, "tokenizer", *stage, "--out", str(tmp_path / "tok"), *unlabeled, *sets(*TINY, *TINY_TOK)
+    )
+    assert status == 0, err
+    # the pretraining as users start it: its own process
+    done = mem("pretrain", *stage, "--out", str(tmp_path / "pre"), "--tokenizer", str(tmp_path / "tok"), "--unlabeled",
+               str(corpus), *sets(*TINY, *TINY_VIT))  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    tok = json.loads((tmp_path / "tok" / "config.json").read_text())["pretraining_data"]
+    assert tok["train_split"] == {
+        "dataset": "ncars",
+        "path": str(recordings["ncars"]),
+        "split": "train",
+        "samples": 3000,
+    }
+    assert [(u["kind"], u["recordings"]) for u in tok["unlabeled"]] == [("corpus", 12), ("folder", 12)]
+    windows = len(open_unlabeled(corpus, NCARS_SENSOR, 2000))  # a corpus gives a sample per model window (TINY's)
+    assert windows > 12 and tok["samples"] == 3000 + windows + 12  # a folder, a sample per file
+    assert tok["unlabeled"][0]["events"] == tok["unlabeled"][1]["events"] > 0  # the same recordings, counted twice
+    pre = json.loads((tmp_path / "pre" / "config.json").read_text())["pretraining_data"]
+    manifest_digest = describe(corpus, NCARS_SENSOR)["digest"]
+    assert [u["digest"] for u in pre["unlabeled"]] == [manifest_digest] and pre["samples"] == 3000 + windows
+
+    status, err = mem_in_process(
+        monkeypatch, capsys, "finetune", *stage, "--out", str(tmp_path / "ft"), "--init", str(tmp_path / "pre"),
+        *sets(*TINY, *TINY_VIT),
+    )  # fmt: skip
+    assert status == 0, err
+    ft = json.loads((tmp_path / "ft" / "config.json").read_text())
+    assert ft["pretrained_on"]["run"] == str((tmp_path / "pre").resolve())
+    assert ft["pretrained_on"]["unlabeled"][0]["digest"] == manifest_digest
+
+    # another corpus recorded since: the digest says the data changed
+    another = sorted((recordings["ncars"] / "val-apart" / "cars").iterdir())[6]
+    status, err = mem_in_process(monkeypatch, capsys, "ingest", str(another), "--out", str(corpus))
+    assert status == 0, err
+    assert describe(corpus, NCARS_SENSOR)["digest"] != manifest_digest
+
+
+def test_unlabeled_recordings_of_another_sensor_or_for_a_stage_that_learns_labels_are_refused_in_one_line(
+    tmp_path, recordings, monkeypatch, capsys
+):
+    other = tmp_path / "other-camera"
+    other.mkdir()
+    shutil.copy(recordings["fixtures"] / "prophesee_evt2_sample.raw", other / "drive.raw")
+    stage = ["--dataset", "ncars", "--data", str(recordings["ncars"]), "--preset", "cpu-tiny"]
+    status, err = mem_in_process(monkeypatch, capsys, "tokenizer", *stage, "--out", str(tmp_path / "tok"),
+                                 "--unlabeled", str(other), *sets(*TINY, *TINY_TOK))  # fmt: skip
+    lines = err.strip().splitlines()
+    assert status == 2 and len(lines) == 1, err
+    assert f"{other / 'drive.raw'} is 640 x 480, the labelled data's sensor is 120 x 100" in lines[0]
+    assert not (tmp_path / "tok").exists()  # nothing half-made left behind
+
+    status, err = mem_in_process(monkeypatch, capsys, "finetune", *stage, "--out", str(tmp_path / "ft"),
+                                 *sets(*TINY, *TINY_VIT, f'data.unlabeled=["{recordings["folder"]}"]'))  # fmt: skip
+    assert status == 2 and "data.unlabeled: finetune learns from labels" in err and len(err.strip().splitlines()) == 1
+
+    one_file = next(recordings["folder"].iterdir())
+    status, err = mem_in_process(monkeypatch, capsys, "tokenizer", *stage, "--out", str(tmp_path / "tok"),
+                                 "--unlabeled", str(one_file), *sets(*TINY, *TINY_TOK))  # fmt: skip
+    assert status == 2 and f"{one_file}: unlabeled recordings must be a corpus or a folder of event files" in err
+
+
+def test_the_experiment_scales_pretraining_to_the_same_steps_or_the_same_epochs(recordings):
+    """``--pretrain-budget steps``: the tokenizer's and the pretraining's epochs shrink by the training split's share
+    of what they read; ``epochs`` (the default) keeps the preset's epochs over every recording."""
+    cfg = LabelEfficiencyConfig(
+        dataset="ncars", data=str(recordings["ncars"]), preset="cpu-small", unlabeled=(str(recordings["folder"]),)
+    )
+    same_epochs = {stage: pretraining_config(cfg, stage) for stage in ("tokenizer", "pretrain")}
+    assert same_epochs["pretrain"].epochs == 200 and same_epochs["pretrain"].data.unlabeled == cfg.unlabeled
+    steps = dataclasses.replace(cfg, pretrain_budget="steps", overrides={"pretrain": ["epochs=1000"]})
+    assert pretraining_config(steps, "pretrain").epochs == round(1000 * 3000 / 3012)
+    assert pretraining_config(steps, "tokenizer").epochs == round(same_epochs["tokenizer"].epochs * 3000 / 3012)
+    with pytest.raises(ValueError, match="pretrain_budget must be one of epochs, steps, got 'time'"):
+        LabelEfficiencyConfig(pretrain_budget="time")
