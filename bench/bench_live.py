@@ -16,8 +16,9 @@
 With ``variants``, first the predictor alone (``mem_core.inference.Predictor`` on the export above), once per variant
 side by side: ``PREDICTOR_WARMUP`` then ``PREDICTOR_WINDOWS`` windows of 30 000 events on a 640 x 480 sensor, each
 call's wall clock (p50 / p95, its result on the host) and the median of its stages. ``eager`` is the predictor as
-``mem serve`` builds it (bf16 autocast on a GPU); the switches, joined by ``+``: ``bf16-weights``, ``cuda-graph``.
-``serve_with`` names the variant the server part runs.
+``mem serve --eager`` builds it (bf16 autocast on a GPU; ``mem serve`` on a CPU); the switches, joined by ``+``:
+``bf16-weights``, ``cuda-graph`` (both together: ``mem serve`` on a GPU). ``serve_with`` names the variant the server
+part runs.
 
 Prints a table and writes JSON rows ``{name, value, unit, target, ok}`` with ``--json``. The predictor alone needs no
 sockets: pyzmq and the server are imported by the parts that use them, so a GPU machine without pyzmq can time it.
@@ -63,7 +64,7 @@ VIEWER_FEED_HZ = 100.0
 VIEWER_S = 8.0
 STARTS = 3
 START_TIMEOUT_S = 120.0
-BASELINE = "eager"  # the predictor as `mem serve` builds it
+BASELINE = "eager"  # the predictor as `mem serve --eager` builds it
 PREDICTOR_SWITCHES = {"bf16-weights": "bf16_weights", "cuda-graph": "cuda_graph"}  # variant switch -> Predictor's
 PREDICTOR_WARMUP = 8
 PREDICTOR_WINDOWS = 200
@@ -200,8 +201,9 @@ def bench_server(
     torch.set_num_threads(1)
     source = SyntheticSource(rate)
     context = zmq.Context.instance()
-    # a port the server picks itself: a probed free port can be taken again before the server binds it
-    config = ServeConfig(model=export, pub="tcp://127.0.0.1:*", stats_interval_s=0.5, device=device)
+    # a port the server picks itself: a probed free port can be taken again before the server binds it; eager: the
+    # server's own predictor is the baseline, another variant's is built here
+    config = ServeConfig(model=export, pub="tcp://127.0.0.1:*", stats_interval_s=0.5, device=device, eager=True)
     predictor = None if variant == BASELINE else Predictor(export, device=device, **predictor_switches(variant))
     server = LiveServer(config, source=source, context=context, predictor=predictor)
     sample: list[list[bytes]] = []

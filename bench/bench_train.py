@@ -11,10 +11,10 @@ each timed stretch, as in training. Pretraining's block masks are timed on their
 them in every step.
 
 With ``--variants`` the stages run once per variant, side by side in one process: ``eager`` (the baseline: no
-compilation, SDPA, fp32 targets, cuDNN's heuristics) and variants that turn on ``+``-joined switches (``SWITCHES``):
-``compile`` (the whole model), ``blocks`` (``compile = "blocks"``), ``chunked`` / ``flex`` (``MEM_ATTENTION``),
-``bf16-targets`` (``MEM_BF16_TARGETS``), ``cudnn-benchmark``. A variant measures the stages its switches change, and
-each of its rows names it, with the ratio of its images/s to the first variant's.
+compilation, SDPA, fp32 targets) and variants that turn on ``+``-joined switches (``SWITCHES``): ``compile`` (the
+whole model), ``blocks`` (``compile = "blocks"``), ``flex`` (``MEM_ATTENTION=flex``), ``bf16-targets``
+(``MEM_BF16_TARGETS``). A variant measures the stages its switches change, and each of its rows names it, with the
+ratio of its images/s to the first variant's.
 
 With ``--profile DIR`` each stage also runs a few steps under ``torch.profiler`` and writes where the time goes
 (``DIR/<stage>-profile.txt``: the operators and kernels with the most device time, or CPU time on a CPU). With
@@ -70,12 +70,10 @@ BASELINE = "eager"  # the variant without switches
 SWITCHES = {  # a variant's switches, each with the stages it changes
     "compile": ("pretrain", "finetune"),
     "blocks": ("pretrain", "finetune"),
-    "chunked": ("pretrain", "finetune"),
     "flex": ("pretrain", "finetune"),
     "bf16-targets": ("pretrain",),
-    "cudnn-benchmark": STAGES,
 }
-EXCLUSIVE = ({"compile", "blocks"}, {"chunked", "flex"})  # one of each at most
+EXCLUSIVE = ({"compile", "blocks"},)  # one of each at most
 
 
 def synthetic_windows(n: int, count: int, seed: int = 0, sensor: SensorSize = SENSOR) -> list[np.ndarray]:
@@ -121,18 +119,14 @@ def bench_stage(
     sensor: SensorSize = SENSOR,
     events: int | None = None,
     sync_check: bool = False,
-    cudnn_benchmark: bool | None = None,
     **inputs,
 ) -> dict:
     """Images/s, ms per step and peak device memory of ``stage_cls``'s training step at ``cfg``'s size, on windows
     of ``events`` events (default: the input's ``n_max``) on ``sensor``; with ``profile``, a profile of a few more
     steps is written to ``profile/<stage>-profile.txt``; with ``sync_check`` on a GPU, the host waits of one more
-    step (``syncs``). ``cudnn_benchmark``: cuDNN times its algorithms (True) or takes its heuristics' (False) instead
-    of what the runtime chose; ``inputs`` go to the stage."""
+    step (``syncs``); ``inputs`` go to the stage."""
     cfg = stage_cls.configure(cfg)
     runtime = setup_runtime(cfg.device, cfg.amp, cfg.cpu_bf16)
-    if cudnn_benchmark is not None:
-        torch.backends.cudnn.benchmark = cudnn_benchmark
     stage = stage_cls(cfg, runtime, run, **inputs)
     stage.classes = ["a", "b"]  # a classifier's head (the labels of the synthetic batch are all 0)
     stage.steps_per_epoch = steps
@@ -317,7 +311,7 @@ def variant_kernel(switches: frozenset[str]) -> Iterator[None]:
     compiled programs are forgotten (the next variant compiles its own, within dynamo's recompilation limit) and the
     memory of this one's models is given back."""
     before = attention.GPU_TRAINING_KERNEL
-    attention.use_gpu_training_kernel(next((k for k in ("chunked", "flex") if k in switches), "sdpa"))
+    attention.use_gpu_training_kernel("flex" if "flex" in switches else "sdpa")
     try:
         yield
     finally:
@@ -370,13 +364,12 @@ def main(
         common = {"sensor": sensor, "events": events, "sync_check": sync_check}
         for place, (variant, switches) in enumerate(plan):
             compiled = "blocks" if "blocks" in switches else "compile" in switches or compile_model
-            switched = {} if variant is None else {"cudnn_benchmark": "cudnn-benchmark" in switches}
             with variant_kernel(switches) if variant is not None else contextlib.nullcontext():
                 for stage, stage_cls in zip(STAGES, (TokenizerStage, PretrainStage, FinetuneStage), strict=True):
                     changed = not switches or any(stage in SWITCHES[s] for s in switches)
                     if stage not in stages or not changed:
                         continue
-                    inputs = dict(switched)
+                    inputs = {}
                     if stage == "pretrain":
                         inputs["tokenizer"] = tokenizer
                         if variant is not None:

@@ -118,7 +118,7 @@ def train(
         typer.Option(
             "--variants",
             help="Comma-separated variants measured side by side, the first the reference: eager (no switch) or "
-            "switches joined by +: compile, blocks, chunked, flex, bf16-targets, cudnn-benchmark.",
+            "switches joined by +: compile, blocks, flex, bf16-targets.",
         ),
     ] = "",
 ) -> None:

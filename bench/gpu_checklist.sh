@@ -3,12 +3,13 @@
 #
 # `bash bench/gpu_checklist.sh speed`: the ViT-B/16 speed switches, each against its baseline side by side, in one call
 # of under 4 minutes (3 min 45 s with every step at its limit; docs/BENCHMARKS.md, "GPU"):
-#   1. mem bench train --variants eager,cudnn-benchmark,bf16-targets,chunked,blocks: pretraining and finetuning at the
-#      preset's sizes in one process, each variant's images/s beside eager's (a line per measurement as it comes)
+#   1. mem bench train --variants eager,bf16-targets,blocks: pretraining and finetuning at the preset's sizes in one
+#      process, each variant's images/s beside eager's (a line per measurement as it comes)
 #   2. mem bench live --variants eager,bf16-weights,bf16-weights+cuda-graph --no-server: the predictor alone with
 #      ViT-B/16 and the 8192-token dVAE, p50 / p95 of a window
-#   3. the switches' GPU tests: the chunked bias gradient against SDPA's, the CUDA graph against the eager predictor
-#   4. the server with the fastest predictor variant (latency p50 / p95; needs pyzmq); off by default
+#   3. the switches' GPU test: the CUDA graph against the eager predictor
+#   4. the server with the predictor `mem serve` runs on a GPU, bf16-weights+cuda-graph (latency p50 / p95; needs
+#      pyzmq); off by default
 #   5. pretraining with the whole model compiled (--variants compile); off by default (its compilation does not fit)
 # LIMITS="160 40 25 45 100" runs all five. On a card of less than 100 GB (an H100) both stages take batch 384:
 # finetuning's 1024 does not fit 80 GB.
@@ -104,11 +105,11 @@ if [ "$MODE" = speed ]; then
     L_SERVER=0
   fi
   step train-switches "$L_TRAIN" $PY "${BENCH[@]}" "${TRAIN[@]}" \
-    --variants eager,cudnn-benchmark,bf16-targets,chunked,blocks --json "$WORK/train-switches.json"
+    --variants eager,bf16-targets,blocks --json "$WORK/train-switches.json"
   step live-switches "$L_LIVE" $PY "${BENCH[@]}" "${LIVE[@]}" --no-server \
     --variants eager,bf16-weights,bf16-weights+cuda-graph --json "$WORK/live-switches.json"
-  step tests-switches "$L_TESTS" $PY -m pytest -q -p no:cacheprovider tests/test_scale.py tests/test_inference.py \
-    -k "on_a_gpu and (chunked or cuda_graph)"
+  step tests-switches "$L_TESTS" $PY -m pytest -q -p no:cacheprovider tests/test_inference.py \
+    -k "on_a_gpu and cuda_graph"
   step live-server "$L_SERVER" $PY "${BENCH[@]}" "${LIVE[@]}" --serve-with bf16-weights+cuda-graph \
     --json "$WORK/live-server.json"
   step train-whole "$L_WHOLE" $PY "${BENCH[@]}" "${TRAIN[@]}" --stages pretrain --variants compile \

@@ -11,7 +11,7 @@ from mem_core.events import SensorSize
 
 def test_a_variant_is_switches_joined_by_plus_and_a_wrong_one_is_refused_by_name():
     assert bench_train.parse_variant("eager") == frozenset()
-    assert bench_train.parse_variant("blocks+chunked+bf16-targets") == {"blocks", "chunked", "bf16-targets"}
+    assert bench_train.parse_variant("blocks+flex+bf16-targets") == {"blocks", "flex", "bf16-targets"}
     with pytest.raises(ValueError, match=r"variant 'blocks\+fast': unknown switch 'fast'"):
         bench_train.parse_variant("blocks+fast")
     with pytest.raises(ValueError, match="blocks and compile exclude each other"):

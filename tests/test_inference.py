@@ -88,6 +88,26 @@ def test_a_cuda_graph_is_left_out_without_cuda_and_changes_nothing(exports, task
         assert got.stages_ms.keys() == expected.stages_ms.keys()
 
 
+def test_a_cuda_graph_that_fails_to_record_leaves_the_windows_running_as_they_are(exports, monkeypatch, caplog):
+    """``mem serve`` asks every GPU model for a graph: one that cannot be recorded is warned about once and the
+    windows run without it, rather than the server stopping."""
+    reference, failing = Predictor(exports["classification"]), Predictor(exports["classification"])
+    failing.cuda_graph = True  # as on a GPU: warm_up records the graph
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(torch.cuda, "Stream", refuse)
+    with caplog.at_level("WARNING", logger="mem_core.inference"):
+        failing.warm_up()
+    assert not failing.graphed
+    assert "CUDA graph of the model could not be recorded (operation not permitted" in caplog.text
+    for events in windows():
+        expected, got = reference(events, SENSOR), failing(events, SENSOR)
+        np.testing.assert_array_equal(got.probs, expected.probs)
+        np.testing.assert_array_equal(got.tokens, expected.tokens)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("task", ["classification", "segmentation"])
 def test_on_a_gpu_the_cuda_graph_replays_what_the_model_and_tokenizer_compute(exports, task):

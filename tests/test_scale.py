@@ -26,16 +26,16 @@ from mem_core.errors import MemError
 from mem_core.events import SensorSize
 from mem_core.io import write_events
 from mem_core.models import BlockMaskGenerator, DiscreteVAE, MEMViT, SegmentationModel, ViTConfig, attention
+from mem_core.models.vit import compile_blocks
 from mem_core.representation import batch_preprocess, collate_events, prepare_events
 from mem_core.runs.export import export_tokenizer
 from mem_core.runs.rundir import RunDir
-from mem_core.train import runtime as runtime_module
 from mem_core.train.common import sync_batch_norm, wrap_model
 from mem_core.train.configs import stage_config
 from mem_core.train.engine import seed_everything
 from mem_core.train.finetune import FinetuneStage
 from mem_core.train.pretrain import PretrainStage
-from mem_core.train.runtime import Runtime, setup_runtime
+from mem_core.train.runtime import Runtime
 from mem_core.train.segment import SegmentStage
 from mem_core.train.tokenizer import TokenizerStage
 
@@ -169,25 +169,6 @@ def test_bf16_targets_keep_the_fp32_token_of_most_cells_of_real_windows(tmp_path
     assert (fast == exact)[active].float().mean() >= 0.9
 
 
-def test_a_gpu_runtime_times_cudnns_convolution_algorithms_unless_told_not_to(monkeypatch):
-    """``torch.backends.cudnn.benchmark`` on a GPU (a step's convolutions keep their shapes), off with
-    ``MEM_CUDNN_BENCHMARK=0``; a CPU run leaves it alone."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
-    flags = (torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
-    try:
-        torch.backends.cudnn.benchmark = False
-        setup_runtime("cpu")
-        assert not torch.backends.cudnn.benchmark
-        assert setup_runtime("cuda").device.type == "cuda"
-        assert torch.backends.cudnn.benchmark
-        monkeypatch.setattr(runtime_module, "CUDNN_BENCHMARK", False)  # MEM_CUDNN_BENCHMARK=0
-        setup_runtime("cuda")
-        assert not torch.backends.cudnn.benchmark
-    finally:
-        torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = flags
-
-
 def test_compile_is_true_false_or_blocks():
     assert tiny_config("pretrain", "compile=blocks").compile == "blocks"
     assert tiny_config("finetune", "compile=true").compile is True
@@ -221,7 +202,8 @@ def test_a_compiled_pretraining_model_is_one_graph_given_the_masked_positions(tm
 @pytest.mark.slow  # inductor compiles a block's forward and backward on the CPU (about a minute on 2 busy cores)
 def test_compiling_the_blocks_trains_as_eager_does(tmp_path, tokenizer_export):
     """``compile = "blocks"``: the blocks of the trained model itself compiled (no wrapper), the same losses and
-    gradients as the eager model, step after step."""
+    gradients as the eager model, step after step. A CPU run leaves them eager (``wrap_model``), so the blocks are
+    compiled here as a GPU run compiles them."""
     torch.compiler.reset()
     cfg = PretrainStage.configure(tiny_config("pretrain", "compile=blocks"))
     runtime = Runtime(device=torch.device("cpu"))
@@ -230,7 +212,8 @@ def test_compiling_the_blocks_trains_as_eager_does(tmp_path, tokenizer_export):
     model = stage.build_model().train()
     eager = copy.deepcopy(model)
     trained = wrap_model(model, cfg, runtime)
-    assert trained is model and all(block._compiled_call_impl is not None for block in model.backbone.blocks)
+    assert trained is model and all(block._compiled_call_impl is None for block in model.backbone.blocks)
+    assert compile_blocks(model) == len(model.backbone.blocks)
     batch = windows_batch(cfg)
     for step in range(2):
         expected = stage.step(eager, batch, epoch=0, step=step).loss
@@ -298,62 +281,6 @@ def test_flex_attention_gives_timms_outputs_and_gradients(kernel):
     for name, grad in grads.items():
         torch.testing.assert_close(grad, reference_grads[name], rtol=1e-4, atol=1e-5, msg=name)
     assert reference_grads["blocks.0.attn.relative_position_bias_table"].abs().sum() > 0
-
-
-def test_the_chunked_bias_gradient_gives_timms_outputs_and_gradients(kernel, monkeypatch):
-    """``MEM_ATTENTION=chunked``: SDPA on the bias as a constant plus the bias gradient summed over the batch by
-    ``bias_gradient`` gives timm's plain attention's outputs and gradients, the relative position bias tables'
-    included."""
-    vit = biased_vit()
-    chunked = copy.deepcopy(vit)
-    kernel("plain")
-    reference, reference_grads = features_and_gradients(vit)
-    batches = []
-    real = attention.bias_gradient
-    monkeypatch.setattr(attention, "bias_gradient", lambda q, *args: batches.append(q.shape[0]) or real(q, *args))
-    kernel("chunked")
-    out, grads = features_and_gradients(chunked)
-    assert batches == [3, 3]  # one call per block, for the whole batch
-    torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-5)
-    assert grads.keys() == reference_grads.keys()
-    for name, grad in grads.items():
-        torch.testing.assert_close(grad, reference_grads[name], rtol=1e-4, atol=1e-5, msg=name)
-
-
-@pytest.mark.parametrize("bias_shape", [(1, 3, 9, 9), (3, 9, 9), (9, 9)])
-def test_the_bias_gradient_summed_in_chunks_is_autograds(monkeypatch, bias_shape):
-    """Per head or shared by the heads, over 5 samples in chunks of 2 (the last one short)."""
-    monkeypatch.setattr(attention, "BIAS_GRAD_CHUNK_ELEMENTS", 2 * 3 * 9 * 9)
-    g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(5, 3, 9, 4, generator=g) for _ in range(3))
-    bias = torch.randn(bias_shape, generator=g, requires_grad=True)
-    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
-    d_out = torch.randn(out.shape, generator=g)
-    (expected,) = torch.autograd.grad(out, bias, d_out)
-    got = attention.bias_gradient(q, k, v, bias.detach(), out.detach(), d_out)
-    assert got.shape == bias.shape and got.dtype == bias.dtype
-    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_on_a_gpu_the_chunked_bias_gradient_gives_sdpas_outputs_and_gradients(monkeypatch):
-    """Under the bf16 autocast of a training step, with ViT-B's heads of 64: SDPA (cuDNN's where it takes the bias)
-    on the bias as a constant and the bias gradient in chunks, against SDPA with the bias's own gradient."""
-    vit = biased_vit(embed_dim=128, num_heads=2).cuda()
-    chunked = copy.deepcopy(vit)
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        monkeypatch.setattr(attention, "GPU_TRAINING_KERNEL", "sdpa")
-        reference, reference_grads = features_and_gradients(vit, "cuda")
-        monkeypatch.setattr(attention, "GPU_TRAINING_KERNEL", "chunked")
-        out, grads = features_and_gradients(chunked, "cuda")
-    assert all(block.attn.kernel == "chunked" for block in chunked.blocks)
-
-    def relative(a, b):
-        return ((a.float() - b.float()).norm() / b.float().norm()).item()
-
-    assert relative(out, reference) < 2e-2
-    for name, grad in grads.items():
-        assert relative(grad, reference_grads[name]) < 5e-2, name
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
@@ -443,8 +370,8 @@ def test_a_gpu_where_flex_does_not_compile_trains_on_sdpa(monkeypatch, caplog):
 
 def test_gpu_training_steps_take_sdpa_unless_the_user_asks_for_another_kernel(monkeypatch):
     """SDPA by default (faster than flex at the paper's sizes on an H200); MEM_ATTENTION=flex (or the older
-    MEM_FLEX_ATTENTION=1) or MEM_ATTENTION=chunked makes a GPU training step take that kernel, and inference keeps
-    SDPA; TIMM_FUSED_ATTN=0 turns them all off; a kernel MEM does not know is an error naming it."""
+    MEM_FLEX_ATTENTION=1) makes a GPU training step take flex, and inference keeps SDPA; TIMM_FUSED_ATTN=0 turns them
+    all off; a kernel MEM does not know is an error naming the ones it knows."""
     from types import SimpleNamespace
 
     import timm.layers.config
@@ -468,17 +395,17 @@ def test_gpu_training_steps_take_sdpa_unless_the_user_asks_for_another_kernel(mo
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "flex"
     assert attention.training_kernel_from_env({}) == "sdpa"
-    assert attention.training_kernel_from_env({"MEM_ATTENTION": "chunked"}) == "chunked"
+    assert attention.training_kernel_from_env({"MEM_ATTENTION": "sdpa", "MEM_FLEX_ATTENTION": "1"}) == "sdpa"
     assert attention.training_kernel_from_env({"MEM_ATTENTION": "flex", "MEM_FLEX_ATTENTION": "0"}) == "flex"
-    with pytest.raises(MemError, match="MEM_ATTENTION='flash': expected one of sdpa, flex, chunked"):
+    with pytest.raises(MemError, match=r"^MEM_ATTENTION='flash': expected one of sdpa, flex$"):
         attention.training_kernel_from_env({"MEM_ATTENTION": "flash"})
 
     monkeypatch.setattr(attention, "GPU_TRAINING_KERNEL", "sdpa")  # the variables unset
     assert kernels() == "sdpa sdpa"
-    monkeypatch.setattr(attention, "GPU_TRAINING_KERNEL", "flex")
+    attention.use_gpu_training_kernel("flex")  # what a benchmark comparing kernels does
     assert kernels() == "flex sdpa"
-    attention.use_gpu_training_kernel("chunked")  # what a benchmark comparing kernels does
-    assert kernels() == "chunked sdpa"
+    with pytest.raises(MemError, match=r"^unknown GPU training kernel 'flash': expected one of sdpa, flex$"):
+        attention.use_gpu_training_kernel("flash")
     monkeypatch.setattr(timm.layers.config, "_USE_FUSED_ATTN", 0)  # what TIMM_FUSED_ATTN=0 sets when timm is imported
     assert kernels() == "plain plain"
 

@@ -13,9 +13,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import zmq
 
 from app.config import ServeConfig
+from app.live.model_slot import serving_switches
 from app.live.ring import EventRing
 from app.live.sensor_view import sensor_view
 from app.live.server import LiveServer, control_endpoint_for
@@ -209,6 +211,19 @@ def test_server_publishes_hist_tokens_pred_and_stats(export):
     assert s["events_per_s"] > 0 and s["window_events"] == 2000 and s["control"] == server.control_endpoint
     assert {"preprocess", "model", "tokenizer", "publish"} <= set(s["stages_ms"])
     assert s["source"]["kind"] == "synthetic" and s["session"] == p.header["session"]
+
+
+def test_a_gpu_serves_bf16_weights_and_a_cuda_graph_unless_eager_and_a_cpu_the_model_as_it_is(export):
+    """``mem serve`` on a GPU: bf16 weights and a CUDA graph (a ViT-B/16 window 5 times faster, docs/BENCHMARKS.md),
+    ``--eager`` without them; on a CPU the served predictor is the fp32 model run window by window."""
+    assert serving_switches(ServeConfig(device="cuda:1")) == {"bf16_weights": True, "cuda_graph": True}
+    for config in (ServeConfig(device="cuda", eager=True), ServeConfig(device="cpu")):
+        assert serving_switches(config) == {"bf16_weights": False, "cuda_graph": False}
+    with serving(export, SyntheticSource(200_000, SENSOR, batch_us=5000)) as server:
+        assert server.model_loaded.wait(WAIT_S)
+        predictor = server.predictor
+    assert not predictor.bf16_weights and not predictor.cuda_graph and not predictor.graphed
+    assert {p.dtype for p in predictor.model.parameters()} == {torch.float32}
 
 
 def test_window_ms_caps_the_time_span_of_each_window(export):

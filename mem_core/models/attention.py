@@ -1,5 +1,4 @@
-"""The attention kernel of each call of a ViT block: timm's plain product, SDPA, FlexAttention, or SDPA with the bias
-gradient summed in batch chunks.
+"""The attention kernel of each call of a ViT block: timm's plain product, SDPA, or FlexAttention.
 
 timm's BEiT attention adds its relative position bias to the scores as SDPA's float ``attn_mask``. With a float mask
 SDPA cannot take its flash kernel: on a GPU it takes the memory-efficient one, whose backward writes the bias
@@ -7,17 +6,10 @@ gradient of every sample, (B, heads, N, N), before it is summed. FlexAttention a
 (a ``score_mod`` reading the bias) and sums the bias gradient there, with atomic adds of every sample into the one
 (heads, N, N) bias. On an H200 that makes it the slower of the two at the paper's sizes (ViT-B/16, 224 x 224, bf16):
 pretraining 1,289 against 1,472 img/s, finetuning 1,640 against 1,922 (docs/BENCHMARKS.md): flex's backward alone
-takes 12.6 ms a block at batch 1024. So GPU training steps take SDPA unless ``MEM_ATTENTION`` names another kernel:
-
-- ``MEM_ATTENTION=flex`` (or ``MEM_FLEX_ATTENTION=1``): flex, to compare, or on a GPU where it wins;
-- ``MEM_ATTENTION=chunked``: SDPA on the bias as a constant, which leaves SDPA free to take cuDNN's fused attention
-  (asked for first) and spares the memory-efficient kernel's (B, heads, N, N) bias gradient; the bias gradient is then
-  summed here, a chunk of the batch at a time (``bias_gradient``). It recomputes the scores of a chunk (two batched
-  products and a softmax), so it pays only where the faster fused kernel outweighs them: docs/BENCHMARKS.md says
-  how to measure it.
-
-timm's forward is kept whole: within it, ``BeitAttention`` hands the SDPA call to the kernel (a torch function mode),
-so the projections, the bias and the dropout stay timm's.
+takes 12.6 ms a block at batch 1024. So GPU training steps take SDPA, and ``MEM_ATTENTION=flex`` (or
+``MEM_FLEX_ATTENTION=1``) takes flex, to compare the two, or on a GPU where it wins. timm's forward is kept whole:
+within it, ``BeitAttention`` hands the SDPA call to ``flex_attention`` (a torch function mode), so the projections, the
+bias and the dropout stay timm's.
 
 Flex's tiles are chosen here, not left to inductor's defaults: on Hopper its default forward tile for a head of 64
 (128 x 128, 3 stages) asks for 240 KiB of shared memory, more than the 227 KiB a block may have, and the compilation
@@ -28,7 +20,6 @@ function, rather than stopping a training run. timm's ``TIMM_FUSED_ATTN=0`` turn
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import os
@@ -39,15 +30,14 @@ import torch
 import torch.nn.functional as F
 from timm.layers import use_fused_attn
 from timm.models.beit import Attention
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import flex_attention
 from torch.overrides import TorchFunctionMode
 
 from mem_core.adapters import set_fused_attention
 from mem_core.errors import MemError
 
-Kernel = Literal["plain", "sdpa", "flex", "chunked"]
-TrainingKernel = Literal["sdpa", "flex", "chunked"]  # what MEM_ATTENTION may name for a GPU's training steps
+Kernel = Literal["plain", "sdpa", "flex"]
+TrainingKernel = Literal["sdpa", "flex"]  # what MEM_ATTENTION may name for a GPU's training steps
 # flex's tiles (forward; backward's two passes): within a Hopper block's shared memory at heads of 64 in bf16
 FLEX_KERNEL_OPTIONS = {
     "fwd_BLOCK_M": 64,
@@ -58,24 +48,12 @@ FLEX_KERNEL_OPTIONS = {
     "bwd_BLOCK_N2": 64,
     "bwd_num_stages": 2,
 }
-# the chunked kernel's bias gradient: samples per chunk such that a chunk's scores hold this many elements (ViT-B/16
-# at 224: 144 samples, 268 MB in fp32 for each of the three score-sized tensors of a chunk)
-BIAS_GRAD_CHUNK_ELEMENTS = 2**26
-# the chunked kernel's SDPA backends in the order it asks for them: cuDNN's fused attention first, then the
-# memory-efficient kernel, which writes no per-sample bias gradient once the bias needs none (flash takes no bias: SDPA
-# passes over it)
-CHUNKED_SDPA_BACKENDS = [
-    SDPBackend.CUDNN_ATTENTION,
-    SDPBackend.EFFICIENT_ATTENTION,
-    SDPBackend.FLASH_ATTENTION,
-    SDPBackend.MATH,
-]
 log = logging.getLogger(__name__)
 
 
 def training_kernel_from_env(env: dict[str, str] | None = None) -> TrainingKernel:
-    """The kernel of a GPU's training steps that the environment asks for: ``MEM_ATTENTION`` (``sdpa``, ``flex`` or
-    ``chunked``), or ``flex`` for ``MEM_FLEX_ATTENTION=1``; ``sdpa`` when neither is set."""
+    """The kernel of a GPU's training steps that the environment asks for: ``MEM_ATTENTION`` (``sdpa`` or ``flex``),
+    or ``flex`` for ``MEM_FLEX_ATTENTION=1``; ``sdpa`` when neither is set."""
     env = os.environ if env is None else env
     name = env.get("MEM_ATTENTION", "") or ("flex" if env.get("MEM_FLEX_ATTENTION", "0") == "1" else "sdpa")
     if name not in get_args(TrainingKernel):
@@ -102,8 +80,7 @@ def attention_kernel(x: torch.Tensor) -> Kernel:
       There SDPA with an additive mask takes a path twice as slow as the plain product, forward and backward, and
       its bf16 backward without one is 6 times slower: a cpu-small finetuning epoch on one core takes 16.5 s
       instead of 19.1 s.
-    - ``flex`` or ``chunked``: a training step on a GPU (autograd recording) with ``MEM_ATTENTION`` naming it, see
-      the module docstring.
+    - ``flex``: a training step on a GPU (autograd recording) with ``MEM_ATTENTION=flex``, see the module docstring.
     - ``sdpa`` everywhere else: a GPU's training steps and inference, fp32 inference on a CPU (validation, ``mem evaluate``, the live
       server: on 2 threads one window of ViT-B takes 1.0-1.1 ms a block against 1.1-2.1 ms), docs/BENCHMARKS.md.
     """
@@ -111,22 +88,20 @@ def attention_kernel(x: torch.Tensor) -> Kernel:
         return "plain"
     if x.device.type == "cpu":
         return "plain" if torch.is_grad_enabled() or torch.is_autocast_enabled("cpu") else "sdpa"
-    if x.device.type == "cuda" and torch.is_grad_enabled() and GPU_TRAINING_KERNEL != "sdpa":
-        return "sdpa" if GPU_TRAINING_KERNEL == "flex" and _flex_failed else GPU_TRAINING_KERNEL
+    if x.device.type == "cuda" and torch.is_grad_enabled() and GPU_TRAINING_KERNEL == "flex" and not _flex_failed:
+        return "flex"
     return "sdpa"
 
 
 class BeitAttention(Attention):
-    """timm's BEiT attention, whose SDPA call runs as ``flex_attention`` or with the bias gradient in chunks while
-    ``kernel`` says so."""
+    """timm's BEiT attention, whose SDPA call runs as ``flex_attention`` while ``kernel`` says so."""
 
     kernel: Kernel = "sdpa"
 
     def forward(self, x: torch.Tensor, shared_rel_pos_bias: torch.Tensor | None = None) -> torch.Tensor:
-        mode = _SDPA_AS.get(self.kernel)
-        if mode is None:
+        if self.kernel != "flex":
             return super().forward(x, shared_rel_pos_bias)
-        with mode():
+        with _SdpaAsFlex():
             return super().forward(x, shared_rel_pos_bias)
 
 
@@ -221,95 +196,3 @@ def _give_up_flex(error: Exception) -> None:
 @functools.cache
 def _compiled_flex_attention():
     return torch.compile(flex_attention, dynamic=False)
-
-
-class _SdpaWithBiasGradInChunks(TorchFunctionMode):
-    """Within timm's attention forward: SDPA with an additive float bias that needs a gradient runs with the bias as a
-    constant, its gradient summed in batch chunks (``bias_gradient``); every other call runs as it is."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention:
-            return _sdpa_bias_grad_in_chunks(*args, **kwargs)
-        return func(*args, **kwargs)
-
-
-def _sdpa_bias_grad_in_chunks(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    attn_mask: torch.Tensor | None = None,
-    dropout_p: float = 0.0,
-    is_causal: bool = False,
-    scale: float | None = None,
-    **options,
-) -> torch.Tensor:
-    """``F.scaled_dot_product_attention`` of (B, heads, N, d) ``q, k, v`` with an additive ``attn_mask`` shared by the
-    batch; SDPA itself where there is no bias gradient to compute or its formula differs (dropout, causal, options,
-    a boolean or per-sample mask)."""
-    shared = attn_mask is not None and (attn_mask.dim() < 4 or attn_mask.shape[0] == 1)
-    if (
-        not shared
-        or attn_mask.dtype == torch.bool
-        or not attn_mask.requires_grad
-        or dropout_p > 0
-        or is_causal
-        or options
-    ):
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **options
-        )
-    with sdpa_kernel(CHUNKED_SDPA_BACKENDS, set_priority=True):
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask.detach(), scale=scale)
-    return _BiasGradInChunks.apply(out, q, k, v, attn_mask, scale)
-
-
-class _BiasGradInChunks(torch.autograd.Function):
-    """The identity on ``out``, SDPA's output on a constant bias, whose backward gives the bias its gradient
-    (``bias_gradient``); ``q, k, v`` get theirs through SDPA's own backward, so here they are only read."""
-
-    @staticmethod
-    def forward(ctx, out, q, k, v, bias, scale):
-        ctx.save_for_backward(out, q, k, v, bias)
-        ctx.scale = scale
-        return out.view_as(out)
-
-    @staticmethod
-    def backward(ctx, d_out):
-        out, q, k, v, bias = ctx.saved_tensors
-        return d_out, None, None, None, bias_gradient(q, k, v, bias, out, d_out, ctx.scale), None
-
-
-def bias_gradient(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    bias: torch.Tensor,
-    out: torch.Tensor,
-    d_out: torch.Tensor,
-    scale: float | None = None,
-) -> torch.Tensor:
-    """The gradient of the additive ``bias`` (shared by the batch, broadcast to (B, heads, N, N)) of attention
-    ``out = softmax(q k^T scale + bias) v`` given ``d_out``: the scores' gradient P * (dP - rowsum(dO * O)), summed
-    over the batch a chunk at a time (``BIAS_GRAD_CHUNK_ELEMENTS``), in fp32, so the per-sample gradient of the whole
-    batch is never held at once. Shaped and typed like ``bias``."""
-    batch, heads, n, d = q.shape
-    scale = d**-0.5 if scale is None else scale
-    shared = bias.view((1,) * (4 - bias.dim()) + tuple(bias.shape)).float()  # (1, heads or 1, N, N)
-    chunk = max(1, BIAS_GRAD_CHUNK_ELEMENTS // (heads * n * n))
-    grad = torch.zeros((heads, n, n), dtype=torch.float32, device=q.device)
-    exact = torch.autocast(q.device.type, enabled=False) if torch.amp.is_autocast_available(q.device.type) else None
-    with exact or contextlib.nullcontext():
-        for start in range(0, batch, chunk):
-            part = slice(start, start + chunk)
-            scores = q[part].float() @ k[part].float().transpose(-2, -1) * scale + shared  # (c, heads, N, N)
-            probs = scores.softmax(-1)
-            d_probs = d_out[part].float() @ v[part].float().transpose(-2, -1)  # (c, heads, N, N)
-            rows = (d_out[part].float() * out[part].float()).sum(-1, keepdim=True)  # (c, heads, N, 1)
-            grad += (probs * (d_probs - rows)).sum(0)
-    if shared.shape[1] == 1:  # one bias for every head
-        grad = grad.sum(0, keepdim=True)
-    return grad.reshape(bias.shape).to(bias.dtype)
-
-
-_SDPA_AS: dict[str, type[TorchFunctionMode]] = {"flex": _SdpaAsFlex, "chunked": _SdpaWithBiasGradInChunks}

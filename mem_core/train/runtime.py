@@ -20,9 +20,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-# MEM_CUDNN_BENCHMARK=0: cuDNN's heuristics pick each convolution's algorithm instead of timing the candidates
-CUDNN_BENCHMARK = os.environ.get("MEM_CUDNN_BENCHMARK", "1") != "0"
-
 
 @dataclass(frozen=True)
 class Runtime:
@@ -102,9 +99,6 @@ def setup_runtime(device: str = "auto", amp: bool = True, cpu_bf16: bool = False
     if dev.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True  # TF32 matmuls: free speed on Ampere+, ample precision here
         torch.backends.cudnn.allow_tf32 = True
-        # a training step's convolutions (the tokenizer, convolutional stems) keep their shapes: cuDNN times its
-        # algorithms once per shape, for every later step (docs/BENCHMARKS.md, GPU: the cudnn-benchmark variant)
-        torch.backends.cudnn.benchmark = CUDNN_BENCHMARK
     amp_dtype = torch.bfloat16 if amp and dev.type == "cuda" and torch.cuda.is_bf16_supported() else None
     train_amp_dtype = None
     if cpu_bf16 and dev.type == "cpu":
