@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from numba import njit
 
 from mem_core.events import EVENT_DTYPE, SensorSize, random_window
+from mem_core.limits import MAX_MAGNITUDE
 
 # ------------------------------------------------------------------------------------- event augmentations
 
@@ -155,9 +156,6 @@ def drop_events(events: np.ndarray, sensor: SensorSize, rng: np.random.Generator
 
 
 # -------------------------------------------------------------------------------------------- RandAugment
-
-MAX_MAGNITUDE = 30
-"""Top of the magnitude scale (torchvision's RandAugment uses 31 bins, 0..30)."""
 
 # Chosen for [0, 1] event histograms. Left out on purpose:
 # - "solarize" (x -> 1 - x above a threshold) turns the densest edges into the emptiest pixels, breaking the one

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -21,26 +21,12 @@ import torch.nn.functional as F
 
 from mem_core.configuration import from_dict
 from mem_core.events import SensorSize, make_events
+from mem_core.prediction import Output
 from mem_core.representation import InputSpec, histograms_to_input, input_histogram
 from mem_core.representation.pipeline import extent_boxes, remove_hot_pixels
 from mem_core.runs.export import load_model, load_tokenizer
 from mem_core.runs.lineage import tokenizer_of
 from mem_core.runs.rundir import RunError
-
-
-@dataclass
-class Output:
-    """What one window gives: the arrays the server publishes and the time each stage took."""
-
-    hist: np.ndarray  # (2, H, W) float16 in [0, 1]: the model input folded to OFF / ON
-    region: tuple[float, float, float, float]  # (top, left, height, width) in sensor px: what the input shows
-    tokens: np.ndarray | None = None  # (h, w) int32 token ids, with a tokenizer
-    probs: np.ndarray | None = None  # (K,) float32 class probabilities (classification)
-    mask: np.ndarray | None = None  # (H, W) uint8 / uint16 class ids (segmentation)
-    # ms per stage: "preprocess", "model", "tokenizer" (with a CUDA graph, "model" is the model and the tokenizer). On a
-    # GPU a stage lasts until its result is on the host, so the model's includes the preprocessing's queued kernels.
-    stages_ms: dict[str, float] = field(default_factory=dict)
-
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +99,11 @@ class Predictor:
     def token_grid(self) -> tuple[int, int] | None:
         """(h, w) of the token ids, or None without a tokenizer."""
         return None if self.tokenizer is None else self.tokenizer.config.grid_size
+
+    @property
+    def num_tokens(self) -> int | None:
+        """The tokenizer's codebook size, or None without one."""
+        return None if self.tokenizer is None else self.tokenizer.config.num_tokens
 
     @property
     def graphed(self) -> bool:

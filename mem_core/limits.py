@@ -65,6 +65,7 @@ MAX_DEPTH = 256  # transformer blocks, tokenizer layers and residual blocks: bou
 MAX_WIDTH = 8192  # embedding, hidden and codebook widths, attention heads, head channels (ViT-B: 768)
 MAX_MLP_RATIO = 16.0
 MAX_TEMPORAL_BINS = 64
+MAX_MAGNITUDE = 30  # top of RandAugment's magnitude scale (torchvision's 31 bins, 0..30)
 MAX_CHANNELS = 2 * MAX_TEMPORAL_BINS  # model input channels: OFF and ON per time bin
 MAX_PARAMETERS = 1 << 30  # 4 GiB of float32 weights: ViT-H has 632 M, the paper's ViT-B 86 M
 MAX_DERIVED_BYTES = 2 << 30  # buffers a model computes itself: ViT-B/16 at 224 px needs 4 MB, at 512 px 100 MB

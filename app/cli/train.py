@@ -189,13 +189,45 @@ def evaluate(
 
 
 def export(
-    model: Annotated[Path, typer.Option("--model", help="A finetune or segment run directory.")],
-    out: Annotated[Path, typer.Option("--out", help="Export directory (safetensors + JSON).")],
+    model: Annotated[Path, typer.Option("--model", help="A finetune or segment run directory, or an export of one.")],
+    out: Annotated[Path, typer.Option("--out", help="Export directory (safetensors + JSON, or ONNX + JSON).")],
+    export_format: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help="safetensors (for mem serve with torch) or onnx (model.onnx and tokenizer.onnx: mem serve without "
+            "torch, on a board; checked against torch first).",
+        ),
+    ] = "safetensors",
+    check_data: Annotated[
+        Path | None,
+        typer.Option(
+            "--check-data",
+            help="With --format onnx: an event file or folder to check onnxruntime against torch on (default: the "
+            "validation split the model was trained with, where it is at hand).",
+        ),
+    ] = None,
 ) -> None:
-    """Export a trained model for the live server: safetensors weights + JSON (architecture, classes, input)."""
-    from mem_core.runs.export import export_run
+    """Export a trained model for the live server: safetensors weights + JSON (architecture, classes, input), or one
+    self-contained ONNX model (+ the tokenizer's encoder) that onnxruntime serves without torch."""
+    if export_format not in ("safetensors", "onnx"):
+        raise typer.BadParameter(f"{export_format!r}: expected safetensors or onnx", param_hint="--format")
+    if export_format == "safetensors":
+        from mem_core.runs.export import export_run
 
-    typer.echo(f"exported to {export_run(model, out)}")
+        if check_data is not None:
+            raise typer.BadParameter("checks an ONNX export: add --format onnx", param_hint="--check-data")
+        typer.echo(f"exported to {export_run(model, out)}")
+        return
+    from mem_core.runs.export.onnx import MAX_LOGIT_DIFFERENCE, export_onnx
+
+    done = export_onnx(model, out, check_data=check_data, progress=lambda line: typer.echo(f"mem export: {line}"))
+    typer.echo(
+        f"onnxruntime against torch on {done.windows} windows: largest logit difference {done.difference:.2g} "
+        f"(at most {MAX_LOGIT_DIFFERENCE:g})"
+        + ("" if done.tokens_equal is None else f", token ids {done.tokens_equal:.1%} equal")
+    )
+    typer.echo(f"exported to {done.out} (model.onnx{', tokenizer.onnx' if done.tokens_equal is not None else ''})")
 
 
 _LE = LabelEfficiencyConfig

@@ -34,6 +34,7 @@ from recorders.base import RecorderError
 from recorders.capture import LabelledCaptures
 
 SNAPSHOT = "captures"  # in a Train run: the captures it learns from, as they were when Train was pressed
+EXPORT, ONNX_EXPORT = "export", "export-onnx"  # in a Train run: its model (safetensors), and as ONNX when asked
 RUN_NAME = re.compile(r"label-(\d{3,})")
 RECENT_WINDOWS = 64  # windows a capture may still name (a few seconds of predictions)
 RECENT_EVENTS = 4_000_000  # and at most this many events in all (52 MB)
@@ -98,14 +99,23 @@ class RecentWindows:
 
 class TrainingJob:
     """One Train run: ``mem train-labels`` in a child process writing the run ``out`` (log in ``out/train.log``),
-    followed from its ``metrics.jsonl``. ``on_done(export_dir)`` is called from the job's thread on success;
+    followed from its ``metrics.jsonl``; with ``onnx``, then ``mem export --format onnx`` of its model (for a server
+    serving ONNX, which never imports torch). ``on_done(export_dir)`` is called from the job's thread on success;
     ``about`` says what it learns from (captures per class) in its messages."""
 
     def __init__(
-        self, labels: Path, pretrain: Path, out: Path, epochs: int, on_done: Callable[[Path], None], about: str = ""
+        self,
+        labels: Path,
+        pretrain: Path,
+        out: Path,
+        epochs: int,
+        on_done: Callable[[Path], None],
+        about: str = "",
+        onnx: bool = False,
     ) -> None:
         self.labels, self.pretrain, self.out, self.epochs = labels, pretrain, out, epochs
-        self.export = out / "export"
+        self.onnx = onnx
+        self.export = out / (ONNX_EXPORT if onnx else EXPORT)
         self.on_done = on_done
         self.about = about or str(labels)
         self.status = "running"
@@ -131,24 +141,32 @@ class TrainingJob:
             "--out",
             str(self.out),
             "--export",
-            str(self.export),
+            str(self.out / EXPORT),
             "--epochs",
             str(self.epochs),
         ]
 
+    def export_command(self) -> list[str]:
+        """The ONNX export of the trained model (``onnx``)."""
+        model = ["--model", str(self.out / EXPORT), "--out", str(self.export)]
+        return [sys.executable, "-m", "app.cli", "export", *model, "--format", "onnx"]
+
     def start(self) -> TrainingJob:
         self.out.mkdir(parents=True, exist_ok=True)
-        log = (self.out / TRAIN_LOG).open("wb")
+        self._process = self._launch(self.command(), "wb")
+        self._thread.start()
+        return self
+
+    def _launch(self, command: list[str], mode: str) -> subprocess.Popen:
+        log = (self.out / TRAIN_LOG).open(mode)
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TERM": "dumb"}
         # one core stays with the live stream (unless the user chose): torch's threads on every core would stall
         # each other whenever the server runs, and the stream would stutter
         env.setdefault("OMP_NUM_THREADS", str(max(1, usable_cores() - 1)))
         try:
-            self._process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env)
+            return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
         finally:
             log.close()
-        self._thread.start()
-        return self
 
     @property
     def running(self) -> bool:
@@ -180,6 +198,13 @@ class TrainingJob:
             self.message = "cancelled" if self._cancelled else self._error_line(process.returncode)
             return
         self.status = "exporting"
+        if self.onnx:
+            self.message = f"exporting {self.export}"
+            self._process = process = self._launch(self.export_command(), "ab")
+            if process.wait() != 0:
+                self.status = "failed"
+                self.message = "cancelled" if self._cancelled else self._error_line(process.returncode)
+                return
         self.message = f"loading {self.export}"
         try:
             self.on_done(self.export)
@@ -252,8 +277,9 @@ def latest_export(train_out: Path, labels: Path) -> Path | None:
         return None
     source = str(labels.resolve())
     for _, run in sorted(runs, reverse=True):
-        export = run / "export"
-        if not (export / MODEL_JSON).is_file():  # (written last: an export cut short has none)
+        # the ONNX export where the run made one (its server served ONNX), else the safetensors one
+        export = next((run / name for name in (ONNX_EXPORT, EXPORT) if (run / name / MODEL_JSON).is_file()), None)
+        if export is None:  # (model.json is written last: an export cut short has none)
             continue
         try:
             provenance = Corpus(run / SNAPSHOT).provenance
@@ -340,10 +366,12 @@ class LabelDesk:
         epochs: int | None,
         on_done: Callable[[Path], None],
         classes: list[str] | None = None,
+        onnx: bool = False,
     ) -> TrainingJob:
         """Start a Train run on the captures as they are now (a snapshot in the run's ``captures``: later captures
-        and undos leave it alone). Every class of ``classes`` (the viewer's, else ``--classes``) needs its captures
-        too: a class left out of the model without a word is worse than a refusal."""
+        and undos leave it alone), exported as ONNX too with ``onnx``. Every class of ``classes`` (the viewer's, else
+        ``--classes``) needs its captures too: a class left out of the model without a word is worse than a
+        refusal."""
         if self.job is not None and self.job.running:
             raise LabelError(f"train: a run is already training ({self.job.out})")
         if pretrain is None:
@@ -366,7 +394,7 @@ class LabelDesk:
         each = ", ".join(f"{count} {name}" for name, count in snapshot.label_counts().items())
         try:
             about = f"{len(snapshot)} captures: {each}"
-            self.job = TrainingJob(snapshot.root, pretrain, out, epochs or self.epochs, on_done, about).start()
+            self.job = TrainingJob(snapshot.root, pretrain, out, epochs or self.epochs, on_done, about, onnx).start()
         except OSError as exc:
             raise LabelError(f"train: cannot start the run in {out}: {exc}") from None
         return self.job

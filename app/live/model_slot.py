@@ -1,7 +1,9 @@
 """The model ``mem serve`` serves: loaded in its own thread while the source streams, swapped for another export
 (``--watch``, a Train run) between two windows, and named and versioned for the viewer.
 
-torch is imported by ``load``, not at start, so the sensor view streams while the model loads.
+A safetensors export or a run is served by torch (``inference.Predictor``), imported by ``load``, not at start, so the
+sensor view streams while the model loads; an ONNX model (``model.onnx``, or a folder holding one) by onnxruntime
+(``onnx_inference.OnnxPredictor``), and then torch is never imported.
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ from mem_core.configuration import ConfigError
 from mem_core.errors import RunError
 from mem_core.limits import MAX_TEXT, fit_path, warm_up_timeout_s
 from mem_core.runs.lineage import source_run
+from mem_core.runs.onnx_model import ONNX_MODEL_FILE, ONNX_TOKENIZER_FILE, onnx_model_file
 
 if TYPE_CHECKING:
     from mem_core.inference import Predictor
+    from mem_core.onnx_inference import OnnxPredictor
 
 WATCH_INTERVAL_S = 1.0  # how often --watch looks at the model's files
-MODEL_FILES = ("model.json", "model.safetensors", "best.pt")
+MODEL_FILES = ("model.json", "model.safetensors", "best.pt", ONNX_MODEL_FILE, ONNX_TOKENIZER_FILE)
 
 
 class ModelSlot:
@@ -33,7 +37,8 @@ class ModelSlot:
             window and asks for the held window to be inferred again).
         wake: set once a model is served (the inference loop waits on it).
         predictor: a ``Predictor`` to serve instead of loading ``config.model``.
-        torch_threads: torch CPU threads to set before loading; None leaves the process's setting alone.
+        torch_threads: torch CPU threads to set before loading; None leaves the process's setting alone. An ONNX
+            model runs on this many onnxruntime threads (None: ``config.threads``).
         announce: told when a swapped-in model is served.
     """
 
@@ -41,21 +46,24 @@ class ModelSlot:
         self,
         config: ServeConfig,
         *,
-        prepare: Callable[[Predictor, bool], None],
+        prepare: Callable[[Predictor | OnnxPredictor, bool], None],
         wake: threading.Event,
-        predictor: Predictor | None = None,
+        predictor: Predictor | OnnxPredictor | None = None,
         torch_threads: int | None = None,
         announce: Callable[[str], None] | None = None,
     ) -> None:
-        if predictor is None and config.model is not None and not Path(config.model).is_dir():
-            raise ConfigError(f"model {config.model}: no such directory (an export or a finetune / segment run)")
+        if predictor is None and config.model is not None and not Path(config.model).exists():
+            raise ConfigError(
+                f"model {config.model}: no such file or directory (an export, a finetune / segment run or an ONNX "
+                "model)"
+            )
         self._config = config
         self._prepare, self._wake = prepare, wake
         self._given = predictor
         self._torch_threads = torch_threads
         self._announce = announce
         # (predictor, its version): one attribute, so a window never pairs one model's output with another's version
-        self._served: tuple[Predictor | None, int] = (None, 0)
+        self._served: tuple[Predictor | OnnxPredictor | None, int] = (None, 0)
         self.loading = predictor is not None or config.model is not None  # a first model is coming
         self.path: Path | None = Path(config.model) if config.model is not None else None
         self.name: str | None = None
@@ -64,12 +72,12 @@ class ModelSlot:
         self.loaded = threading.Event()
 
     @property
-    def served(self) -> tuple[Predictor | None, int]:
+    def served(self) -> tuple[Predictor | OnnxPredictor | None, int]:
         """(the model being served, its version), read together."""
         return self._served
 
     @property
-    def predictor(self) -> Predictor | None:
+    def predictor(self) -> Predictor | OnnxPredictor | None:
         """The model being served (None while loading, or without a model)."""
         return self._served[0]
 
@@ -78,28 +86,25 @@ class ModelSlot:
         """Models served so far: 1 for the first, +1 for each swap (0: none yet)."""
         return self._served[1]
 
+    @property
+    def onnx(self) -> bool:
+        """Whether the served (or coming) model is an ONNX model: a Train run then exports ONNX too."""
+        return self.path is not None and onnx_model_file(self.path) is not None
+
     def load(self) -> None:
-        """Import torch, load and warm up the first model, and serve it; raises what loading raised."""
-        import torch
-
-        from mem_core.inference import Predictor
-
-        if self._torch_threads is not None:
-            torch.set_num_threads(self._torch_threads)
+        """Load and warm up the first model, and serve it; raises what loading raised."""
         config = self._config
         stamp = model_stamp(self.path)
-        predictor = self._given or Predictor(config.model, config.tokenizer, config.device, **serving_switches(config))
+        predictor = self._given or self._open(self.path, config.tokenizer)
         warm_up(predictor, self.path)
         self._serve(predictor, self.path, stamp)
 
     def swap(self, path: Path | str, keep_window: bool = False) -> None:
         """Load the model at ``path`` (an export or a run) and serve it from the next window on; raises what loading
         raised and keeps the served model then. Runs in the calling thread (a watcher, a Train run)."""
-        from mem_core.inference import Predictor
-
         path = Path(path)
         stamp = model_stamp(path)
-        predictor = Predictor(path, None, self._config.device, **serving_switches(self._config))
+        predictor = self._open(path, None)
         warm_up(predictor, path)
         self._serve(predictor, path, stamp, keep_window)
         if self._announce is not None:
@@ -136,7 +141,24 @@ class ModelSlot:
             model = {**(model or {"name": "none", "version": 0, "path": ""}), "error": self.error}
         return model
 
-    def _serve(self, predictor: Predictor, path: Path | None, stamp: tuple | None, keep_window: bool = False) -> None:
+    def _open(self, path: Path, tokenizer: Path | None) -> Predictor | OnnxPredictor:
+        """The predictor of the model at ``path``: onnxruntime for an ONNX model, else torch (imported here)."""
+        if onnx_model_file(path) is not None:
+            from mem_core.onnx_inference import OnnxPredictor
+
+            threads = self._torch_threads if self._torch_threads is not None else self._config.threads
+            return OnnxPredictor(path, tokenizer, threads=threads)
+        import torch
+
+        from mem_core.inference import Predictor
+
+        if self._torch_threads is not None:
+            torch.set_num_threads(self._torch_threads)
+        return Predictor(path, tokenizer, self._config.device, **serving_switches(self._config))
+
+    def _serve(
+        self, predictor: Predictor | OnnxPredictor, path: Path | None, stamp: tuple | None, keep_window: bool = False
+    ) -> None:
         self._prepare(predictor, keep_window)  # before the swap: the loop must not end a file before this model ran
         self.path, self._stamp = path, stamp
         self.name = model_name(path)
@@ -158,13 +180,15 @@ def serving_switches(config: ServeConfig) -> dict[str, bool]:
 
 
 def model_stamp(path: Path | None) -> tuple | None:
-    """(name, size, mtime) of a model directory's files, to tell a newer export; None when it has none."""
+    """(name, size, mtime) of a model directory's files (of an ONNX file and the tokenizer beside it), to tell a
+    newer export; None when it has none."""
     if path is None:
         return None
+    folder, names = (path, MODEL_FILES) if path.is_dir() else (path.parent, (path.name, ONNX_TOKENIZER_FILE))
     stamp = []
-    for name in MODEL_FILES:
+    for name in names:
         try:
-            info = (path / name).stat()
+            info = (folder / name).stat()
         except OSError:
             continue
         stamp.append((name, info.st_size, info.st_mtime_ns))
@@ -175,6 +199,8 @@ def model_name(path: Path | None) -> str | None:
     """How the viewer names a model: the run an export came from (``label-003``), else its directory."""
     if path is None:
         return None
+    if path.is_file():  # an ONNX file: its folder says where it came from
+        path = path.parent
     try:
         source = source_run(path)
     except RunError:  # a model.json that does not say cleanly: the loader reports it, the name falls back
@@ -182,7 +208,7 @@ def model_name(path: Path | None) -> str | None:
     return source.name if source is not None else path.name
 
 
-def warm_up(predictor: Predictor, path: Path | None) -> None:
+def warm_up(predictor: Predictor | OnnxPredictor, path: Path | None) -> None:
     """Run ``predictor``'s first window, giving it ``limits.warm_up_timeout_s`` of its work per window; past that a
     ``RunError`` names the model, and the model is not served (its thread is left to finish in the background)."""
     flops = predictor.meta["window_flops"]

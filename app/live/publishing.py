@@ -11,7 +11,9 @@ import numpy as np
 from mem_core.events import SensorSize
 
 if TYPE_CHECKING:  # torch is imported by the loader thread, not at start
-    from mem_core.inference import Output, Predictor
+    from mem_core.inference import Predictor
+    from mem_core.onnx_inference import OnnxPredictor
+    from mem_core.prediction import Output
 
 
 class Publishing:
@@ -41,7 +43,7 @@ class Publishing:
 
     def _publish_prediction(
         self,
-        predictor: Predictor,
+        predictor: Predictor | OnnxPredictor,
         version: int,
         out: Output,
         common: dict[str, Any],
@@ -51,8 +53,7 @@ class Publishing:
         self.counts.frames += 1
         self.publisher.send("hist", {"hist": out.hist}, **common)
         if out.tokens is not None:
-            num_tokens = predictor.tokenizer.config.num_tokens
-            self.publisher.send("tokens", {"tokens": out.tokens}, num_tokens=num_tokens, **common)
+            self.publisher.send("tokens", {"tokens": out.tokens}, num_tokens=predictor.num_tokens, **common)
         arrays, fields = prediction_fields(predictor, out, self.config.top_k)
         top1 = {"prediction": fields["top_k"][0]["name"]} if out.probs is not None else {}
         self.labelling.windows.update(common["frame"], model_version=version, **top1)
@@ -65,7 +66,9 @@ class Publishing:
         self.publisher.send("stats", None, **self.stats())
 
 
-def prediction_fields(predictor: Predictor, out: Output, top_k: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+def prediction_fields(
+    predictor: Predictor | OnnxPredictor, out: Output, top_k: int
+) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """The arrays and fields of a ``pred`` message: the probabilities and the ``top_k`` classes, or the mask."""
     classes = predictor.classes
     if out.probs is not None:

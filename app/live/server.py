@@ -358,11 +358,15 @@ class LiveServer(ServerState, Publishing):
         self.labelling.capture(args["label"], args.get("frame"), self.window_truth)
 
     def _train(self, command: str, args: dict[str, Any]) -> None:
-        pretrain = self.config.pretrain
-        if pretrain is None and self.model.path is not None:
-            pretrain = pretraining_run_of(self.model.path)
+        pretrain, path = self.config.pretrain, self.model.path
+        if pretrain is None and path is not None:
+            pretrain = pretraining_run_of(path.parent if path.is_file() else path)  # an ONNX file: its export folder
         self.labelling.train(
-            pretrain, args.get("epochs"), lambda export: self.model.swap(export, keep_window=True), args.get("classes")
+            pretrain,
+            args.get("epochs"),
+            lambda export: self.model.swap(export, keep_window=True),
+            args.get("classes"),
+            onnx=self.model.onnx,
         )
 
     def _record(self, command: str, args: dict[str, Any]) -> None:

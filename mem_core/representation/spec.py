@@ -7,11 +7,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from mem_core.augment import MAX_MAGNITUDE
 from mem_core.errors import ConfigError
 from mem_core.fields import AT_LEAST_0, POSITIVE, PROBABILITY, ConfigConflict, Range, Side, WindowEvents, check_fields
 from mem_core.hot_pixels import HOT_PIXEL_STD
-from mem_core.limits import MAX_TEMPORAL_BINS
+from mem_core.limits import MAX_MAGNITUDE, MAX_TEMPORAL_BINS
 
 Channels = Literal["hist", "temporal", "timestamp"]
 CHANNELS: tuple[str, ...] = ("hist", "temporal", "timestamp")

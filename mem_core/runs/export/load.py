@@ -28,6 +28,7 @@ from mem_core.runs.export.meta import (
     training_window,
 )
 from mem_core.runs.lineage import MODEL_JSON, read_json
+from mem_core.runs.onnx_model import ONNX_MODEL_FILE
 from mem_core.runs.rundir import CONFIG_FILE, RunDir, RunError, load_checkpoint
 
 
@@ -43,6 +44,11 @@ def load_model(path: Path | str, device: torch.device | str = "cpu") -> tuple[to
     if os.path.lexists(path / MODEL_JSON):
         description = path / MODEL_JSON
         meta = read_versioned(description)
+        if meta.get("format") == "onnx":
+            raise RunError(
+                f"{path}: an ONNX export: mem serve runs its {ONNX_MODEL_FILE} with onnxruntime; torch reads exports of "
+                f"{MODEL_FILE}"
+            )
         check_meta(meta, description)
         weights_file = path / MODEL_FILE
         weights = _read_safetensors(weights_file)

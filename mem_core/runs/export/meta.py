@@ -12,26 +12,20 @@ from typing_extensions import TypedDict  # pydantic reads typing.TypedDict only 
 
 from mem_core.configuration import from_dict
 from mem_core.errors import ConfigError
-from mem_core.limits import MAX_EXPORT_WINDOW_EVENTS, MAX_EXPORT_WINDOW_MS, MAX_WIDTH
+from mem_core.limits import MAX_WIDTH
 from mem_core.models import MEMViT, SegmentationModel, TokenizerConfig, ViTConfig
 from mem_core.models.cnn import VIT, Arch, build_cnn
 from mem_core.models.sizes import check_model_sizes
 from mem_core.representation import InputSpec
 from mem_core.runs.lineage import TOKENIZER_LINK, read_json
 from mem_core.runs.rundir import RunError
+from mem_core.runs.served import TrainingWindow
 from mem_core.schema import ClassNames, SchemaError, Text, check, class_names_problem
 
 EXPORT_VERSION = 2
 MODEL_FILE, TOKENIZER_FILE = "model.safetensors", "tokenizer.safetensors"
 TOKENIZER_JSON = TOKENIZER_LINK  # an export's tokenizer description (in a pretraining run, the link to its tokenizer)
 TASKS = {"finetune": "classification", "segment": "segmentation"}  # training stage -> task of its model
-
-
-class TrainingWindow(TypedDict):
-    """The window a model was trained on: ``events`` (its ``n_max``) and ``ms``, the span every sample had, or None."""
-
-    events: Annotated[StrictInt, Field(ge=1, le=MAX_EXPORT_WINDOW_EVENTS)]
-    ms: Annotated[float, Field(gt=0, le=MAX_EXPORT_WINDOW_MS, allow_inf_nan=False)] | None
 
 
 class ModelMeta(TypedDict):

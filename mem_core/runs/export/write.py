@@ -17,6 +17,7 @@ from mem_core.representation import InputSpec
 from mem_core.runs.export.load import load_model, load_tokenizer
 from mem_core.runs.export.meta import EXPORT_VERSION, MODEL_FILE, TOKENIZER_FILE, TOKENIZER_JSON, check_meta
 from mem_core.runs.lineage import MODEL_JSON, tokenizer_of
+from mem_core.runs.onnx_model import ONNX_MODEL_FILE
 from mem_core.runs.rundir import CONFIG_FILE, CORPUS_MANIFEST, RunError, atomic_write_bytes, json_safe, make_dir
 
 
@@ -61,13 +62,15 @@ def export_model(
     return out
 
 
-def prepare_export_dir(out: Path) -> None:
+def prepare_export_dir(out: Path, export_format: str = "safetensors") -> None:
     """Create the export directory ``out``; ``RunError`` naming it when it cannot be one (see ``rundir.make_dir``)
-    or holds a run or a corpus, whose files an export would overwrite (a pretraining run's ``tokenizer.json``)."""
+    or holds a run, a corpus or an export of the other ``export_format`` (safetensors or onnx), whose files an export
+    would overwrite (a pretraining run's ``tokenizer.json``, an export's ``model.json``)."""
     make_dir(out, "an export")
-    for name, what in ((CONFIG_FILE, "a run"), (CORPUS_MANIFEST, "a corpus")):
+    other = (MODEL_FILE, "a safetensors export") if export_format == "onnx" else (ONNX_MODEL_FILE, "an ONNX export")
+    for name, what in ((CONFIG_FILE, "a run"), (CORPUS_MANIFEST, "a corpus"), other):
         if (out / name).exists():
-            raise RunError(f"{out}: holds {what} ({name}), not an export: export into a folder of its own")
+            raise RunError(f"{out}: holds {what} ({name}): export into a folder of its own")
 
 
 def _write_safetensors(path: Path, module: torch.nn.Module) -> None:
