@@ -232,6 +232,8 @@ def test_command_defaults_are_the_config_dataclasses_defaults():
             field = renamed.get(param.name, param.name)
             if field in fields and fields[field].default is not dataclasses.MISSING:
                 default = converted.get(field, lambda v: v)(param.default) if param.default is not None else None
+                if default is None and param.multiple:  # a repeatable option given no times: none of them
+                    default = ()
                 expected = fields[field].default
                 if isinstance(default, Path) or isinstance(expected, Path):
                     default, expected = str(default), str(expected)

@@ -630,7 +630,12 @@ def test_label_efficiency_experiment_scores_three_arms_on_test_and_runs_in_paral
         r["test_top1"] for r in report["rows"] if (r["labels"], r["arm"]) == (1.0, "mem")
     )
     table = (tmp_path / "results.md").read_text()
-    for expected in ("**test top-1 (kept model)**", "val top-1 (kept model)", "MEM's lead", "CPU ms per live window"):
+    for expected in (
+        "**test top-1 (kept model)**",
+        "val top-1 (kept model, chose it)",
+        "MEM's lead",
+        "CPU ms per live window",
+    ):
         assert expected in table
     for png in ("label_efficiency.png", "val_curves.png"):
         assert (tmp_path / png).stat().st_size > 10_000
