@@ -4,6 +4,7 @@ buffers it computes itself) and one window through it counted (at most ``MAX_WIN
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,8 @@ from mem_core.runs.rundir import RunError
 # what building or running a described model raises when the description is inconsistent (timm asserts input sizes)
 BUILD_ERRORS = (MemError, ValueError, TypeError, ZeroDivisionError, OverflowError, RuntimeError, KeyError)
 RUN_ERRORS = (*BUILD_ERRORS, AssertionError, IndexError)
+_COUNTED: dict[str, int] = {}  # a description (``load_checked``'s ``described``) -> its window's FLOP, counted once
+_COUNTED_MAX = 64
 
 
 def window_flops(meta: dict[str, Any], where: Path = Path(MODEL_JSON)) -> int:
@@ -45,10 +48,13 @@ def load_checked(
     weights_file: Path,
     description: Path,
     window: Callable[[torch.nn.Module], Any],
+    described: dict[str, Any] | None = None,
 ) -> tuple[torch.nn.Module, int]:
     """``build()`` with ``weights`` loaded, and the floating-point operations of ``window(model)`` (one live window),
     once a skeleton on the meta device shows that the weights fit it exactly and that the window's work is within
-    ``MAX_WINDOW_FLOPS`` (a model the file ``description`` describes; ``RunError`` naming the file otherwise)."""
+    ``MAX_WINDOW_FLOPS`` (a model the file ``description`` describes; ``RunError`` naming the file otherwise).
+    ``described``: what determines the model and its window (architecture, input, task); the count of a description
+    seen before is reused (a server reloading its model, a scoring of many runs of one architecture)."""
     try:
         with torch.device("meta"):
             skeleton = build()
@@ -62,7 +68,15 @@ def load_checked(
             problem = f"its model would compute {derived} bytes of buffers (limit {MAX_DERIVED_BYTES})"
     if problem is not None:
         raise RunError(f"{weights_file}: the weights do not fit the model described beside them: {problem}")
-    flops = _window_flops(skeleton.eval(), window, description)
+    key = json.dumps(described, sort_keys=True, default=str) if described is not None else None
+    flops = _COUNTED.get(key) if key is not None else None
+    if flops is None:
+        flops = _window_flops(skeleton.eval(), window, description)
+        if key is not None:
+            if len(_COUNTED) >= _COUNTED_MAX:
+                _COUNTED.pop(next(iter(_COUNTED)))
+            _COUNTED[key] = flops
+    _within_limit(flops, description)
     model = build()
     model.load_state_dict(weights)
     return model, flops
@@ -76,7 +90,11 @@ def _window_flops(skeleton: torch.nn.Module, window: Callable[[torch.nn.Module],
             window(skeleton)
     except RUN_ERRORS as e:
         raise RunError(f"{description}: the model cannot run on its own input ({type(e).__name__}: {e})") from e
-    flops = counter.get_total_flops()
+    return _within_limit(counter.get_total_flops(), description)
+
+
+def _within_limit(flops: int, description: Path) -> int:
+    """``flops``, or ``RunError`` naming ``description`` beyond ``MAX_WINDOW_FLOPS``."""
     if flops > MAX_WINDOW_FLOPS:
         raise RunError(
             f"{description}: one window through this model takes {flops:.3g} FLOP (floating-point operations), "

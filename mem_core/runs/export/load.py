@@ -61,7 +61,7 @@ def load_model(path: Path | str, device: torch.device | str = "cpu") -> tuple[to
         raise RunError(f"{path}: not a MEM run directory (no config.json) nor an export directory (no {MODEL_JSON})")
     window = task_window(meta)
     model, meta["window_flops"] = load_checked(
-        lambda: build_task_model(meta), weights, weights_file, description, window
+        lambda: build_task_model(meta), weights, weights_file, description, window, described=meta
     )
     return model.to(device).eval(), meta
 
