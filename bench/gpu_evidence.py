@@ -83,8 +83,8 @@ GPU = Scale(
 TINY_VIT = ("model.embed_dim=32", "model.depth=2", "model.num_heads=2")
 SMOKE = Scale(
     name="smoke",
-    budget_s=45,
-    reserve_s=10,
+    budget_s=25,
+    reserve_s=6,
     fractions=(0.1, 1.0),
     seeds=(0,),
     overrides={
