@@ -77,6 +77,31 @@ def live(
     )
 
 
+@app.command("deploy")
+def deploy(
+    json_path: JsonOpt = None,
+    sizes: Annotated[str, typer.Option("--sizes", help="Comma-separated: cpu-small, vit-b (random weights).")] = (
+        "cpu-small,vit-b"
+    ),
+    starts: Annotated[int, typer.Option("--starts", help="`mem serve` launches per runtime (0: skip).", min=0)] = 3,
+    trained: Annotated[
+        Path | None,
+        typer.Option("--trained", help="A finetune run on N-Cars: top-1 on ncars-dev/test of torch, ONNX and int8."),
+    ] = None,
+    accuracy_samples: Annotated[
+        int | None, typer.Option("--accuracy-samples", help="Test samples for --trained (default: all).", min=1)
+    ] = None,
+) -> None:
+    """The live path with torch against the ONNX model in onnxruntime: start to first prediction, memory, window
+    latency on 1 and 2 threads, and int8 quantization (speed; accuracy with --trained)."""
+    from bench import bench_deploy
+
+    chosen = tuple(s.strip() for s in sizes.split(",") if s.strip())
+    if not chosen or any(s not in bench_deploy.SIZES for s in chosen):
+        raise typer.BadParameter(f"{sizes!r}: expected some of {', '.join(bench_deploy.SIZES)}", param_hint="--sizes")
+    bench_deploy.main(json_path, chosen, starts, trained, accuracy_samples)
+
+
 @app.command("train")
 @refusing(Renamed("--events", "--window-events", "events per window, as mem serve --window-events"))
 def train(

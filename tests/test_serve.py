@@ -346,7 +346,7 @@ def test_a_model_that_crops_each_window_s_extent_shows_where_it_looks(tmp_path):
 
 
 def test_a_model_that_cannot_be_loaded_ends_the_server_with_its_error(tmp_path):
-    with pytest.raises(ConfigError, match="missing: no such directory"):  # at once, before loading anything
+    with pytest.raises(ConfigError, match="missing: no such file or directory"):  # at once, before loading anything
         LiveServer(ServeConfig(model=tmp_path / "missing"), source=SyntheticSource(1000, SENSOR))
     (tmp_path / "empty").mkdir()
     server = LiveServer(
