@@ -48,7 +48,8 @@ SIZES = ("cpu-small", "vit-b")
 STARTS = 3
 START_TIMEOUT_S = 120.0
 THREADS = (1, 2)
-ROUNDS, ROUND_WINDOWS, WARMUP = 4, 40, 8  # per runtime and thread count: 160 timed windows in 4 alternating rounds
+ROUNDS, WARMUP = 4, 8
+ROUND_WINDOWS = {"cpu-small": 40, "vit-b": 10}  # timed windows per runtime and thread count: 4 alternating rounds
 SENSOR = SensorSize(480, 640)
 WINDOW_EVENTS = 30_000
 TARGET_START_S, TARGET_MEMORY_MB, TARGET_RATIO = 1.0, 200.0, 0.6
@@ -159,7 +160,7 @@ def synthetic_windows(n: int = 16) -> list[np.ndarray]:
     ]
 
 
-def bench_windows(models: dict[str, Path], threads: int) -> dict[str, dict[str, float]]:
+def bench_windows(models: dict[str, Path], threads: int, per_round: int) -> dict[str, dict[str, float]]:
     """p50 / p95 ms of a window's call per runtime on ``threads`` threads, in alternating rounds."""
     torch.set_num_threads(threads)
     predictors: dict[str, Callable] = {
@@ -173,7 +174,7 @@ def bench_windows(models: dict[str, Path], threads: int) -> dict[str, dict[str, 
             predictor(windows[i % len(windows)], SENSOR)
     for _ in range(ROUNDS):
         for name, predictor in predictors.items():
-            for i in range(ROUND_WINDOWS):
+            for i in range(per_round):
                 start = time.perf_counter()
                 predictor(windows[i % len(windows)], SENSOR)
                 times[name].append((time.perf_counter() - start) * 1e3)
@@ -265,7 +266,7 @@ def main(
                 )
             for threads in THREADS:
                 print(f"{size}: windows on {threads} thread(s)", file=sys.stderr, flush=True)
-                timed = bench_windows(models, threads)
+                timed = bench_windows(models, threads, ROUND_WINDOWS[size])
                 for name, r in timed.items():
                     rows += [
                         (f"{size} {name}: window p{p}, {threads} thread(s)", r[f"p{p}"], "ms", None, True)

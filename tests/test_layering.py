@@ -162,6 +162,13 @@ def test_the_run_lineage_never_reaches_torch():
     assert reaches("mem_core.runs.lineage", GUI_NEVER_REACHES) == []
 
 
+def test_the_onnx_live_path_never_reaches_torch():
+    # `mem serve --model model.onnx` runs where torch is not installed (test_onnx.py serves from such an install; the
+    # server's loader imports torch only for a torch model)
+    for module in ("mem_core.onnx_inference", "mem_core.runs.onnx_model"):
+        assert reaches(module, GUI_NEVER_REACHES) == []
+
+
 def test_the_command_line_starts_without_heavy_libraries():
     # `mem --help`, `mem view` and every other command import app.cli first: torch alone takes seconds to import
     code = "import sys, app.cli; print(sorted(m for m in ('torch', 'timm', 'numba', 'h5py', 'PySide6') if m in sys.modules))"
