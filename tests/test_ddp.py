@@ -44,8 +44,21 @@ def run(cmd: list[str]) -> str:
     return result.stdout
 
 
-def test_two_processes_match_one(tmp_path):
-    run([sys.executable, "-m", "app.cli", *finetune_command(tmp_path / "one")])
+def in_process(args: list[str], monkeypatch, capsys) -> str:
+    """``mem ARGS`` in this process (the one-process reference: its process is not what is tested): its stdout."""
+    from app.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["mem", *args])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as done:
+        main()
+    out, err = capsys.readouterr()
+    assert done.value.code == 0, err[-3000:]
+    return out
+
+
+def test_two_processes_match_one(tmp_path, monkeypatch, capsys):
+    in_process(finetune_command(tmp_path / "one"), monkeypatch, capsys)
     run(
         [
             sys.executable,
@@ -101,7 +114,7 @@ def uneven_ncars(tmp_path, data_dir):
     return tmp_path
 
 
-def test_two_processes_train_and_evaluate_an_uneven_split_like_one(tmp_path, uneven_ncars):
+def test_two_processes_train_and_evaluate_an_uneven_split_like_one(tmp_path, uneven_ncars, monkeypatch, capsys):
     settings = [s for s in SETTINGS if not s.startswith(("batch_size", "data.max_samples", "epochs"))]
     args = ["finetune", "--dataset", "ncars", "--data", str(uneven_ncars), "--preset", "cpu-tiny"]
     args += [a for s in [*settings, "epochs=1", "batch_size=16"] for a in ("--set", s)]
@@ -120,7 +133,7 @@ def test_two_processes_train_and_evaluate_an_uneven_split_like_one(tmp_path, une
         str(uneven_ncars),
         "--json",
     ]
-    one = json.loads(run([sys.executable, "-m", "app.cli", *evaluate]).strip().splitlines()[-1])
+    one = json.loads(in_process(evaluate, monkeypatch, capsys).strip().splitlines()[-1])
     two = json.loads(run([*torchrun, *evaluate]).strip().splitlines()[-1])
     assert one["n"] == two["n"] == 18
     assert one["top1"] == two["top1"] == result["top1"] and one["confusion"] == two["confusion"]
