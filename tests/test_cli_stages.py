@@ -41,22 +41,39 @@ def sets(*settings: str) -> list[str]:
     return [arg for s in settings for arg in ("--set", s)]
 
 
-def test_tokenizer_pretrain_finetune_evaluate_export(tmp_path):
+def few_ncars(root: Path, data_dir: Path, per_class: dict[str, int]) -> Path:
+    """An N-Cars root of a few real samples per class of each split (links into ``ncars-dev``)."""
+    for split, count in per_class.items():
+        for cls in ("background", "cars"):
+            (root / split / cls).mkdir(parents=True)
+            for path in sorted((data_dir / "ncars-dev" / split / cls).iterdir())[:count]:
+                (root / split / cls / path.name).symlink_to(path)
+    return root
+
+
+def test_tokenizer_pretrain_finetune_evaluate_export(tmp_path, data_dir):
+    """Each stage command as a user runs it, in a process of its own, on real recordings."""
+    data = few_ncars(tmp_path / "ncars", data_dir, {"train": 12, "val": 4, "test": 5})
+
     def stage(name: str, out: str, *args: str) -> None:
-        r = mem(name, "--dataset", "sim", "--preset", "cpu-tiny", "--out", str(tmp_path / out), *args)
+        r = mem(
+            name, "--dataset", "ncars", "--data", str(data), "--preset", "cpu-tiny", "--out", str(tmp_path / out), *args
+        )
         assert r.returncode == 0, r.stderr[-3000:]
 
     stage("tokenizer", "tok", *sets(*TINY, *TINY_TOK))
     stage("pretrain", "pre", "--tokenizer", str(tmp_path / "tok"), *sets(*TINY, *TINY_VIT))
     stage("finetune", "ft", "--init", str(tmp_path / "pre"), "--label-fraction", "0.5", *sets(*TINY, *TINY_VIT))
-    r = mem("evaluate", "--model", str(tmp_path / "ft"), "--dataset", "sim", "--split", "test", "--json")
+    assert json.loads((tmp_path / "ft" / "result.json").read_text())["train_samples"] == 12  # half of 24
+    r = mem("evaluate", "--model", str(tmp_path / "ft"), "--dataset", "ncars", "--data", str(data), "--split", "test",
+            "--json")  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads(r.stdout.strip().splitlines()[-1])
-    assert 0 <= result["top1"] <= 1 and result["n"] == 300
+    assert 0 <= result["top1"] <= 1 and result["n"] == 10
     r = mem("export", "--model", str(tmp_path / "ft"), "--out", str(tmp_path / "export"))
     assert r.returncode == 0, r.stderr[-3000:]
     meta = json.loads((tmp_path / "export" / "model.json").read_text())
-    assert meta["task"] == "classification" and len(meta["classes"]) == 5
+    assert meta["task"] == "classification" and meta["classes"] == ["background", "cars"]
     assert (tmp_path / "export" / "model.safetensors").is_file()
     assert (tmp_path / "export" / "tokenizer.safetensors").is_file()
 
