@@ -42,8 +42,10 @@ class ServeConfig:
     model: Annotated[
         Path | None,
         Help(
-            "Export directory (mem export) or finetune/segment run. Without one the server streams the sensor "
-            "view for labelling (mem view: number keys capture, Train finetunes --pretrain on the captures)."
+            "Export directory (mem export) or finetune/segment run, or an ONNX model (model.onnx of mem export "
+            "--format onnx, or its folder: run by onnxruntime on the CPU, torch never imported). Without one the "
+            "server streams the sensor view for labelling (mem view: number keys capture, Train finetunes --pretrain "
+            "on the captures)."
         ),
     ] = None
     source: Annotated[str, Help(SOURCE_HELP)] = "sim"
@@ -70,7 +72,7 @@ class ServeConfig:
     speed: Annotated[Speed, Help("Replay / simulator speed (x real time); 0: as fast as possible.")] = 1.0
     loop: Annotated[bool, Help(LOOP_HELP, flag="--loop/--no-loop")] = False
     top_k: Annotated[int, AT_LEAST_1] = 5
-    threads: Annotated[int, AT_LEAST_1, Help("Torch CPU threads for inference.")] = 1
+    threads: Annotated[int, AT_LEAST_1, Help("CPU threads for inference (torch's, or onnxruntime's).")] = 1
     device: Annotated[str, Help("cpu or cuda[:N].")] = "cpu"
     eager: Annotated[
         bool,
