@@ -118,3 +118,51 @@ def test_the_experiment_scales_pretraining_to_the_same_steps_or_the_same_epochs(
     assert pretraining_config(steps, "tokenizer").epochs == round(same_epochs["tokenizer"].epochs * 20 / 32)
     with pytest.raises(ValueError, match="pretrain_budget must be one of epochs, steps, got 'time'"):
         LabelEfficiencyConfig(pretrain_budget="time")
+
+
+def experiment_out(root: Path, name: str, recordings: int, budget: str, unlabeled: int, mem: list[float]) -> Path:
+    """A finished experiment's files as `mem experiment label-efficiency` leaves them (results.json, the pretraining
+    run's config and result), with MEM's and two baselines' test top-1 per seed at 10 % labels."""
+    out = root / name
+    (out / "pretrain").mkdir(parents=True)
+    (out / "pretrain" / "result.json").write_text(json.dumps({"stage": "pretrain", "train_samples": recordings}))
+    (out / "pretrain" / "config.json").write_text(json.dumps({"stage": "pretrain", "config": {"epochs": 200}}))
+    rows = [
+        {"arm": arm, "labels": 0.1, "seed": seed, "test_top1": value}
+        for arm, values in (("mem", mem), ("scratch", [0.80, 0.82, 0.84]), ("resnet18", [0.85, 0.85, 0.85]))
+        for seed, value in enumerate(values)
+    ]
+    described = (
+        [{"path": "/c", "kind": "corpus", "digest": "d", "recordings": unlabeled, "events": 1}] if unlabeled else []
+    )
+    pretraining = {
+        "budget": budget,
+        "epochs": {"pretrain": 200 if budget == "epochs" else 67},
+        "data": {"unlabeled": described},
+    }
+    (out / "results.json").write_text(json.dumps({"headline": "test_top1", "rows": rows, "pretraining": pretraining}))
+    return out
+
+
+def test_experiments_on_more_unlabeled_recordings_read_as_one_curve_beside_the_baselines(tmp_path, monkeypatch, capsys):
+    outs = [
+        experiment_out(tmp_path, "u3000", 3000, "epochs", 0, [0.86, 0.86, 0.86]),
+        experiment_out(tmp_path, "u9000e", 9000, "epochs", 6000, [0.88, 0.90, 0.92]),
+        experiment_out(tmp_path, "u9000s", 9000, "steps", 6000, [0.87, 0.87, 0.87]),
+    ]
+    status, err = mem_in_process(monkeypatch, capsys, "experiment", "unlabeled-curve", *map(str, outs), "--out",
+                                 str(tmp_path / "curve"))  # fmt: skip
+    assert status == 0, err
+    result = json.loads((tmp_path / "curve" / "unlabeled_curve.json").read_text())
+    points = {(p["recordings"], p["budget"]): p for p in result["points"]}
+    assert set(points) == {(3000, "both"), (9000, "epochs"), (9000, "steps")}  # the recipe belongs to both lines
+    assert points[9000, "epochs"]["mean"] == pytest.approx(0.90) and points[9000, "steps"]["pretrain_epochs"] == 67
+    bands = {b["arm"]: b for b in result["bands"]}
+    assert bands["scratch"]["mean"] == pytest.approx(0.82) and bands["scratch"]["seeds"] == 3  # each seed once
+    table = (tmp_path / "curve" / "unlabeled_curve.md").read_text()
+    assert "| 10% | 9,000 | same epochs (200 epochs) | 90.0 ± 1.6 | 88.0 / 90.0 / 92.0 |" in table
+    assert (tmp_path / "curve" / "unlabeled_curve.png").stat().st_size > 10_000
+
+    status, err = mem_in_process(monkeypatch, capsys, "experiment", "unlabeled-curve", str(tmp_path), "--out",
+                                 str(tmp_path / "curve"))  # fmt: skip
+    assert status == 2 and f"{tmp_path}: no results.json" in err

@@ -312,3 +312,22 @@ def label_efficiency(
     report = run(cfg)
     typer.echo(markdown_report(report))
     typer.echo(f"results: {out / 'results.json'}, plot: {out / 'label_efficiency.png'}")
+
+
+@experiment_app.command("unlabeled-curve")
+def unlabeled_curve(
+    experiments: Annotated[
+        list[Path],
+        typer.Argument(help="Finished label-efficiency experiments (their --out) that differ in what MEM saw."),
+    ],
+    out: Annotated[Path, typer.Option("--out", help="Where the table, JSON and plot go.")] = Path(
+        "runs/unlabeled-curve"
+    ),
+) -> None:
+    """MEM's accuracy against the unlabeled recordings it was pretrained on, from several experiments (--unlabeled,
+    --pretrain-budget), the arms without pretraining as bands: unlabeled_curve.{md,json,png}."""
+    from mem_core.train.experiment_curve import markdown_curve, write_curve
+
+    result = write_curve(experiments, out)
+    typer.echo(markdown_curve(result))
+    typer.echo(f"plot: {out / 'unlabeled_curve.png'}")

@@ -1,0 +1,173 @@
+"""Accuracy against unlabeled recordings: several label-efficiency experiments that differ only in what MEM was
+pretrained on (``--unlabeled``, ``--pretrain-budget``) read as one curve, with the arms that see no unlabeled data
+(the ViT from scratch, the CNN) as bands.
+
+``mem experiment unlabeled-curve OUT...`` reads each experiment's ``results.json``: the recordings its pretraining
+read (the pretraining run's training samples: the labelled training split and every unlabeled corpus or folder),
+how it was scaled (the same epochs or the same steps), and every kept model's top-1 on the headline split. It writes
+``unlabeled_curve.json``, ``unlabeled_curve.md`` and ``unlabeled_curve.png``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from mem_core.errors import MemError
+from mem_core.train.experiment_report import COLOURS, MEM, YARDSTICK_COLOUR, _arm_label, mean_std
+
+RESULTS = "results.json"
+
+
+def read_experiment(out: Path) -> dict[str, Any]:
+    """One experiment's ``results.json`` and the recordings its pretraining read; ``MemError`` in one line when it
+    is not a finished label-efficiency experiment."""
+    from mem_core.runs.rundir import RunDir
+
+    path = Path(out) / RESULTS
+    try:
+        report = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise MemError(f"{out}: no {RESULTS}: not a finished mem experiment label-efficiency") from None
+    except ValueError as e:
+        raise MemError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(report, dict) or "rows" not in report:
+        raise MemError(f"{path}: not a label-efficiency experiment's results (no rows)")
+    pretraining = report.get("pretraining") or {}
+    result = Path(out) / "pretrain" / "result.json"
+    if not result.is_file():
+        raise MemError(f"{out}: no pretrain/result.json: the pretraining run is missing")
+    recordings = json.loads(result.read_text())["train_samples"]
+    data = pretraining.get("data") or {}
+    unlabeled = data.get("unlabeled") or []
+    return {
+        "out": str(out),
+        "recordings": int(recordings),
+        "unlabeled": [{k: u.get(k) for k in ("path", "kind", "digest", "recordings", "events")} for u in unlabeled],
+        "budget": pretraining.get("budget", "epochs") if unlabeled else "both",
+        "pretrain_epochs": (pretraining.get("epochs") or {}).get("pretrain")
+        or RunDir(Path(out) / "pretrain").read_config()["config"]["epochs"],
+        "headline": report["headline"],
+        "rows": report["rows"],
+        "seconds": report.get("seconds", {}),
+    }
+
+
+def curve(outs: list[Path]) -> dict[str, Any]:
+    """The experiments ``outs`` as points: per pretraining budget and label fraction, MEM's headline top-1 (mean and
+    std over seeds) at each count of recordings; per label fraction, every other arm (pooled over the experiments
+    that trained it on the same runs, each seed once)."""
+    experiments = sorted((read_experiment(o) for o in outs), key=lambda e: e["recordings"])
+    headlines = {e["headline"] for e in experiments}
+    if len(headlines) != 1:
+        raise MemError(f"the experiments are scored on different splits ({', '.join(sorted(headlines))})")
+    metric = headlines.pop()
+    points = []
+    for e in experiments:
+        for fraction in sorted({r["labels"] for r in e["rows"]}):
+            values = [r[metric] for r in e["rows"] if r["arm"] == MEM and r["labels"] == fraction]
+            if values:
+                points.append(
+                    {
+                        "recordings": e["recordings"],
+                        "budget": e["budget"],
+                        "pretrain_epochs": e["pretrain_epochs"],
+                        "labels": fraction,
+                        "seeds": len(values),
+                        "per_seed": values,
+                        **mean_std(values),
+                        "out": e["out"],
+                    }
+                )
+    baselines: dict[tuple[str, float], dict[int, float]] = {}
+    for e in experiments:
+        for r in e["rows"]:
+            if r["arm"] != MEM:
+                baselines.setdefault((r["arm"], r["labels"]), {})[r["seed"]] = r[metric]
+    bands = [
+        {"arm": arm, "labels": fraction, "seeds": len(v), **mean_std(list(v.values()))}
+        for (arm, fraction), v in sorted(baselines.items(), key=lambda kv: (kv[0][1], kv[0][0]))
+    ]
+    return {"metric": metric, "experiments": experiments, "points": points, "bands": bands}
+
+
+def markdown_curve(result: dict[str, Any]) -> str:
+    """The curve as a table: one row per label fraction and pretraining (recordings, budget), the bands below."""
+    lines = [
+        f"| labels | unlabeled recordings pretrained on | pretraining | MEM {result['metric']} | per seed |",
+        "|---|---|---|---|---|",
+    ]
+    for p in sorted(result["points"], key=lambda p: (p["labels"], p["recordings"], p["budget"])):
+        budget = {"both": "the recipe", "epochs": "same epochs", "steps": "same steps"}[p["budget"]]
+        lines.append(
+            f"| {p['labels']:.0%} | {p['recordings']:,} | {budget} ({p['pretrain_epochs']} epochs) | "
+            f"{100 * p['mean']:.1f} ± {100 * p['std']:.1f} | {' / '.join(f'{100 * v:.1f}' for v in p['per_seed'])} |"
+        )
+    for b in result["bands"]:
+        lines.append(
+            f"| {b['labels']:.0%} | none | {_arm_label(b['arm'])} | {100 * b['mean']:.1f} ± {100 * b['std']:.1f} | |"
+        )
+    return "\n".join(lines)
+
+
+def plot_curve(result: dict[str, Any], path: Path) -> None:
+    """One panel per label fraction: MEM's top-1 against the recordings it was pretrained on (log x), a line per
+    pretraining budget (mean ± std over seeds), the arms without pretraining as bands (mean ± std)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fractions = sorted({p["labels"] for p in result["points"]})
+    fig, axes = plt.subplots(1, len(fractions), figsize=(5.2 * len(fractions), 4.0), squeeze=False, sharey=False)
+    xs_all = sorted({p["recordings"] for p in result["points"]})
+    for ax, fraction in zip(axes[0], fractions, strict=True):
+        for budget, style in (("epochs", "-"), ("steps", "--")):
+            pts = sorted(
+                (p for p in result["points"] if p["labels"] == fraction and p["budget"] in (budget, "both")),
+                key=lambda p: p["recordings"],
+            )
+            if len(pts) < 2 and all(p["budget"] == "both" for p in pts) and budget == "steps":
+                continue
+            label = {"epochs": "MEM, pretrained the same epochs", "steps": "MEM, pretrained the same steps"}[budget]
+            ax.errorbar(
+                [p["recordings"] for p in pts],
+                [100 * p["mean"] for p in pts],
+                yerr=[100 * p["std"] for p in pts],
+                marker="o",
+                capsize=4,
+                linestyle=style,
+                color=COLOURS[MEM],
+                alpha=1.0 if budget == "epochs" else 0.6,
+                label=label,
+            )
+        for band in (b for b in result["bands"] if b["labels"] == fraction):
+            colour = COLOURS.get(band["arm"], YARDSTICK_COLOUR)
+            lo, hi = 100 * (band["mean"] - band["std"]), 100 * (band["mean"] + band["std"])
+            ax.axhspan(lo, hi, color=colour, alpha=0.15)
+            ax.axhline(100 * band["mean"], color=colour, linewidth=1, label=f"{_arm_label(band['arm'])} (no unlabeled)")
+        ax.set_xscale("log")
+        ax.set_xticks(xs_all, [f"{x:,}" for x in xs_all])
+        ax.minorticks_off()
+        ax.set(
+            title=f"{fraction:.0%} of the labels",
+            xlabel="recordings MEM was pretrained on (unlabeled)",
+            ylabel=f"{result['metric'].removesuffix('_top1').replace('_', '-')} top-1 (%)",
+        )
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+    fig.suptitle("More unlabeled recordings: mean ± std over seeds")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_curve(outs: list[Path], dest: Path) -> dict[str, Any]:
+    """``curve(outs)`` written into ``dest``: JSON, markdown table and plot."""
+    result = curve(outs)
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "unlabeled_curve.json").write_text(json.dumps(result, indent=2) + "\n")
+    (dest / "unlabeled_curve.md").write_text(markdown_curve(result) + "\n")
+    plot_curve(result, dest / "unlabeled_curve.png")
+    return result
