@@ -213,6 +213,7 @@ def main(
     starts: int = STARTS,
     trained: Path | None = None,
     accuracy_samples: int | None = None,
+    threads_list: tuple[int, ...] = THREADS,
 ) -> list[dict]:
     from rich.console import Console
     from rich.table import Table
@@ -264,7 +265,7 @@ def main(
                         True,
                     )
                 )
-            for threads in THREADS:
+            for threads in threads_list:
                 print(f"{size}: windows on {threads} thread(s)", file=sys.stderr, flush=True)
                 timed = bench_windows(models, threads, ROUND_WINDOWS[size])
                 for name, r in timed.items():

@@ -91,6 +91,9 @@ def deploy(
     accuracy_samples: Annotated[
         int | None, typer.Option("--accuracy-samples", help="Test samples for --trained (default: all).", min=1)
     ] = None,
+    threads: Annotated[
+        str, typer.Option("--threads", help="Comma-separated thread counts to time windows on.")
+    ] = "1,2",
 ) -> None:
     """The live path with torch against the ONNX model in onnxruntime: start to first prediction, memory, window
     latency on 1 and 2 threads, and int8 quantization (speed; accuracy with --trained)."""
@@ -99,7 +102,13 @@ def deploy(
     chosen = tuple(s.strip() for s in sizes.split(",") if s.strip())
     if not chosen or any(s not in bench_deploy.SIZES for s in chosen):
         raise typer.BadParameter(f"{sizes!r}: expected some of {', '.join(bench_deploy.SIZES)}", param_hint="--sizes")
-    bench_deploy.main(json_path, chosen, starts, trained, accuracy_samples)
+    try:
+        counts = tuple(int(t) for t in threads.split(",") if t.strip())
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < 1:
+        raise typer.BadParameter(f"{threads!r}: expected thread counts such as 1,2", param_hint="--threads")
+    bench_deploy.main(json_path, chosen, starts, trained, accuracy_samples, counts)
 
 
 @app.command("train")
