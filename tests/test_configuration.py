@@ -182,3 +182,22 @@ def test_overrides_that_only_fit_together_may_come_in_any_order():
     assert (cfg.model.embed_dim, cfg.model.num_heads) == (32, 2)
     with pytest.raises(ConfigError, match=r"--set model.embed_dim=33: embed_dim 33 is not divisible by num_heads 12"):
         apply_overrides(FinetuneStageConfig(), ["model.embed_dim=33"])
+
+
+@pytest.mark.parametrize(
+    ("alone", "with_it"),
+    [
+        ("frozen_layers=14", "model.depth=16"),  # frozen layers need the depth that comes with them (12 alone)
+        ("model.depth=200", "model.embed_dim=96"),  # too many parameters at the default width
+    ],
+)
+def test_a_rule_between_fields_is_checked_once_all_overrides_are_in(alone, with_it):
+    """Every rule between fields (``ConfigConflict``) waits for the other overrides: the two settings read the same
+    in either order, and one that is still inconsistent at the end is refused naming it."""
+    from mem_core.train.configs import FinetuneStageConfig
+
+    assert apply_overrides(FinetuneStageConfig(), [alone, with_it]) == apply_overrides(
+        FinetuneStageConfig(), [with_it, alone]
+    )
+    with pytest.raises(ConfigError, match=re.escape(f"--set {alone}: ")):
+        apply_overrides(FinetuneStageConfig(), [alone])

@@ -4,24 +4,24 @@
 
 from __future__ import annotations
 
-from mem_core.errors import ConfigError
+from mem_core.fields import ConfigConflict
 from mem_core.limits import MAX_PARAMETERS, MAX_PATCHES
 from mem_core.models.tokenizer import TokenizerConfig
 from mem_core.models.vit import ViTConfig
 
 
 def check_model_sizes(model: ViTConfig | TokenizerConfig, prefix: str = "model.") -> None:
-    """Raise a ``ConfigError`` naming the key unless the grid of ``model`` has at most ``MAX_PATCHES`` cells and it
+    """Raise a ``ConfigConflict`` (fields that only fit together) naming the key unless the grid of ``model`` has at most ``MAX_PATCHES`` cells and it
     holds at most ``MAX_PARAMETERS``."""
     rows, cols = model.grid_size
     if rows * cols > MAX_PATCHES:
-        raise ConfigError(
+        raise ConfigConflict(
             f"{prefix}img_size {model.img_size} in patches of {model.patch_size} px gives {rows * cols} tokens, "
             f"at most {MAX_PATCHES}"
         )
     parameters = _vit_parameters(model) if isinstance(model, ViTConfig) else _tokenizer_parameters(model)
     if parameters > MAX_PARAMETERS:
-        raise ConfigError(
+        raise ConfigConflict(
             f"{prefix.rstrip('.')}: these sizes make about {parameters:.3g} parameters, at most {MAX_PARAMETERS:.3g}"
         )
 

@@ -19,7 +19,17 @@ from mem_core.configuration import (
     load_toml,
     merge,
 )
-from mem_core.fields import AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, SHARE, Range, Width, check_fields
+from mem_core.fields import (
+    AT_LEAST_0,
+    AT_LEAST_1,
+    FRACTION,
+    POSITIVE,
+    SHARE,
+    ConfigConflict,
+    Range,
+    Width,
+    check_fields,
+)
 from mem_core.limits import MAX_DEPTH, MAX_WIDTH
 from mem_core.models.cnn import VIT, Arch
 from mem_core.models.sizes import check_model_sizes
@@ -165,11 +175,11 @@ class FinetuneStageConfig(StageConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.probe and self.arch != VIT:
-            raise ConfigError(f"probe: a linear probe reads a pretrained ViT's features, arch={self.arch!r} has none")
+            raise ConfigConflict(f"probe: a linear probe reads a pretrained ViT's features, arch={self.arch!r} has none")
         if self.frozen_layers and self.arch != VIT:
-            raise ConfigError(f"frozen_layers: counts a ViT's stem and blocks, arch={self.arch!r} has none")
+            raise ConfigConflict(f"frozen_layers: counts a ViT's stem and blocks, arch={self.arch!r} has none")
         if self.frozen_layers > self.model.depth:
-            raise ConfigError(
+            raise ConfigConflict(
                 f"frozen_layers must be at most the depth, {self.model.depth} (the stem and all but one block), "
                 f"got {self.frozen_layers}"
             )
