@@ -130,7 +130,7 @@ def start_once(model: Path) -> dict[str, float]:
         seconds = time.monotonic() - started
         cpu, peak = proc_status(server.pid)
     finally:
-        server.terminate()
+        server.kill()  # measured: nothing of its ending counts
         server.wait(30)
         sub.close(0)
     if not first:
