@@ -4,17 +4,8 @@ from .emae import EMAEPretrainModel, patchify, unpatchify
 from .masking import BlockMaskGenerator, RandomMaskGenerator
 from .segmentation import SegmentationModel, confusion_matrix, segmentation_metrics
 from .tokenizer import DiscreteVAE, TokenizerConfig, codebook_stats
-from .vit import (
-    VIT_PRESETS,
-    BackboneModel,
-    LoadReport,
-    MEMPretrainModel,
-    MEMViT,
-    ViTConfig,
-    load_pretrained_backbone,
-    vit_base,
-    vit_tiny,
-)
+from .transfer import LoadReport, load_pretrained_backbone
+from .vit import VIT_PRESETS, BackboneModel, MEMPretrainModel, MEMViT, ViTConfig, vit_base, vit_tiny
 
 __all__ = [
     "VIT_PRESETS",

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Any, Literal
 
 import torch
 import torch.nn.functional as F
-from timm import create_model
-from timm.layers import DropPath, resample_abs_pos_embed, resize_rel_pos_bias_table, trunc_normal_
+from timm.layers import DropPath, trunc_normal_
 from timm.models import beit, group_parameters, vision_transformer
 from timm.models.beit import Beit
 from torch import nn
@@ -26,9 +25,9 @@ from mem_core.errors import ConfigError
 from mem_core.fields import AT_LEAST_0, FRACTION, Channels, ConfigConflict, Range, Side, Width, check_fields
 from mem_core.limits import MAX_DEPTH, MAX_MLP_RATIO
 from mem_core.models.attention import choose_kernel_per_call
+from mem_core.models.stems import RESNET_STRIDES, STEM_CLASSES, STEMS
 
 BACKBONE_PREFIX = "backbone."
-RESNET_STRIDES = (2, 4, 8, 16, 32)  # ResNet-18's feature strides: after conv1, layer1, layer2, layer3, layer4
 
 
 @dataclass(frozen=True)
@@ -111,55 +110,6 @@ def prefix_group_matcher(matcher: dict[str, Any], prefix: str) -> dict[str, Any]
         else:
             out[name] = wrap(spec)
     return out
-
-
-class ConvStem(nn.Module):
-    """The convolutional stem of Xiao et al. (NeurIPS 2021, "Early convolutions help transformers see better"):
-    log2(patch_size) 3 x 3 convolutions of stride 2 (BatchNorm, ReLU), widths doubling up to ``embed_dim``, then a
-    1 x 1 projection; ``(B, C, H, W)`` -> ``(B, embed_dim, H / p, W / p)``, the grid of the linear patch stem.
-
-    Its receptive fields overlap the neighbouring patches, so a masked patch's pixels must be hidden from the stem
-    (``MEMViT.patch_tokens`` zeroes them) or its neighbours' tokens would leak them to the pretext task.
-    """
-
-    def __init__(self, in_chans: int, embed_dim: int, patch_size: int) -> None:
-        super().__init__()
-        layers = patch_size.bit_length() - 1
-        widths = [max(embed_dim >> (layers - i), 8) for i in range(1, layers + 1)]
-        blocks: list[nn.Module] = []
-        for width in widths:
-            blocks += [nn.Conv2d(in_chans, width, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(width)]
-            blocks.append(nn.ReLU(inplace=True))
-            in_chans = width
-        blocks.append(nn.Conv2d(in_chans, embed_dim, 1))
-        self.layers = nn.Sequential(*blocks)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.layers(x)
-
-
-class ResNetStem(nn.Module):
-    """A hybrid ViT's stem (Dosovitskiy et al. 2021, section 3.1): ResNet-18 (timm, from scratch) up to the stage
-    whose stride is ``patch_size``, then a 1 x 1 projection; ``(B, C, H, W)`` -> ``(B, embed_dim, H / p, W / p)``,
-    the linear stem's grid. For p = 8: conv 7 x 7 / 2, max pool, layer1 and layer2, 0.68M parameters.
-
-    Its receptive fields span many patches, so masked pixels must be hidden from it (``MEMViT.patch_tokens``).
-    """
-
-    def __init__(self, in_chans: int, embed_dim: int, patch_size: int) -> None:
-        super().__init__()
-        stage = RESNET_STRIDES.index(patch_size)
-        self.body = create_model(
-            "resnet18", pretrained=False, features_only=True, out_indices=(stage,), in_chans=in_chans
-        )
-        self.proj = nn.Conv2d(self.body.feature_info.channels()[-1], embed_dim, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(self.body(x)[-1])
-
-
-STEM_CLASSES: dict[str, type[nn.Module]] = {"conv": ConvStem, "resnet": ResNetStem}
-STEMS = ("patch", *STEM_CLASSES)  # "patch": timm's own linear map per patch
 
 
 class MEMViT(Beit):
@@ -451,59 +401,3 @@ class TensorDropPath(nn.Module):
 
     def extra_repr(self) -> str:
         return f"rate={self.rate:.3f}"
-
-
-class LoadReport(NamedTuple):
-    """What ``load_pretrained_backbone`` did: keys the backbone lacked, keys it did not know, keys it dropped."""
-
-    missing: list[str]
-    unexpected: list[str]
-    dropped: list[str]
-
-
-def load_pretrained_backbone(vit: MEMViT, state_dict: dict[str, torch.Tensor]) -> LoadReport:
-    """Load pretrained weights into the ViT of a task model (a classifier itself, or a segmenter's ``backbone``).
-
-    Accepts the state dict of a pretraining model (keys ``backbone.*``; its heads such as ``lm_head`` are dropped)
-    or of a bare ``MEMViT``. The final token norm is dropped when the ViT normalizes after pooling instead
-    (``fc_norm``, as BEiT finetunes). A ViT on another patch grid (a backbone pretrained at 224 x 224 segmenting at
-    512 x 512) gets the position tables resized: relative position bias with BEiT's geometric-progression
-    interpolation, absolute position embeddings bicubically (timm's functions). Every other tensor must match in
-    shape. ``missing`` lists the ViT's weights the state dict lacks, apart from the fresh head and ``fc_norm``.
-
-    Raises:
-        ValueError: a tensor's shape differs from the ViT's (named in the message).
-    """
-    if any(key.startswith(BACKBONE_PREFIX) for key in state_dict):
-        dropped = [key for key in state_dict if not key.startswith(BACKBONE_PREFIX)]
-        weights = {key.removeprefix(BACKBONE_PREFIX): v for key, v in state_dict.items() if key not in dropped}
-    else:
-        dropped, weights = [], dict(state_dict)
-    own = vit.state_dict()
-    unused = [key for key in weights if key not in own and key.startswith("norm.")]
-    dropped += unused
-    weights = {key: _fit_positions(key, value, own, vit) for key, value in weights.items() if key not in unused}
-    wrong = [
-        f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(own[k].shape)}"
-        for k, v in weights.items()
-        if k in own and own[k].shape != v.shape
-    ]
-    if wrong:
-        raise ValueError(
-            "pretrained backbone does not fit (different architecture or patch grid?): " + "; ".join(wrong)
-        )
-    result = vit.load_state_dict(weights, strict=False)
-    fresh = ("fc_norm.", "head.")
-    missing = [key for key in result.missing_keys if not key.startswith(fresh)]
-    return LoadReport(missing=missing, unexpected=list(result.unexpected_keys), dropped=dropped)
-
-
-def _fit_positions(key: str, value: torch.Tensor, own: dict[str, torch.Tensor], vit: MEMViT) -> torch.Tensor:
-    """A pretrained position table resized to ``vit``'s patch grid when the grids differ; other tensors unchanged."""
-    if key not in own or own[key].shape == value.shape:
-        return value
-    if key.endswith("relative_position_bias_table"):
-        return resize_rel_pos_bias_table(value, new_window_size=vit.grid_size, new_bias_shape=tuple(own[key].shape))
-    if key == "pos_embed":
-        return resample_abs_pos_embed(value, new_size=list(vit.grid_size), num_prefix_tokens=vit.num_prefix_tokens)
-    return value
