@@ -38,7 +38,7 @@ from mem_core.representation import (
     prepare_events,
     preprocess,
 )
-from mem_core.train.fit import build_loader
+from mem_core.train.data import build_loader
 from mem_core.train.runtime import Runtime
 
 NCARS_SENSOR = SensorSize(100, 120)

@@ -55,9 +55,9 @@ from mem_core.runs.export import export_tokenizer
 from mem_core.runs.rundir import RunDir
 from mem_core.train.common import wrap_model
 from mem_core.train.configs import stage_config
+from mem_core.train.data import build_loader, loader_workers
 from mem_core.train.engine import train_one_epoch
 from mem_core.train.finetune import FinetuneStage
-from mem_core.train.fit import build_loader, loader_workers
 from mem_core.train.pretrain import PretrainStage
 from mem_core.train.runtime import Runtime, setup_runtime
 from mem_core.train.stage import Stage

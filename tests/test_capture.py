@@ -89,9 +89,7 @@ def test_a_labels_folder_moved_away_says_so_and_capturing_goes_on_once_it_is_bac
         captures.capture(windows[0], SENSOR, "car")
         root.rename(away)
         for _ in range(2):  # every try says what happened and what to do, never that a name exists
-            with pytest.raises(
-                RecorderError, match=r"'car' not stored: the labels folder .* is gone .* back"
-            ):
+            with pytest.raises(RecorderError, match=r"'car' not stored: the labels folder .* is gone .* back"):
                 captures.capture(windows[1], SENSOR, "car")
         assert captures.counts() == {"car": 1}
         away.rename(root)

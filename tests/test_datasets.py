@@ -211,7 +211,7 @@ def test_training_on_a_damaged_corpus_stops_at_once_unless_told_to_skip_bad_shar
 
     from app.cli import app
     from mem_core.train import tokenizer
-    from mem_core.train.common import open_split
+    from mem_core.train.data import open_split
 
     shard = corpus_with_a_damaged_shard(tmp_path)
     args = ["tokenizer", "--dataset", "corpus", "--data", str(tmp_path), "--out", str(tmp_path / "run")]

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from mem_core.runs.rundir import RunDir, load_checkpoint
-from mem_core.train.engine import EpochBatchSampler
+from mem_core.train.data import EpochBatchSampler
 
 SETTINGS = [
     "epochs=2",

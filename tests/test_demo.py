@@ -192,7 +192,10 @@ def test_demo_rejects_impossible_label_counts_before_any_work(tmp_path):
     [
         (["--seeds", "0,0"], "distinct"),
         (["--seeds", "a"], "--seeds"),
-        (["--held-out", "train"], "held-out sets are test, test-sensor, test-motion, not 'train'"),  # the labelled windows' own split is not held out
+        (
+            ["--held-out", "train"],
+            "held-out sets are test, test-sensor, test-motion, not 'train'",
+        ),  # the labelled windows' own split is not held out
         (["--held-out", "test,test"], "distinct"),
     ],
 )

@@ -148,7 +148,7 @@ def test_a_label_fraction_trains_the_steps_and_validations_of_all_labels():
     of 300 or 30 labelled samples draws 3,000 (46 steps of 64, as all labels make), in passes over the labelled
     samples that each draw their own order and augmentations."""
     from mem_core.datasets import EventSource
-    from mem_core.train.engine import EpochBatchSampler
+    from mem_core.train.data import EpochBatchSampler
     from mem_core.train.experiment import equal_steps
 
     class Labels(EventSource):
@@ -826,7 +826,7 @@ def test_training_started_with_sigint_ignored_still_stops_on_sigint(tmp_path):
 
 def test_automatic_loader_workers_share_the_cores_a_process_gets(monkeypatch):
     from mem_core.configuration import ConfigError
-    from mem_core.train.fit import MAX_AUTO_WORKERS, loader_workers
+    from mem_core.train.data import MAX_AUTO_WORKERS, loader_workers
 
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)), raising=False)
     assert loader_workers(-1) == MAX_AUTO_WORKERS  # a 16-core GPU host, one process

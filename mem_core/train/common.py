@@ -1,16 +1,14 @@
-"""Setup shared by the stages: runtime and run directory, data sources, model input geometry, the step's generator, DDP."""
+"""A stage's setup: its runtime and run directory, the model input's geometry, a step's generator, the wrapped model
+(DDP, compiled blocks). What it trains on is ``train.data``."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import torch
 
 from mem_core.configuration import to_dict
-from mem_core.datasets import EventSource, label_subset, open_source
 from mem_core.models.vit import compile_blocks
 from mem_core.runs.rundir import RunDir
 from mem_core.train.runtime import Runtime, setup_runtime
@@ -33,51 +31,6 @@ def fit_input(cfg):
         raise ValueError(f"input.size must be square for the ViT, got {spec.size}")
     model = dataclasses.replace(cfg.model, img_size=spec.size[0], in_chans=spec.in_chans)  # ViT or tokenizer
     return dataclasses.replace(cfg, model=model)
-
-
-def open_split(cfg, split: str) -> EventSource:
-    data = cfg.data
-    checks = {"verify": data.verify, "skip_bad": data.skip_bad} if data.dataset == "corpus" else {}
-    return open_for_input(data.dataset, data.path or None, split, cfg.input, split_file=data.split_file, **checks)
-
-
-def open_training(cfg) -> tuple[EventSource, dict[str, Any] | None]:
-    """The training split, and with ``data.unlabeled`` those recordings joined to it, every label dropped
-    (``datasets.unlabeled``): the source, and what it was (None without unlabeled recordings)."""
-    from mem_core.datasets.unlabeled import JoinedSource, describe, open_unlabeled
-
-    source = open_split(cfg, cfg.data.train_split)
-    if not cfg.data.unlabeled:
-        return source, None
-    described = [describe(path, source.sensor) for path in cfg.data.unlabeled]
-    extra = [open_unlabeled(path, source.sensor, cfg.input.n_max) for path in cfg.data.unlabeled]
-    joined = JoinedSource([source, *extra])
-    data = cfg.data
-    split = {"dataset": data.dataset, "path": data.path, "split": data.train_split, "samples": len(source)}
-    return joined, {"samples": len(joined), "train_split": split, "unlabeled": described}
-
-
-def open_for_input(dataset: str, path, split: str, spec, *, split_file: str = "", **options) -> EventSource:
-    """A dataset's samples as a model with input ``spec`` sees them, for training and evaluation alike."""
-    if dataset == "ncaltech101" and split_file:
-        options["split_file"] = split_file
-    if dataset == "corpus":  # one sample per model window, so an epoch reads the corpus once
-        options["window"] = spec.n_max
-    return open_source(dataset, path, split, **options)
-
-
-def train_indices(cfg, source: EventSource) -> np.ndarray:
-    """The training samples: a stratified label fraction (when < 1) and an optional cap."""
-    if cfg.data.labels < 1:
-        labelled = source.labels >= 0
-        if not labelled.all():
-            raise ValueError(f"{cfg.data.dataset}: labels={cfg.data.labels} needs a labelled dataset")
-        idx = label_subset(source.labels, cfg.data.labels, cfg.data.label_seed)
-    else:
-        idx = np.arange(len(source))
-    if cfg.data.max_samples > 0 and len(idx) > cfg.data.max_samples:
-        idx = np.sort(np.random.default_rng(cfg.data.label_seed).permutation(idx)[: cfg.data.max_samples])
-    return idx
 
 
 def batch_generator(cfg, runtime: Runtime, epoch: int, step: int) -> torch.Generator:

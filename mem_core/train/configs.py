@@ -175,7 +175,9 @@ class FinetuneStageConfig(StageConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.probe and self.arch != VIT:
-            raise ConfigConflict(f"probe: a linear probe reads a pretrained ViT's features, arch={self.arch!r} has none")
+            raise ConfigConflict(
+                f"probe: a linear probe reads a pretrained ViT's features, arch={self.arch!r} has none"
+            )
         if self.frozen_layers and self.arch != VIT:
             raise ConfigConflict(f"frozen_layers: counts a ViT's stem and blocks, arch={self.arch!r} has none")
         if self.frozen_layers > self.model.depth:

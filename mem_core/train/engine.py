@@ -1,15 +1,11 @@
-"""The shared training machinery: deterministic epoch sampling, the optimisation step, progress and schedules.
-
-Determinism: every epoch reseeds torch and each sample's augmentation generator is derived (datasets.sample_rng) from
-``(seed, epoch, index)``, so a run resumed from an epoch checkpoint reproduces the uninterrupted run exactly, and
-the samples a step sees do not depend on the number of DDP processes or DataLoader workers.
-"""
+"""One epoch of training: the optimisation step (micro-batches, autocast, gradient clipping, a check that the loss is
+finite), the evaluation batches and the progress bar. Every epoch reseeds torch (``seed_everything``), so a run
+resumed from an epoch checkpoint reproduces the uninterrupted run; the batches come from ``train.data``."""
 
 from __future__ import annotations
 
 import contextlib
 import itertools
-import math
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -19,7 +15,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-from torch.utils.data import Sampler
 
 from mem_core.errors import MemError
 from mem_core.representation import batch_preprocess
@@ -30,92 +25,6 @@ CHECK_EVERY_S = 0.5  # how often the loop reads the device back: loss finiteness
 
 class NonFiniteLossError(MemError, FloatingPointError):
     """The loss became NaN or infinite: the run stops instead of training on garbage."""
-
-
-class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
-    """Batches of ``(index, key)`` pairs: a seeded permutation per epoch, the global batch split over ranks; ``key``
-    seeds the sample's augmentation (``WindowDataset``). With ``epoch_samples`` beyond ``n`` (training on a few
-    labels with the steps of many), an epoch makes several passes over the samples, each in its own order, the last
-    one cut at ``epoch_samples``; a pass's key is ``epoch * passes + pass``, so every pass draws its own augmentations,
-    and one pass keys its samples with the epoch itself.
-
-    Training (``drop_last``): each rank gets the slice ``[rank * b, (rank + 1) * b)`` of every global batch
-    (``b = global_batch / world``), so one process with batch B and N processes with batch B/N see the same samples
-    in the same steps. Evaluation: each global batch is shared out as evenly as the ranks allow and a rank with no
-    share of the last batch gets no batch at all, so every sample is counted exactly once (no padding duplicates,
-    no empty batch).
-    """
-
-    def __init__(
-        self,
-        n: int,
-        global_batch: int,
-        *,
-        seed: int,
-        shuffle: bool,
-        drop_last: bool,
-        rank: int = 0,
-        world_size: int = 1,
-        epoch_samples: int = 0,
-    ):
-        if n <= 0:
-            raise ValueError("cannot sample from an empty dataset")
-        if epoch_samples < 0 or (epoch_samples > n and not (shuffle and drop_last)):
-            raise ValueError(f"epoch_samples {epoch_samples}: several passes an epoch are for training (shuffled)")
-        if global_batch < 1 or (drop_last and global_batch % world_size):
-            raise ValueError(f"batch_size {global_batch} must be a positive multiple of the {world_size} processes")
-        self.n, self.global_batch, self.seed = n, global_batch, seed
-        self.shuffle, self.drop_last = shuffle, drop_last
-        self.rank, self.world_size = rank, world_size
-        self.per_rank = global_batch // world_size
-        self.samples = epoch_samples or n  # drawn per epoch
-        self.passes = -(-self.samples // n)
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def _order(self) -> tuple[np.ndarray, np.ndarray]:
-        """(sample positions, augmentation keys) of this epoch, in order."""
-        if not self.shuffle:
-            return np.arange(self.n), np.full(self.n, self.epoch)
-        if self.passes == 1:
-            order = np.random.default_rng([self.seed, self.epoch]).permutation(self.n)[: self.samples]
-            return order, np.full(len(order), self.epoch)
-        passes = [np.random.default_rng([self.seed, self.epoch, k]).permutation(self.n) for k in range(self.passes)]
-        keys = self.epoch * self.passes + np.repeat(np.arange(self.passes), self.n)
-        return np.concatenate(passes)[: self.samples], keys[: self.samples]
-
-    def _global_batches(self) -> int:
-        total = self.samples
-        if self.drop_last:
-            return max(total // self.global_batch, 1 if total < self.global_batch else 0)
-        return math.ceil(total / self.global_batch)
-
-    def _share(self, start: int, size: int) -> tuple[int, int]:
-        """(first, count) of this rank's part of a global batch of ``size`` samples beginning at ``start``."""
-        if self.drop_last:
-            return start + self.rank * self.per_rank, self.per_rank
-        base, extra = divmod(size, self.world_size)  # the first ``extra`` ranks take one more
-        return start + self.rank * base + min(self.rank, extra), base + (self.rank < extra)
-
-    def __len__(self) -> int:
-        if self.drop_last:
-            return self._global_batches()
-        sizes = (min(self.global_batch, self.n - b * self.global_batch) for b in range(self._global_batches()))
-        return sum(1 for size in sizes if self._share(0, size)[1] > 0)
-
-    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
-        order, keys = self._order()
-        if self.drop_last and len(order) < self.global_batch:
-            # fewer samples than one batch (a few labelled captures): repeat the permutation to fill one batch
-            order, keys = np.resize(order, self.global_batch), np.resize(keys, self.global_batch)
-        for b in range(self._global_batches()):
-            start = b * self.global_batch
-            first, count = self._share(start, min(self.global_batch, len(order) - start))
-            if count > 0:
-                pairs = zip(order[first : first + count], keys[first : first + count], strict=True)
-                yield [(int(i), int(k)) for i, k in pairs]
 
 
 def seed_everything(seed: int, epoch: int, rank: int | None = None) -> None:

@@ -11,9 +11,8 @@ from mem_core.configuration import from_dict
 from mem_core.representation import InputSpec
 from mem_core.runs.export import load_model
 from mem_core.runs.rundir import RunDir, RunError, json_safe
-from mem_core.train.common import open_for_input
+from mem_core.train.data import build_loader, open_for_input
 from mem_core.train.finetune import evaluate_classifier
-from mem_core.train.fit import build_loader
 from mem_core.train.runtime import setup_runtime, teardown_runtime
 from mem_core.train.segment import evaluate_segmenter
 

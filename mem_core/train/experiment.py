@@ -133,7 +133,7 @@ def stage_config_of(cfg: LabelEfficiencyConfig, stage: str, *extra: str):
 def pretraining_config(cfg: LabelEfficiencyConfig, stage: str):
     """The config of ``stage`` (tokenizer or pretrain): ``stage_config_of``'s, with ``pretrain_budget`` "steps" its
     epochs scaled by the training split's share of the samples it reads (the steps of the training split alone)."""
-    from mem_core.train.common import open_training
+    from mem_core.train.data import open_training
 
     stage_cfg = stage_config_of(cfg, stage)
     if cfg.pretrain_budget != "steps" or not cfg.unlabeled:
@@ -172,7 +172,7 @@ def finetune_config(cfg: LabelEfficiencyConfig, arm: str, fraction: float, seed:
 
 def training_split(cfg):
     """The training split a finetuning config ``cfg`` reads, as its model sees it."""
-    from mem_core.train.common import open_for_input
+    from mem_core.train.data import open_for_input
 
     return open_for_input(cfg.data.dataset, cfg.data.path or None, cfg.data.train_split, cfg.input)
 
@@ -182,7 +182,7 @@ def equal_steps(cfg, train_source):
     optimisation steps, validations and warm-up of the same run on all labels: each epoch draws as many samples as
     all labels hold (``data.epoch_samples``: several passes over the labelled ones, each in its own order and
     augmentations), so the epochs, the schedule and the validations stay those of the full run."""
-    from mem_core.train.common import train_indices
+    from mem_core.train.data import train_indices
 
     if cfg.data.labels >= 1:
         return cfg
@@ -303,7 +303,7 @@ def score_on_splits(cfg: LabelEfficiencyConfig, paths: list[Path]) -> dict[str, 
     there (``scores_file(split)`` in the run, reused when there). Scored once every run has finished: nothing is
     chosen on these numbers."""
     from mem_core.datasets import DatasetError
-    from mem_core.train.common import open_for_input
+    from mem_core.train.data import open_for_input
     from mem_core.train.evaluate import evaluate_runs
 
     spec = stage_config_of(cfg, "finetune").input
@@ -335,7 +335,7 @@ def describe_arms(cfg: LabelEfficiencyConfig, runs: dict[str, Path]) -> dict[str
     import torch
 
     from mem_core.inference import Predictor
-    from mem_core.train.common import open_for_input
+    from mem_core.train.data import open_for_input
 
     predictors = {arm: Predictor(path, device="cpu") for arm, path in runs.items()}
     spec = next(iter(predictors.values())).spec

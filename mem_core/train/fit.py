@@ -1,137 +1,24 @@
-"""The epoch loop every stage shares: loaders, schedules, resume, checkpoints, metrics, plots, model selection."""
+"""The epoch loop of a stage: schedules, resume, checkpoints, metrics, plots, the kept model."""
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from mem_core.adapters import shutdown_loader_workers
-from mem_core.cores import usable_cores
-from mem_core.datasets import EventSource, WindowDataset, collate_windows
-from mem_core.errors import MemError
 from mem_core.limits import is_int
 from mem_core.runs.rundir import RunDir, RunError, load_checkpoint, load_state
-from mem_core.train.engine import EpochBatchSampler, StepResult, seed_everything, train_one_epoch
+from mem_core.train.data import EpochBatchSampler
+from mem_core.train.engine import StepResult, seed_everything, train_one_epoch
 from mem_core.train.plots import plot_curves
 from mem_core.train.runtime import Runtime
 
 PLOT_EVERY_S = 30.0  # the longest curves.png lags behind metrics.jsonl
-
-
-MAX_AUTO_WORKERS = 8  # on a many-core host, not dozens of processes each holding its own readers and buffers
-
-
-def loader_workers(num_workers: int, world_size: int = 1) -> int:
-    """The loader processes of one training process: ``num_workers``, or for -1 (auto) the cores this machine
-    gives the process (the cores it may run on, shared by ``world_size`` processes), at most ``MAX_AUTO_WORKERS``."""
-    if num_workers >= 0:
-        return num_workers
-    return max(1, min(MAX_AUTO_WORKERS, usable_cores() // max(1, world_size)))
-
-
-def build_loader(
-    source: EventSource,
-    spec,
-    *,
-    train: bool,
-    seed: int,
-    batch_size: int,
-    runtime: Runtime,
-    num_workers: int,
-    indices: np.ndarray | None = None,
-    epoch_samples: int = 0,
-) -> tuple[DataLoader, EpochBatchSampler]:
-    """A DataLoader of padded event windows; ``batch_size`` is global (split over the DDP processes);
-    ``num_workers`` -1 is ``loader_workers``' automatic count; ``epoch_samples`` (training): the samples an epoch
-    draws, in passes over the dataset (``EpochBatchSampler``)."""
-    num_workers = loader_workers(num_workers, runtime.world_size)
-    dataset = WindowDataset(source, spec, train=train, seed=seed, indices=indices)
-    sampler = EpochBatchSampler(
-        len(dataset),
-        batch_size,
-        seed=seed,
-        shuffle=train,
-        drop_last=train,
-        rank=runtime.rank,
-        world_size=runtime.world_size,
-        epoch_samples=epoch_samples,
-    )
-    loader = _Loader(
-        dataset,
-        batch_sampler=sampler,
-        num_workers=num_workers,
-        collate_fn=_Collate(source.sensor),
-        pin_memory=runtime.device.type == "cuda",
-        persistent_workers=num_workers > 0,  # the sampler lives in this process: workers can stay
-        # Starting workers draws their base seed; from torch's global generator that draw would shift dropout, drop
-        # path and masking in the epoch the workers start - epoch 0 in a run, the resumed epoch after --resume.
-        generator=torch.Generator().manual_seed(seed),
-    )
-    return loader, sampler
-
-
-def worker_error(exc: BaseException) -> MemError | None:
-    """The library's error behind a DataLoader worker's wrapped exception, as the one line it was, or None.
-
-    A worker's exception reaches the main process re-raised by torch with a "Caught ... in DataLoader worker process
-    N" preamble and the worker's traceback in the message (or as a RuntimeError when the type cannot be rebuilt from
-    one string); a damaged corpus shard or event file should read as it does without workers."""
-    first, _, rest = str(exc).partition("\n")
-    if not (first.startswith("Caught ") and "in DataLoader worker process" in first):
-        return None
-    name, _, message = rest.strip().splitlines()[-1].partition(": ")
-    return MemError(message) if name.startswith("mem_core.") and message else None
-
-
-class _Loader(DataLoader):
-    """A DataLoader whose workers' library errors surface as they would in this process (see ``worker_error``)."""
-
-    def __iter__(self) -> Iterator[Any]:
-        batches = super().__iter__()
-        while True:
-            try:
-                batch = next(batches)
-            except StopIteration:
-                return
-            except Exception as exc:
-                original = worker_error(exc)
-                if original is None:
-                    raise
-                raise original from None
-            yield batch
-
-    def close(self) -> None:
-        """Stop the persistent workers now. Left to the garbage collector (a stage's loaders sit in reference
-        cycles), the workers' queues can be torn down before the iterator tells the workers to stop, and torch
-        then waits its 5 s join timeout for each worker: seconds of stall at a random later moment."""
-        shutdown_loader_workers(self)
-
-
-def build_stage_loaders(cfg, runtime: Runtime, train_src: EventSource, val_src: EventSource, indices=None):
-    """The training loader (random windows, augmented), its sampler, and the validation loader (deterministic)."""
-    common = {"seed": cfg.seed, "batch_size": cfg.batch_size, "runtime": runtime, "num_workers": cfg.data.num_workers}
-    loader, sampler = build_loader(
-        train_src, cfg.input, train=True, indices=indices, epoch_samples=cfg.data.epoch_samples, **common
-    )
-    val_loader, _ = build_loader(val_src, cfg.input, train=False, **common)
-    return loader, sampler, val_loader
-
-
-class _Collate:
-    """Picklable collate for worker processes."""
-
-    def __init__(self, sensor):
-        self.sensor = sensor
-
-    def __call__(self, items):
-        return collate_windows(items, self.sensor)
 
 
 def build_scheduler(cfg, optimizer: torch.optim.Optimizer, steps_per_epoch: int):

@@ -24,17 +24,10 @@ from mem_core.models import MEMViT, ViTConfig, load_pretrained_backbone
 from mem_core.representation import EventBatch, batch_preprocess
 from mem_core.runs.lineage import INIT_LINK
 from mem_core.runs.rundir import RunDir, RunError, discarded_if_it_fails_unstarted, load_checkpoint, load_state
-from mem_core.train.common import (
-    batch_generator,
-    fit_input,
-    open_split,
-    open_training,
-    start_run,
-    train_indices,
-    wrap_model,
-)
+from mem_core.train.common import batch_generator, fit_input, start_run, wrap_model
+from mem_core.train.data import build_stage_loaders, open_split, open_training, train_indices
 from mem_core.train.engine import StepResult
-from mem_core.train.fit import Training, build_stage_loaders, fit
+from mem_core.train.fit import Training, fit
 from mem_core.train.runtime import Runtime, interruptible, teardown_runtime
 
 # in the config file of a run that read unlabeled recordings (``data.unlabeled``): what it was trained on; in a run
