@@ -3,95 +3,27 @@ it is given in a child process (this file run as a script) under an address-spac
 after its imports plus ``BUDGET_BYTES``, and a time bound per file. A hang, a crash, a ``MemoryError`` or any
 exception other than the project's own refusal naming the file is a finding, reported with the file's label.
 
-Its mutant sources: seeded byte mutants (``byte_mutants``, ``json_mutants``), hypothesis-drawn bytes (the tests
+Its mutant sources: seeded byte mutants (``mutants.byte_mutants``, ``json_mutants``), hypothesis-drawn bytes (the tests
 draw them and hand each file to the same child) and hand-built hostile files (``hostile.py``).
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import os
-import random
 import resource
 import select
 import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
 BUDGET_BYTES = 1 << 30  # memory a reader may take beyond the child's baseline (imports, numba, torch)
 READ_SECONDS = 20.0  # the time bound per file
 START_SECONDS = 300.0  # the child's imports on a loaded machine (torch for models)
-ABSURD = [2**62, 2**31, -1, 0, 1e308, "x", None, [], {}, True]
 KINDS = ("events", "corpus", "model")
-
-
-# ------------------------------------------------------------------------------------------ seeded mutants
-
-
-def truncations(data: bytes, header: int) -> Iterator[tuple[str, bytes]]:
-    """Cuts inside and right after the header, and at several points of the body."""
-    points = {1, header // 2, header - 1, header, header + 1, header + 3}
-    points |= {int(len(data) * f) for f in (0.1, 0.5, 0.9)} | {len(data) - 1}
-    for n in sorted(p for p in points if 0 < p < len(data)):
-        yield f"cut at {n}", data[:n]
-
-
-def flips(data: bytes, lo: int, hi: int, rng: random.Random, count: int, bits: int) -> Iterator[tuple[str, bytes]]:
-    """``count`` mutants with ``bits`` random bit flips each in ``data[lo:hi]``."""
-    for k in range(count):
-        out = bytearray(data)
-        for _ in range(bits):
-            i = rng.randrange(lo, min(hi, len(data)))
-            out[i] ^= 1 << rng.randrange(8)
-        yield f"{bits} flips in [{lo}, {hi}) #{k}", bytes(out)
-
-
-def garbage(data: bytes, header: int, rng: random.Random) -> Iterator[tuple[str, bytes]]:
-    """The header followed by random bytes (as long as the real body, and a short run)."""
-    for n in (len(data) - header, 64):
-        yield f"header + {n} random bytes", data[:header] + rng.randbytes(n)
-
-
-def byte_mutants(data: bytes, header: int, rng: random.Random, flipped: int = 6) -> list[tuple[str, bytes]]:
-    """The standard mutant set of a file whose header ends at ``header``."""
-    return [
-        *truncations(data, header),
-        *flips(data, 0, max(header, 16), rng, flipped, 3),
-        *flips(data, 0, len(data), rng, flipped, 8),
-        *garbage(data, header, rng),
-    ]
-
-
-def json_mutants(value: dict, rng: random.Random, count: int) -> Iterator[tuple[str, dict]]:
-    """``count`` copies of ``value``, each with one random leaf replaced by an absurd value, or removed."""
-    leaves: list[tuple] = []
-
-    def walk(node, path):
-        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else None
-        if items is None:
-            leaves.append(path)
-            return
-        for key, child in items:
-            walk(child, (*path, key))
-
-    walk(value, ())
-    for _ in range(count):
-        path = rng.choice(leaves)
-        out = copy.deepcopy(value)
-        parent = out
-        for key in path[:-1]:
-            parent = parent[key]
-        new = rng.choice([*ABSURD, "remove"])
-        if new == "remove" and isinstance(parent, dict):
-            del parent[path[-1]]
-        else:
-            parent[path[-1]] = new if new != "remove" else None
-        yield f"{'/'.join(map(str, path))} = {new!r}", out
 
 
 # ------------------------------------------------------------------------------------------ the reading child

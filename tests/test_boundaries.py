@@ -329,10 +329,14 @@ def test_serve_watch_keeps_serving_when_a_fifo_replaces_the_weights(tmp_path, ex
 
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory) -> Path:
-    """A finished tiny finetuning run, trained by ``mem finetune``."""
+    """A finished tiny finetuning run, trained by ``mem finetune`` (in this process: the run is what is tested)."""
+    from app.cli import main
+
     out = tmp_path_factory.mktemp("trained") / "run"
-    done = mem_child("finetune", *TINY, "--out", str(out), timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(SystemExit) as done:
+        patch.setattr(sys, "argv", ["mem", "finetune", *TINY, "--out", str(out)])
+        main()
+    assert done.value.code == 0 and RunDir(out).finished
     return out
 
 

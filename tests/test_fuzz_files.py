@@ -27,7 +27,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from damaged_files import ChildReader, byte_mutants, json_mutants
+from damaged_files import ChildReader
 from hostile import (
     DSEC_COLUMNS,
     dat_with_geometry,
@@ -45,6 +45,7 @@ from hostile import (
 )
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from mutants import byte_mutants, json_mutants
 
 from mem_core.events import SensorSize, make_events
 from mem_core.io import detect_format, registry, write_events

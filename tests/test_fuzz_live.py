@@ -11,7 +11,6 @@ peak); the receiver then goes on with the next good message. Seeded (``derandomi
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import time
 import tracemalloc
@@ -24,6 +23,7 @@ import pytest
 import zmq
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from mutants import mutant
 
 from app.config import ServeConfig
 from app.live.server import LiveServer
@@ -31,7 +31,7 @@ from app.viewer.client import VIEW_TOPICS
 from app.viewer.window import ViewerWindow
 from mem_core.events import validate_events
 from mem_core.io import read_events
-from mem_core.limits import MAX_ELEMENTS, MAX_IMAGE_SIDE, MAX_JSON_DEPTH, MAX_NUM_TOKENS, MAX_SENSOR_SIDE
+from mem_core.limits import MAX_IMAGE_SIDE, MAX_NUM_TOKENS, MAX_SENSOR_SIDE
 from mem_core.models import TokenizerConfig, ViTConfig
 from mem_core.protocol import (
     TOPICS,
@@ -126,164 +126,6 @@ def _capture(server: LiveServer) -> dict[str, list[bytes]]:
         assert req.poll(WAIT_S * 1000), "no control reply"
         captured["control-reply"] = req.recv_multipart()
     return captured
-
-
-# ---- mutants -----------------------------------------------------------------------------------------------------
-
-EXTREMES = [-1, 0, 2**31, 2**62, 2**63, 10**40, 10**4000, MAX_ELEMENTS + 1, MAX_SENSOR_SIDE + 1, 1e40, 1e308, 5e-324]
-HOSTILE_VALUES = st.one_of(
-    st.sampled_from(EXTREMES),
-    st.floats(allow_nan=True, allow_infinity=True),
-    st.integers(),
-    st.none(),
-    st.booleans(),
-    st.text(max_size=20),
-    st.text(min_size=2000, max_size=3000),
-    st.lists(st.integers(-5, 5), max_size=5),
-    st.dictionaries(st.text(max_size=5), st.integers(), max_size=3),
-    st.integers(MAX_JSON_DEPTH - 2, MAX_JSON_DEPTH + 2).map(lambda d: json.loads("[" * d + "]" * d)),
-)
-NUMERIC_DTYPES = ["|b1", "|i1", "<i2", "<i4", "<i8", "|u1", "<u2", "<u4", "<u8", "<f2", "<f4", "<f8"]
-ABSURD_SHAPES = st.lists(st.sampled_from([0, 1, 2, 2**31, 2**62, 10**40, 1e40, -1]), min_size=1, max_size=10)
-
-
-def _paths(value, prefix=()) -> list[tuple]:
-    """Every key path into a JSON value."""
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    return [path for key, child in items for path in [(*prefix, key), *_paths(child, (*prefix, key))]]
-
-
-def _set(value, path: tuple, new) -> None:
-    for key in path[:-1]:
-        value = value[key]
-    value[path[-1]] = new
-
-
-def _with_header(frames: list[bytes], header) -> list[bytes]:
-    return [frames[0], json.dumps(header).encode(), *frames[2:]]
-
-
-def cut(data, frames):
-    i = data.draw(st.integers(0, len(frames) - 1))
-    return [*frames[:i], frames[i][: data.draw(st.integers(0, max(len(frames[i]) - 1, 0)))], *frames[i + 1 :]]
-
-
-def flip_bits(data, frames):
-    """1 to 8 bits flipped anywhere in the message (each byte equally likely: mostly the header and buffers)."""
-    raw, ends = bytearray(b"".join(frames)), np.cumsum([len(f) for f in frames])
-    for _ in range(data.draw(st.integers(1, 8))):
-        raw[data.draw(st.integers(0, len(raw) - 1))] ^= 1 << data.draw(st.integers(0, 7))
-    return [bytes(raw[start:end]) for start, end in zip([0, *ends[:-1]], ends, strict=True)]
-
-
-def drop_or_repeat_frames(data, frames):
-    i = data.draw(st.integers(0, len(frames) - 1))
-    choice = data.draw(st.sampled_from(["drop", "repeat", "append"]))
-    if choice == "drop":
-        return frames[:i] + frames[i + 1 :]
-    return [*frames, frames[i] if choice == "repeat" else data.draw(st.binary(max_size=64))]
-
-
-def garbage_buffers(data, frames):
-    """A valid header, then random bytes: of the declared lengths (valid sizes, random content) or any length."""
-    same = data.draw(st.booleans())
-    return frames[:2] + [
-        data.draw(st.binary(min_size=len(f), max_size=len(f)) if same else st.binary()) for f in frames[2:]
-    ]
-
-
-def retyped_buffers(data, frames):
-    """A buffer declared as another numeric dtype with content of the right length: valid sizes, any values
-    (random bytes, or the dtype's extremes everywhere: a u8 mask of class 2^64 - 1, NaN probabilities, ...)."""
-    header = json.loads(frames[1])
-    if not header["buffers"]:
-        return frames
-    i = data.draw(st.integers(0, len(header["buffers"]) - 1))
-    spec = header["buffers"][i]
-    dtype = np.dtype(data.draw(st.sampled_from(NUMERIC_DTYPES)))
-    spec["dtype"] = dtype.str
-    shape, size = spec["shape"], int(np.prod(spec["shape"])) * dtype.itemsize
-    frames = _with_header(frames, header)
-    if data.draw(st.booleans()):
-        frames[2 + i] = data.draw(st.binary(min_size=size, max_size=size))
-    else:
-        info = np.finfo(dtype) if dtype.kind == "f" else np.iinfo(dtype) if dtype.kind in "iu" else None
-        extremes = [0, 1] if info is None else [info.min, info.max, *([np.nan, np.inf] if dtype.kind == "f" else [])]
-        frames[2 + i] = np.full(shape, data.draw(st.sampled_from(extremes)), dtype).tobytes()
-    return frames
-
-
-def hostile_field(data, frames):
-    """A header field (any but the buffer table, which ``absurd_sizes`` and ``retyped_buffers`` take on) deleted
-    or set to a hostile value, or a field of another kind added."""
-    header = json.loads(frames[1])
-    paths = [path for path in _paths(header) if path[0] != "buffers"]
-    if data.draw(st.integers(0, 3)) == 0:
-        header[data.draw(st.sampled_from(["height", "width", "num_tokens", "classes", "top_k", "x"]))] = data.draw(
-            HOSTILE_VALUES
-        )
-    else:
-        path = data.draw(st.sampled_from(paths))
-        if data.draw(st.integers(0, 4)) == 0 and isinstance(parent := _get(header, path[:-1]), dict):
-            del parent[path[-1]]
-        else:
-            _set(header, path, data.draw(HOSTILE_VALUES))
-    return _with_header(frames, header)
-
-
-def _get(value, path):
-    for key in path:
-        value = value[key]
-    return value
-
-
-def absurd_sizes(data, frames):
-    """Declared sizes far beyond what the frames hold or a receiver should allocate; an empty frame for a shape
-    with a zero in it (the sizes then agree: only the shape itself is absurd)."""
-    header = json.loads(frames[1])
-    if not header["buffers"] or data.draw(st.booleans()):
-        header["buffers"].append({"name": "extra", "dtype": "<f4", "shape": [1]})
-        frames = [*frames, b"\0" * 4]
-    for i, spec in enumerate(header["buffers"]):
-        if data.draw(st.booleans()):
-            spec["shape"] = data.draw(ABSURD_SHAPES)
-            if 0 in spec["shape"]:
-                frames[2 + i] = b""
-    for key in ("height", "width", "num_tokens"):
-        if key in header:
-            header[key] = data.draw(st.sampled_from([0, -1, 4097, 10**8, 10**12, 10**40, 2**64]))
-    if "classes" in header and data.draw(st.booleans()):
-        header["classes"] = ["c"] * data.draw(st.sampled_from([0, 70_000]))
-    return _with_header(frames, header)
-
-
-def deep_json(data, frames):
-    """A header that nests deeper than any receiver should follow, as the whole header or inside a field."""
-    depth = data.draw(st.sampled_from([MAX_JSON_DEPTH + 1, 1000, 100_000]))
-    opener, closer = data.draw(st.sampled_from([("[", "]"), ('{"a":', "}")]))
-    nested = opener * depth + ("" if data.draw(st.booleans()) else "0" + closer * depth)
-    if data.draw(st.booleans()):
-        return [frames[0], nested.encode(), *frames[2:]]
-    header = frames[1].decode()
-    return [frames[0], (header[:-1] + ', "deep": ' + nested + "}").encode(), *frames[2:]]
-
-
-MUTATIONS = [
-    hostile_field,
-    absurd_sizes,
-    retyped_buffers,
-    deep_json,
-    flip_bits,
-    cut,
-    drop_or_repeat_frames,
-    garbage_buffers,
-]
-
-
-def mutant(data, original: list[bytes]) -> list[bytes]:
-    mutation = data.draw(st.sampled_from(MUTATIONS))
-    event(mutation.__name__)
-    return mutation(data, [bytes(f) for f in original])
 
 
 # ---- the property --------------------------------------------------------------------------------------------------
