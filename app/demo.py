@@ -88,12 +88,15 @@ def demo_stage_config(stage: str, dataset: str, *extra: str):
 
 class Progress:
     """Says which stage runs ("stage k of 6") and about how long the rest will take: what each stage has left in
-    seconds on 2 idle cores (``planned``), times how much slower than that this machine has run the stages so far."""
+    seconds on 2 idle cores (``planned``), times how much slower than that this machine ran the latest stages (at
+    least ``RECENT_S`` of their planned work: the pace now, not the average since the start)."""
+
+    RECENT_S = 60.0
 
     def __init__(self, planned: dict[str, float], clock: Callable[[], float] = time.perf_counter) -> None:
         self.planned, self.clock = planned, clock
         self.stage: str | None = None
-        self._spent = self._expected = 0.0
+        self._closed: list[tuple[float, float]] = []  # (seconds spent, seconds planned) of each stage that ran
         self._started = 0.0
 
     def start(self, stage: str, what: str) -> None:
@@ -104,16 +107,24 @@ class Progress:
             say(f"{number}: {what}")
             return
         left = sum(self.planned[s] for s in STAGES[STAGES.index(stage) :])
-        # the pace of the stages run so far, once they add up to more than a few seconds' work
-        pace = self._spent / self._expected if self._expected >= 10 else None
+        pace = self._pace()
         minutes = max(1, round(left * (pace or 1) / 60))
-        where = "at this machine's pace so far" if pace else "on 2 idle cores"
+        where = "at this machine's recent pace" if pace else "on 2 idle cores"
         say(f"{number}: {what} (about {minutes} min left {where})")
 
     def _close(self) -> None:
         if self.stage is not None and self.planned[self.stage]:
-            self._spent += self.clock() - self._started
-            self._expected += self.planned[self.stage]
+            self._closed.append((self.clock() - self._started, self.planned[self.stage]))
+
+    def _pace(self) -> float | None:
+        """Spent over planned of the latest stages that add up to ``RECENT_S`` of planned work (all of them, when
+        they add up to less), once that is more than a few seconds' work; None before."""
+        spent = planned = 0.0
+        for took, expected in reversed(self._closed):
+            spent, planned = spent + took, planned + expected
+            if planned >= self.RECENT_S:
+                break
+        return spent / planned if planned >= 10 else None
 
 
 def record_corpus(corpus: Path) -> None:

@@ -164,7 +164,21 @@ def test_the_estimate_of_what_is_left_follows_the_machines_pace(capsys):
     lines = capsys.readouterr().err.splitlines()
     assert lines[0].endswith("stage 1 of 6: recording (about 5 min left on 2 idle cores)")
     assert lines[1].endswith("stage 2 of 6: reusing the tokenizer")
-    assert lines[2].endswith("stage 3 of 6: pretraining (about 8 min left at this machine's pace so far)")
+    assert lines[2].endswith("stage 3 of 6: pretraining (about 8 min left at this machine's recent pace)")
+
+
+def test_the_estimate_forgets_a_slow_start_once_the_machine_runs_faster(capsys):
+    """A stage that ran 10 times slower than planned (a busy machine) weighs on the estimate only until a minute of
+    planned work has run at the new pace."""
+    planned = dict.fromkeys(demo.STAGES, 60.0)
+    clock = iter([0.0, 600.0, 600.0, 660.0, 660.0, 720.0]).__next__  # record: 10 x; tokenizer and pretrain: 1 x
+    progress = demo.Progress(planned, clock=clock)
+    progress.start("record", "recording")
+    progress.start("tokenizer", "the tokenizer")  # after the slow stage alone: 10 x the 5 minutes left
+    progress.start("pretrain", "pretraining")  # the last minute of work ran as planned: 4 minutes left, not 22
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[1].endswith("(about 50 min left at this machine's recent pace)")
+    assert lines[2].endswith("(about 4 min left at this machine's recent pace)")
 
 
 def test_demo_messages_are_never_wrapped(monkeypatch, capsys):

@@ -859,3 +859,30 @@ def test_ctrl_c_in_the_middle_of_a_checkpoint_write_is_a_ctrl_c_and_keeps_the_ol
     monkeypatch.undo()
     assert load_checkpoint(path)["epoch"] == 0
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]  # no half-written temporary file
+
+
+def test_without_a_terminal_a_stage_says_where_it_is_inside_an_epoch(tmp_path, monkeypatch, capsys):
+    """A log file or a pipe gets a progress line at least every PROGRESS_EVERY_S inside an epoch (the step, the pace,
+    what is left of the epoch and of the run), not only the line at its end."""
+    from mem_core.train import engine
+
+    monkeypatch.setattr(engine, "PROGRESS_EVERY_S", 0.0)  # a line at every check
+    monkeypatch.setattr(engine, "CHECK_EVERY_S", 0.0)  # a check after every step
+    finetune.run(config("finetune", "epochs=2"), tmp_path / "ft")
+    lines = [line for line in capsys.readouterr().err.splitlines() if ": step " in line]
+    assert "finetune epoch 1/2: step 1/5" in lines[0]  # 40 samples in batches of 8
+    assert any(line.startswith("finetune epoch 2/2: step 5/5") for line in lines)
+    assert "samples/s; the epoch ends in" in lines[-1] and "the run in about" in lines[-1]
+
+
+def test_the_estimate_of_what_is_left_follows_the_recent_pace():
+    """A machine that slowed down shows in the estimate within the pace window, not averaged with the fast start."""
+    from mem_core.train.engine import PACE_WINDOW_S, Pace, duration
+
+    pace = Pace()
+    for t in range(0, 600, 10):  # 10 steps a second for 10 minutes
+        pace.add(float(t), 10 * t)
+    for t in range(600, 600 + 2 * int(PACE_WINDOW_S), 10):  # then 1 step a second
+        pace.add(float(t), 6000 + (t - 600))
+    assert pace.rate() == pytest.approx(1.0)
+    assert [duration(s) for s in (45, 720, 12_000)] == ["45 s", "12 min", "3 h 20 min"]

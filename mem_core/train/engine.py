@@ -4,6 +4,7 @@ resumed from an epoch checkpoint reproduces the uninterrupted run; the batches c
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import sys
@@ -21,6 +22,51 @@ from mem_core.representation import batch_preprocess
 from mem_core.train.runtime import Runtime, all_reduce_sum
 
 CHECK_EVERY_S = 0.5  # how often the loop reads the device back: loss finiteness, progress bar
+PROGRESS_EVERY_S = 10.0  # without a terminal (a log file, a pipe): a progress line at least this often
+PACE_WINDOW_S = 60.0  # the estimates of what is left follow the pace of this much of the recent past
+
+
+class Pace:
+    """Steps per second over the last ``PACE_WINDOW_S`` (the machine's pace now, not the average since the start:
+    a machine that got busy, or quiet, shows in the estimate within a minute)."""
+
+    def __init__(self, window_s: float = PACE_WINDOW_S) -> None:
+        self.window_s = window_s
+        self.points: collections.deque[tuple[float, int]] = collections.deque()
+
+    def add(self, t: float, steps: int) -> None:
+        self.points.append((t, steps))
+        while len(self.points) > 2 and t - self.points[1][0] >= self.window_s:
+            self.points.popleft()
+
+    def rate(self) -> float | None:
+        """Steps per second, or None before two points a moment apart."""
+        if len(self.points) < 2 or self.points[-1][0] - self.points[0][0] <= 0:
+            return None
+        (t0, s0), (t1, s1) = self.points[0], self.points[-1]
+        return (s1 - s0) / (t1 - t0)
+
+
+def duration(seconds: float) -> str:
+    """``seconds`` as people read it: 45 s, 12 min, 3 h 20 min."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds // 3600:.0f} h {seconds % 3600 / 60:.0f} min"
+
+
+def progress_line(description: str, epoch: int, epochs: int, step: int, steps: int, samples_per_s: float | None,
+                  steps_per_s: float | None) -> str:  # fmt: skip
+    """The line a stage prints while an epoch runs without a terminal: where it is, its pace and what is left."""
+    line = f"{description} epoch {epoch + 1}/{epochs}: step {step}/{steps}"
+    if samples_per_s is not None:
+        line += f", {samples_per_s:.0f} samples/s"
+    if steps_per_s:
+        epoch_left = (steps - step) / steps_per_s
+        run_left = epoch_left + (epochs - epoch - 1) * steps / steps_per_s
+        line += f"; the epoch ends in {duration(epoch_left)}, the run in about {duration(run_left)}"
+    return line
 
 
 class NonFiniteLossError(MemError, FloatingPointError):
@@ -138,6 +184,8 @@ def train_one_epoch(
     meter = MetricMeter()
     losses: list[torch.Tensor] = []  # the steps' losses since the last check
     checked_at, checked_step = time.monotonic(), 0
+    pace, said_at = Pace(), time.monotonic()
+    pace.add(said_at, 0)
     with progress_bar(runtime.is_main) as bar:
         task = bar.add_task(f"{description} {epoch + 1}/{epochs}", total=steps_per_epoch, rate="", info="")
         for step, batch in enumerate(loader):
@@ -169,6 +217,14 @@ def train_one_epoch(
                 shown = {k: v for k, v in meter.current().items() if k != "grad_norm"}
                 rate = f"{meter.count * runtime.world_size / elapsed:.0f} sa/s"
                 bar.update(task, rate=rate, info=" ".join(f"{k} {v:.4g}" for k, v in shown.items()))
+                pace.add(checked_at, step + 1)
+                if runtime.is_main and bar.disable and checked_at - said_at >= PROGRESS_EVERY_S:
+                    steps_per_s = pace.rate()
+                    per_step = meter.count * runtime.world_size / max(step + 1, 1)
+                    line = progress_line(description, epoch, epochs, step + 1, steps_per_epoch,
+                                         None if steps_per_s is None else steps_per_s * per_step, steps_per_s)  # fmt: skip
+                    print(line, file=sys.stderr, flush=True)
+                    said_at = checked_at
         _check_finite(losses, epoch, checked_step, accum_steps)
     stats = meter.reduce(runtime)
     stats["lr"] = max(group["lr"] for group in optimizer.param_groups)
