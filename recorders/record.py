@@ -5,7 +5,9 @@ this loop commits on quiet heartbeats too, so a SIGKILL loses at most the last s
 on Ctrl-C / SIGTERM (a second Ctrl-C forces it), after ``duration_s`` of the source's time, when the source ends,
 when the corpus disk
 gets below ``min_free_bytes`` free, or when the source fails for good; everything committed stays readable. The
-session is one recording cut into segments (every ``segment_minutes``, and whenever a shard is full).
+session is one recording cut into segments (every ``segment_minutes``, and whenever a shard is full). When the
+source's stream starts over (a restarted publisher's clock goes back, or its sensor changes) the recording goes on
+as a new session, said in one line on stderr.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,6 +27,7 @@ from rich.live import Live
 from rich.text import Text
 
 from mem_core.corpus import Corpus, CorpusFullError, CorpusWriter, prepare_corpus_dir
+from mem_core.events import SensorSize
 from recorders.base import LiveSource, RecorderError
 from recorders.config import RecordConfig
 from recorders.corpus_replay import CorpusReplaySource
@@ -38,7 +40,7 @@ class RecordResult:
     """How a recording went: ``events`` delivered by the source, ``stored`` committed to the corpus."""
 
     out: Path
-    name: str
+    name: str  # the first session; ``sessions`` has them all
     events: int
     stored: int
     seconds: float
@@ -50,6 +52,7 @@ class RecordResult:
     error: str | None = None
     behind_s: float = 0.0  # how far the source's event time had fallen behind the wall clock at the end
     source_s: float = 0.0  # the source's time recorded (its events' clock; ``seconds`` is the wall clock's)
+    sessions: tuple[str, ...] = ()  # one, and one more each time the source's stream started over
 
     @property
     def lag_warning(self) -> str | None:
@@ -84,7 +87,7 @@ class _Status:
         terminal = self._console.is_terminal
         self._live = Live(console=self._console, transient=True, auto_refresh=False) if enabled and terminal else None
         self._plain = enabled and not terminal
-        self._out, self._name, self._duration_s = out, name, duration_s
+        self._out, self.name, self._duration_s = out, name, duration_s
         self._last = (time.monotonic(), 0)
         self._size, self._size_time = 0, 0.0
 
@@ -109,13 +112,17 @@ class _Status:
         progress = f"{source_s:.1f}{of} s  {total:,} events  {rate / 1e6:.2f} Mev/s  {self._size / 1e6:,.1f} MB"
         waiting = getattr(source, "connected", True) is False
         if self._plain:
-            line = f"recording {self._name}: {progress}{'  waiting for the camera to come back' if waiting else ''}"
+            line = f"recording {self.name}: {progress}{'  waiting for the camera to come back' if waiting else ''}"
             self._console.print(line, soft_wrap=True)
             return
-        line = Text.assemble(("● REC ", "bold red"), f"{self._name}  {progress}")
+        line = Text.assemble(("● REC ", "bold red"), f"{self.name}  {progress}")
         if waiting:
             line.append("  waiting for the camera to come back…", style="yellow")
         self._live.update(line, refresh=True)
+
+    def say(self, line: str) -> None:
+        """One line on stderr (above the live line on a terminal), progress shown or not."""
+        self._console.print(line, soft_wrap=True, highlight=False, markup=False)
 
 
 class _Signals:
@@ -141,19 +148,60 @@ class _Signals:
             signal.signal(s, handler)
 
 
-def _sessions(out: Path) -> set[str]:
+def _taken_sessions(out: Path) -> set[str]:
     """The session names taken in the corpus at ``out`` (none when there is no corpus yet)."""
     return {r.session for r in Corpus(out).recordings} if (out / "manifest.json").exists() else set()
 
 
-def _session_name(out: Path, source: LiveSource, started: datetime) -> str:
-    base = f"{source.metadata.get('kind', 'rec')}-{started:%Y%m%d-%H%M%S}"
-    taken = _sessions(out)
+def _free_name(base: str, taken: set[str]) -> str:
+    """``base``, or ``base-2``, ``base-3``, ... : the first not in ``taken``."""
     name, k = base, 1
     while name in taken:
         k += 1
         name = f"{base}-{k}"
     return name
+
+
+class _Sessions:
+    """The sessions of one ``mem record``: the first, then one more each time the source's stream starts over, its
+    clock going back (a restarted publisher counts from its own start again) or its sensor changing. Each begins at
+    its first events."""
+
+    def __init__(self, writer: CorpusWriter, source: LiveSource, config: RecordConfig, name: str, started: str) -> None:
+        self.writer, self.source, self.config, self.started = writer, source, config, started
+        self.first = name
+        self.names: list[str] = []
+        self._taken = _taken_sessions(config.out) | {name}
+        self._sensor: SensorSize | None = None
+
+    def begin(self) -> None:
+        name = self.first if not self.names else _free_name(self.first, self._taken)
+        metadata = {**self.source.metadata, "start_utc": self.started, "source": self.config.source}
+        self.writer.begin_recording(name, self.source.sensor, metadata=metadata)
+        self.names.append(name)
+        self._taken.add(name)
+        self._sensor = SensorSize(*self.source.sensor)
+
+    def start_over(self, batch: np.ndarray) -> str | None:
+        """Why ``batch`` cannot continue the open session (in words), or None when it can."""
+        if not self.names:
+            return None
+        sensor = SensorSize(*self.source.sensor)
+        if sensor != self._sensor:
+            return (
+                f"its sensor changed from {self._sensor.width}x{self._sensor.height} to {sensor.width}x{sensor.height}"
+            )
+        t_last = self.writer.last_time
+        if t_last is not None and int(batch["t"][0]) < t_last:
+            return f"its clock went back from t={t_last} to t={int(batch['t'][0])} us"
+        return None
+
+    def next(self, why: str) -> str:
+        """End the open session and begin the next; the line that says so."""
+        self.writer.end_recording()
+        self.started = datetime.now(UTC).isoformat(timespec="milliseconds")
+        self.begin()
+        return f"{self.config.source} started over ({why}): recording goes on as session {self.names[-1]}"
 
 
 def _check_corpus_source(source: CorpusReplaySource, out: Path) -> None:
@@ -174,7 +222,7 @@ def run(config: RecordConfig, *, source: LiveSource | None = None, stop: threadi
     for a full disk or a failed source (see ``RecordResult.stop_reason`` / ``error``)."""
     stop = stop if stop is not None else threading.Event()
     prepare_corpus_dir(config.out)  # an existing file or a path too long is one line, before a source opens
-    if config.name is not None and config.name in _sessions(config.out):
+    if config.name is not None and config.name in _taken_sessions(config.out):
         raise RecorderError(f"{config.out}: already holds a session named {config.name!r}; choose another --name")
     if source is None:
         source = open_source(config.source, speed=config.speed, loop=config.loop)
@@ -184,7 +232,8 @@ def run(config: RecordConfig, *, source: LiveSource | None = None, stop: threadi
             _check_corpus_source(source, config.out)
         publisher = stack.enter_context(EventPublisher(config.publish)) if config.publish else None
         started = datetime.now(UTC)
-        name = config.name or _session_name(config.out, source, started)
+        base = f"{source.metadata.get('kind', 'rec')}-{started:%Y%m%d-%H%M%S}"
+        name = config.name or _free_name(base, _taken_sessions(config.out))
         writer = stack.enter_context(
             CorpusWriter(
                 config.out,
@@ -194,37 +243,31 @@ def run(config: RecordConfig, *, source: LiveSource | None = None, stop: threadi
                 min_free_bytes=config.min_free_bytes,
             )
         )
-
-        def begin() -> None:
-            start = started.isoformat(timespec="milliseconds")
-            metadata = {**source.metadata, "start_utc": start, "source": config.source}
-            writer.begin_recording(name, source.sensor, metadata=metadata)
-
-        late = source.sensor is None  # a tcp:// source knows its sensor from its first batch: recorded from there
-        if not late:
-            begin()
+        sessions = _Sessions(writer, source, config, name, started.isoformat(timespec="milliseconds"))
+        if source.sensor is not None:  # (a tcp:// source knows its sensor from its first batch: recorded from there)
+            sessions.begin()
         clock = _Clock(config.speed)
         with _Signals(stop) as signals, _Status(config.status, config.out, name, config.duration_s) as status:
-            loop = (config, source, writer, publisher, stop, status, clock)
-            total, reason, error = _record_loop(*loop, begin if late else None)
+            total, reason, error = _record_loop(config, source, writer, publisher, stop, status, clock, sessions)
         if reason == "stopped" and signals.reason:
             reason = signals.reason
     corpus = Corpus(config.out)
-    session = [r for r in corpus.recordings if r.session == name]
+    recorded = [r for r in corpus.recordings if r.session in sessions.names]
     return RecordResult(
         out=config.out,
         name=name,
         events=total,
-        stored=sum(r.n_events for r in session),
+        stored=sum(r.n_events for r in recorded),
         seconds=clock.seconds(),
         stop_reason=reason,
-        segments=len(session),
+        segments=len(recorded),
         reconnects=getattr(source, "reconnects", 0),
         published=publisher.sent if publisher else 0,
         publish_dropped=publisher.dropped if publisher else 0,
         error=error,
         behind_s=clock.behind_s,
         source_s=min(clock.event_s, config.duration_s or np.inf),
+        sessions=tuple(sessions.names) or (name,),
     )
 
 
@@ -235,23 +278,31 @@ class _Clock:
     def __init__(self, speed: float) -> None:
         self.speed = speed
         self.start: float | None = None  # wall time of the first events
-        self._t_first = 0
+        self._t_first: int | None = None  # the first event's time since the source's clock last started over
+        self._resumed = 0.0  # wall time of that event
+        self._before_s = 0.0  # the source's time recorded before its clock last started over
         self.event_s = 0.0  # the source's time recorded: from the first event to the newest
         self.behind_s = 0.0
 
     def events(self, batch, now: float) -> None:
         if self.start is None:
-            self.start, self._t_first = now, int(batch["t"][0])
-        self.event_s = (int(batch["t"][-1]) - self._t_first) / 1e6
+            self.start = now
+        if self._t_first is None:
+            self._t_first, self._resumed = int(batch["t"][0]), now
+        self.event_s = self._before_s + (int(batch["t"][-1]) - self._t_first) / 1e6
         if self.speed > 0:
-            self.behind_s = max(0.0, now - self.start - self.event_s / self.speed)
+            self.behind_s = max(0.0, now - self._resumed - (self.event_s - self._before_s) / self.speed)
+
+    def start_over(self) -> None:
+        """The source's clock started over: the time recorded so far counts, and the next events count on from it."""
+        self._before_s, self._t_first = self.event_s, None
 
     def seconds(self, now: float | None = None) -> float:
         return 0.0 if self.start is None else (now if now is not None else time.monotonic()) - self.start
 
     def within(self, batch: np.ndarray, duration_s: float) -> np.ndarray:
         """The events of ``batch`` less than ``duration_s`` after the first event recorded."""
-        return batch[: np.searchsorted(batch["t"], self._t_first + round(duration_s * 1e6))]
+        return batch[: np.searchsorted(batch["t"], self._t_first + round((duration_s - self._before_s) * 1e6))]
 
     def recorded(self, duration_s: float, now: float, quiet: bool) -> bool:
         """Whether ``duration_s`` of the source's time is recorded: its events' own clock, so ``speed`` 0 records that
@@ -272,11 +323,11 @@ def _record_loop(
     stop: threading.Event,
     status: _Status,
     clock: _Clock,
-    begin: Callable[[], None] | None = None,
+    sessions: _Sessions,
 ) -> tuple[int, str, str | None]:
     """Append batches until a stop condition: (events delivered, stop reason, error message or None).
-    ``duration_s`` (the source's time) and segments count from the first events; ``begin`` (when given) starts the
-    recording at the first events, for a source that does not know its sensor before."""
+    ``duration_s`` (the source's time) and segments count from the first events; a session not begun yet (a source
+    that did not know its sensor) begins at the first events, and the next one when the stream starts over."""
     segment_s = None if config.segment_minutes is None else config.segment_minutes * 60
     segment_start = last_flush = time.monotonic()
     total = flushed = 0
@@ -287,13 +338,17 @@ def _record_loop(
             if batch.size:
                 if clock.start is None:
                     segment_start = now
+                if why := sessions.start_over(batch):
+                    status.say(sessions.next(why))
+                    status.name = sessions.names[-1]
+                    clock.start_over()
+                    segment_start = now
                 clock.events(batch, now)
                 if config.duration_s is not None:
                     batch = clock.within(batch, config.duration_s)
             if batch.size:
-                if begin is not None:  # the first events of a source that did not know its sensor
-                    begin()
-                    begin = None
+                if not sessions.names:  # the first events of a source that did not know its sensor
+                    sessions.begin()
                 writer.append(batch)  # commits by itself at least every flush_interval_s
                 total += batch.size
                 if publisher is not None:

@@ -31,6 +31,7 @@ from recorders.config import RecordConfig
 from recorders.publish import EventPublisher, normalize_address
 from recorders.record import run
 from recorders.simulated import SimulatorSource
+from recorders.zmq_source import ZmqEventSource
 
 ROOT = Path(__file__).resolve().parent.parent
 SIM = SimulatorConfig(sensor=SensorSize(48, 64), n_objects=2, seed=5)
@@ -484,3 +485,74 @@ def test_publish_address_in_use_is_a_clear_error():
     address = f"tcp://127.0.0.1:{free_port()}"
     with EventPublisher(address), pytest.raises(RecorderError, match=f"cannot publish on {address}"):
         EventPublisher(address)
+
+
+def publish_until(publisher: EventPublisher, sensor: SensorSize, t0: int, done) -> list[np.ndarray]:
+    """Publish batches of 100 events (times from ``t0`` on) until ``done()``; the batches published."""
+    sent, deadline = [], time.monotonic() + 60
+    while not done():
+        assert time.monotonic() < deadline, "the recording never took the published events"
+        batch = np.zeros(100, EVENT_DTYPE)
+        batch["t"] = t0 + 100 * len(sent) + np.arange(100)
+        batch["x"], batch["y"] = np.arange(100) % sensor.width, np.arange(100) % sensor.height
+        publisher.publish(batch, sensor)
+        sent.append(batch)
+        time.sleep(0.01)  # a publisher's pace, not a wait for the recorder
+    return sent
+
+
+def committed_sessions(root: Path) -> dict[str, int]:
+    """Events committed per session (none when nothing is committed yet)."""
+    with contextlib.suppress(CorpusError):
+        sessions: dict[str, int] = {}
+        for r in load_manifest(root)["recordings"]:
+            sessions[r["session"]] = sessions.get(r["session"], 0) + r["n_events"]
+        return sessions
+    return {}
+
+
+def test_a_publisher_restarting_with_its_clock_back_goes_on_as_a_new_session(tmp_path, capsys):
+    """`mem record --source tcp://...` died with "events go back in time" when the publisher restarted; everything
+    after was lost. The recording goes on as a second session, said in one line."""
+    address, sensor, out = f"tcp://127.0.0.1:{free_port()}", SensorSize(100, 120), tmp_path / "c"
+    config = RecordConfig(source=address, out=out, flush_interval_s=0, min_free_bytes=0, status=False)
+    stop, holder = threading.Event(), {}
+    worker = threading.Thread(
+        target=lambda: holder.update(result=run(config, source=ZmqEventSource(address), stop=stop))
+    )
+    context = zmq.Context()  # the first publisher's own: terminating it lets go of the port
+    with EventPublisher(address, context=context) as first:
+        worker.start()
+        publish_until(first, sensor, 5_000_000, lambda: committed_sessions(out))
+    context.term()
+    with EventPublisher(address) as restarted:  # its clock starts at 0 again
+        publish_until(restarted, sensor, 0, lambda: len(committed_sessions(out)) == 2 or not worker.is_alive())
+    stop.set()
+    worker.join(timeout=60)
+    result = holder["result"]
+    assert result.ok and len(result.sessions) == 2 and result.stored == result.events
+    before, after = (session_events(out, name) for name in result.sessions)
+    validate_events(before, sensor)
+    validate_events(after, sensor)
+    assert before["t"].min() >= 5_000_000 > after["t"].max()
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if "started over" in line]
+    assert "clock went back" in line and line.endswith(f"goes on as session {result.sessions[1]}")
+
+
+def test_a_source_whose_sensor_changes_goes_on_as_a_new_session_on_that_sensor(tmp_path, events_factory):
+    small, large = SensorSize(32, 48), SensorSize(64, 80)
+    batches = [events_factory(500, small, seed=1, t0=0), events_factory(500, large, seed=2, t0=10**6)]
+
+    class Restarted(ArraySource):
+        def __iter__(self):
+            yield batches[0]
+            self.sensor = large  # a restarted publisher on another camera, its clock going on
+            yield batches[1]
+
+    source = Restarted([], small)
+    result = run(RecordConfig(source="tcp://x", out=tmp_path / "c", min_free_bytes=0, status=False), source=source)
+    assert result.ok and len(result.sessions) == 2
+    corpus = Corpus(tmp_path / "c")
+    assert [r.sensor for r in corpus.recordings] == [small, large]
+    for batch, name in zip(batches, result.sessions, strict=True):
+        np.testing.assert_array_equal(session_events(tmp_path / "c", name), batch)

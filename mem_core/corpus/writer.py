@@ -106,6 +106,11 @@ class CorpusWriter:
         return self._space.min_free_bytes
 
     @property
+    def last_time(self) -> int | None:
+        """The newest event time of the open recording (None when none is open or it has no events yet)."""
+        return None if self._recording is None else self._recording["t_max"]
+
+    @property
     def _manifest(self) -> dict[str, Any]:
         return self._journal.manifest
 
