@@ -10,6 +10,7 @@ Imports neither torch nor numba: counts come from ``np.bincount`` on a flat inde
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -43,9 +44,9 @@ def count_histogram(events: np.ndarray, sensor: SensorSize, channels: str = "his
     channel = p.astype(np.intp)
     if channels == "temporal":  # the even split of the numba kernel: bin = (t - t0) * bins // ticks
         channel = channel + 2 * ((t - t0) * bins // (t_last - t0 + 1)).astype(np.intp)
-    counts = np.bincount(channel * (height * width) + pixel, minlength=2 * bins * height * width)
     n_counts = 2 if channels == "timestamp" else num_channels
-    out[:n_counts] = counts[: n_counts * height * width].reshape(n_counts, height, width)
+    counts = np.bincount(channel * (height * width) + pixel, minlength=n_counts * height * width)
+    out[:n_counts] = counts.reshape(n_counts, height, width)
     if channels == "timestamp":  # the newest event of each pixel: times are sorted, so its last occurrence
         span = t_last - t0
         last = len(pixel) - 1 - np.unique(pixel[::-1], return_index=True)[1]
@@ -58,8 +59,9 @@ def remove_hot_pixels(hist: np.ndarray, num_std: float, count_channels: int) -> 
     """``pipeline.remove_hot_pixels`` of one (C, H, W) histogram: pixels above mean + num_std * std of the counts
     zeroed in every channel. Returns a new array."""
     counts = hist[:count_channels]
-    mean = counts.mean(dtype=np.float32)
-    std = np.sqrt(np.square(counts - mean).mean(dtype=np.float32))
+    flat = counts.reshape(-1)
+    mean = float(flat.sum(dtype=np.float64)) / flat.size
+    std = math.sqrt(max(float(np.dot(flat, flat)) / flat.size - mean * mean, 0.0))  # (one pass: torch takes two)
     hot = counts.max(0) > hot_threshold(mean, std, num_std)  # (H, W)
     return np.where(hot, np.float32(0), hist)
 
@@ -97,6 +99,7 @@ def crop_square(hist: np.ndarray, box: tuple[int, int, int]) -> np.ndarray:
     return out
 
 
+@functools.cache
 def _linear_taps(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray]:
     """(index, weight), each (out, 2): torch's bilinear interpolation without antialiasing (``align_corners=False``),
     source coordinates computed in float32 as torch's CPU kernel does."""
@@ -108,6 +111,7 @@ def _linear_taps(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray]:
     return np.stack([i0, i1], 1), np.stack([1 - lam, lam], 1).astype(np.float32)
 
 
+@functools.cache
 def _antialias_taps(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray]:
     """(index, weight), each (out, taps): torch's antialiased bilinear interpolation, a triangle filter stretched by
     the scale where it shrinks and normalized over the taps inside the input (``_compute_weights_aa``, in float32 as
@@ -143,12 +147,19 @@ def resize(hist: np.ndarray, size: tuple[int, int], antialias: bool | None = Non
     taps = _antialias_taps if antialias else _linear_taps
     out = hist
     if size[1] != width:
-        index, weight = taps(width, size[1])
-        out = np.einsum("chwk,wk->chw", out[:, :, index], weight, dtype=np.float32)  # (C, H, size[1])
+        out = _resize_last(out, *taps(width, size[1]))  # (C, H, size[1])
     if size[0] != height:
-        index, weight = taps(height, size[0])
-        out = np.einsum("chkw,hk->chw", out[:, index, :], weight, dtype=np.float32)  # (C, size[0], W')
+        out = _resize_last(out.swapaxes(1, 2), *taps(height, size[0])).swapaxes(1, 2)  # (C, size[0], W')
     return np.ascontiguousarray(out, np.float32)
+
+
+def _resize_last(x: np.ndarray, index: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """(..., in) -> (..., out): each output the sum of its taps ``index`` weighted by ``weight`` (each (out, taps)),
+    added tap by tap in order, as torch does."""
+    out = np.zeros((*x.shape[:-1], len(index)), np.float32)
+    for k in range(index.shape[1]):
+        out += x[..., index[:, k]] * weight[:, k]
+    return out
 
 
 def log_scale(hist: np.ndarray, count_channels: int, gain: float) -> np.ndarray:
