@@ -37,7 +37,7 @@ from mem_core.events import SensorSize
 from mem_core.io import EventFileError, read_events
 from recorders.base import RecorderError
 from recorders.config import IngestConfig
-from recorders.inventory import EVENT_SUFFIXES, event_files
+from recorders.inventory import EVENT_SUFFIXES, found_files
 
 SPLITS = ("train", "val", "test")
 _IN_FLIGHT_PER_WORKER = 4  # decoded files waiting for the writer, per worker (bounds memory)
@@ -60,7 +60,8 @@ class IngestItem:
 @dataclass
 class IngestReport:
     """What happened to every file found: ingested, skipped (already in the corpus), left out (not in the layout of
-    the ``--dataset``) or failed (with the reason)."""
+    the ``--dataset``, or one file that two class folders claim) or failed (with the reason: a path named as an event
+    file that is none, a link to nowhere or a FIFO, fails too)."""
 
     corpus: str
     started_utc: str
@@ -68,7 +69,7 @@ class IngestReport:
     ingested: list[dict[str, Any]] = field(default_factory=list)
     skipped: list[dict[str, Any]] = field(default_factory=list)
     failed: list[dict[str, Any]] = field(default_factory=list)
-    left_out: list[dict[str, Any]] = field(default_factory=list)  # event files under a --dataset root it does not list
+    left_out: list[dict[str, Any]] = field(default_factory=list)  # event files under a --dataset root it does not take
     files: int = 0  # files (and input corpora's recordings) found: ingested + skipped + left out + failed of them
     events: int = 0
     seconds: float = 0.0
@@ -104,15 +105,31 @@ def _name_for(path: Path, root: Path) -> str:
     return ":".join((root.name or "root", *path.relative_to(root).parts))
 
 
-def collect(config: IngestConfig) -> tuple[list[IngestItem], list[dict[str, Any]], list[dict[str, Any]]]:
-    """The files to ingest, in a fixed order; the input paths that failed outright (with the reason); the event files
-    under a ``--dataset`` root that the dataset does not list (left out, with the reason).
+@dataclass
+class Collected:
+    """What ``collect`` found: the ``items`` to ingest, in a fixed order; the input paths that failed outright
+    (``failed_inputs``, with the reason); the paths found under them named as event files that are none
+    (``unreadable``: a link to nowhere, a FIFO); the event files under a ``--dataset`` root that it does not take
+    (``left_out``); each with its reason."""
+
+    items: list[IngestItem] = field(default_factory=list)
+    failed_inputs: list[dict[str, Any]] = field(default_factory=list)
+    unreadable: list[dict[str, Any]] = field(default_factory=list)
+    left_out: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    """Whether ``path`` (links followed; a link loop is where it is) lies inside ``folder`` (a resolved path)."""
+    return folder in Path(os.path.realpath(path)).parents
+
+
+def collect(config: IngestConfig) -> Collected:
+    """Every path to ingest, or that could not be or is left out, with its reason (``Collected``).
 
     Raises ``RecorderError`` for an unknown dataset name (a usage error, not a bad file).
     """
-    items: list[IngestItem] = []
-    failed: list[dict[str, Any]] = []
-    left_out: list[dict[str, Any]] = []
+    found = Collected()
+    items, failed, left_out = found.items, found.failed_inputs, found.left_out
     out = config.out.resolve()
     if config.dataset is not None:
         from mem_core.datasets import dataset_names
@@ -127,12 +144,15 @@ def collect(config: IngestConfig) -> tuple[list[IngestItem], list[dict[str, Any]
             continue
         if config.dataset is not None:
             try:
-                found = _dataset_items(config.dataset, root)
+                taken, broken = _dataset_items(config.dataset, root)
             except RecorderError as e:
                 failed.append({"path": str(root), "reason": str(e)})
                 continue
-            items += found
-            left_out += _not_listed(root, found, config.dataset, out)
+            taken, claimed = _one_class_per_file(taken)
+            items += taken
+            left_out += claimed
+            accounted = {os.path.normpath(path) for path in [*(i.path for i in taken), *(e["path"] for e in claimed)]}
+            _not_taken(root, accounted, config, broken, found)
         elif root.is_file():
             items.append(IngestItem(root, root.name))
         elif not root.is_dir():  # a FIFO would block its reader, a device never end
@@ -143,15 +163,14 @@ def collect(config: IngestConfig) -> tuple[list[IngestItem], list[dict[str, Any]
             except (RecorderError, CorpusError) as e:
                 failed.append({"path": str(root), "reason": str(e).removeprefix(f"{root}: ")})
         else:
-            found = [
-                IngestItem(path, _name_for(path, root))
-                for path in event_files(root)
-                if out not in path.resolve().parents
-            ]
-            if not found:
+            files, others = found_files(root)
+            files = [IngestItem(path, _name_for(path, root)) for path in files if not _inside(path, out)]
+            others = [e for e in others if not _inside(Path(e["path"]), out)]
+            if not files and not others:
                 failed.append({"path": str(root), "reason": f"no event files ({', '.join(EVENT_SUFFIXES)}) in it"})
-            items += found
-    return items, failed, left_out
+            items += files
+            found.unreadable += others
+    return found
 
 
 def _corpus_items(root: Path, out: Path) -> list[IngestItem]:
@@ -178,17 +197,20 @@ def _corpus_items(root: Path, out: Path) -> list[IngestItem]:
     ]
 
 
-def _dataset_items(dataset: str, root: Path) -> list[IngestItem]:
+def _dataset_items(dataset: str, root: Path) -> tuple[list[IngestItem], dict[Path, str]]:
     """Every file of every split of ``dataset`` under ``root`` as the dataset ships them (nothing held out for
-    validation: training carves its splits from the corpus), labelled with its class name and shipped split."""
+    validation: training carves its splits from the corpus), labelled with its class name and shipped split; and
+    the folders of a split the dataset refused (one without a class folder), with why."""
     from mem_core.datasets import DatasetError, FileSource, open_shipped
 
-    items, seen, problems = [], set(), []
+    items, seen, problems, broken = [], set(), [], {}
     for split in SPLITS:
         try:
             source = open_shipped(dataset, root, split)
         except DatasetError as e:
             problems.append((split, str(e).removeprefix(f"{root}: ")))
+            if e.folder is not None:
+                broken[Path(e.folder)] = str(e)
             continue
         if not isinstance(source, FileSource):
             raise RecorderError(f"dataset {dataset!r} is not stored one sample per file; ingest reads files only")
@@ -202,18 +224,41 @@ def _dataset_items(dataset: str, root: Path) -> list[IngestItem]:
         if len(reasons) == 1:  # the same for every split: said once
             raise RecorderError(reasons.pop())
         raise RecorderError(f"no {dataset} samples ({'; '.join(f'{split}: {reason}' for split, reason in problems)})")
-    return items
+    return items, broken
 
 
-def _not_listed(root: Path, items: list[IngestItem], dataset: str, out: Path) -> list[dict[str, Any]]:
-    """The event files under ``root`` (the output corpus aside) that none of ``items`` is: stray files beside the
-    dataset's layout, which the summary counts so that it accounts for every file."""
-    listed = {os.path.normpath(item.path) for item in items}
-    return [
-        {"path": str(path), "reason": f"not a {dataset} sample (outside its layout)"}
-        for path in event_files(root)
-        if os.path.normpath(path) not in listed and out not in path.resolve().parents
-    ]
+def _one_class_per_file(items: list[IngestItem]) -> tuple[list[IngestItem], list[dict[str, Any]]]:
+    """``items`` but the links that make one file a sample of two classes (a link in ``background/`` to a file of
+    ``cars/``), which are left out with the reason: the file is the sample of the class folder it lies in; when it
+    lies in none (links from two class folders to a file elsewhere), every link to it is left out."""
+    classes: dict[str, set[str | None]] = {}
+    for item in items:
+        classes.setdefault(os.path.realpath(item.path), set()).add(item.label)
+    kept, left_out = [], []
+    for item in items:
+        target = os.path.realpath(item.path)
+        if len(classes[target]) == 1 or target == os.path.join(os.path.realpath(item.path.parent), item.path.name):
+            kept.append(item)
+            continue
+        others = " and ".join(f"{c}/" for c in sorted(map(str, classes[target] - {item.label})))
+        reason = f"a link to {target}, which {others} holds too: one file cannot be a sample of two classes"
+        left_out.append({"path": str(item.path), "reason": reason})
+    return kept, left_out
+
+
+def _not_taken(
+    root: Path, accounted: set[str], config: IngestConfig, broken: dict[Path, str], found: Collected
+) -> None:
+    """Account in ``found`` for the paths under the ``--dataset`` root ``root`` not yet ``accounted`` for (the output
+    corpus aside): stray event files beside the dataset's layout or in a split folder the dataset refused (left out,
+    with why), and paths named as event files that are none (unreadable)."""
+    files, others = found_files(root)
+    out = config.out.resolve()
+    for path in files:
+        if os.path.normpath(path) not in accounted and not _inside(path, out):
+            why = next((reason for folder, reason in broken.items() if folder in path.parents), "outside its layout")
+            found.left_out.append({"path": str(path), "reason": f"not a {config.dataset} sample ({why})"})
+    found.unreadable += [e for e in others if not _inside(Path(e["path"]), out)]
 
 
 def read_item(item: IngestItem, follow_links: bool = False) -> tuple[np.ndarray, SensorSize] | str:
@@ -360,9 +405,11 @@ def run(config: IngestConfig) -> IngestReport:
     t0 = time.perf_counter()
     report = IngestReport(str(config.out), started.isoformat(timespec="seconds"), config.dataset)
     prepare_corpus_dir(config.out)
-    items, report.failed, report.left_out = collect(config)
-    report.files = len(items) + len(report.left_out)
+    found = collect(config)
+    items, report.failed, report.left_out = found.items, found.failed_inputs, found.left_out
     report.unusable_inputs = [e["path"] for e in report.failed]
+    report.failed += found.unreadable
+    report.files = len(items) + len(report.left_out) + len(found.unreadable)
     done_keys, names = _ingested_keys(config.out)
     todo = []
     for item in items:

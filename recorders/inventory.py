@@ -9,11 +9,14 @@ were left out.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
 from mem_core.io import EventFileError, describe, detect_format
+from mem_core.io.base import NotRegularFile
 
 EVENT_SUFFIXES = (".dat", ".bin", ".bs2", ".raw", ".aedat4", ".npz", ".h5", ".hdf5", ".evz")
 MAX_FILE_BYTES = 256 << 20  # a file larger than this is not decoded (`mem inspect FILE` decodes it)
@@ -22,7 +25,36 @@ MAX_FILES = 200
 
 def event_files(root: Path) -> list[Path]:
     """The event files under ``root`` (by extension, searched recursively), in a fixed order."""
-    return [path for path in sorted(root.rglob("*")) if path.suffix.lower() in EVENT_SUFFIXES and path.is_file()]
+    return found_files(root)[0]
+
+
+def found_files(root: Path) -> tuple[list[Path], list[dict[str, str]]]:
+    """The event files under ``root`` (``event_files``), and the other paths named as one that are no file to read,
+    each ``{"path", "reason"}``: a link to nowhere or round in a loop, a FIFO, a device, a socket."""
+    files, others = [], []
+    for path in sorted(root.rglob("*")):
+        if path.suffix.lower() in EVENT_SUFFIXES:
+            reason = _no_file(path)
+            if reason is None:
+                files.append(path)
+            elif reason:
+                others.append({"path": str(path), "reason": reason})
+    return files, others
+
+
+def _no_file(path: Path) -> str | None:
+    """Why ``path`` is no regular file; None when it is one, "" for a folder (its files are found on their own)."""
+    try:
+        mode = path.stat().st_mode
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "a symbolic link in a loop"
+        if isinstance(e, FileNotFoundError) and path.is_symlink():
+            return f"a symbolic link to nowhere ({os.readlink(path)})"
+        return (e.strerror or str(e)).lower()  # (removed while listed, no permission)
+    if stat.S_ISREG(mode):
+        return None
+    return "" if stat.S_ISDIR(mode) else str(NotRegularFile(mode))
 
 
 def describe_folder(

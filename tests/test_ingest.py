@@ -161,6 +161,41 @@ def test_a_dataset_goes_in_whole_and_the_summary_accounts_for_every_file(tmp_pat
     assert {r.metadata["source_path"]: (r.label, r.metadata["split"]) for r in recs} == expected
 
 
+def test_every_path_under_a_dataset_root_is_accounted_for_with_its_reason(tmp_path):
+    """Links to nowhere, FIFOs and link loops appeared nowhere; the files of a split without background/ were "outside
+    its layout" without a why; a link in background/ to a file of cars/ ingested a car as background."""
+    root = tmp_path / "ncars"
+    dataset_layout(root, "ncars", per_class=2)
+    train, test = root / "n-cars_train", root / "n-cars_test"
+    for path in (test / "background").iterdir():
+        path.unlink()
+    (test / "background").rmdir()
+    (train / "cars" / "gone.dat").symlink_to(tmp_path / "nowhere.dat")
+    os.mkfifo(train / "cars" / "pipe.dat")
+    (train / "background" / "loop.dat").symlink_to(train / "background" / "loop.dat")
+    (train / "background" / "car.dat").symlink_to(train / "cars" / "train0.dat")
+    report = ingest([root], tmp_path / "corpus", dataset="ncars")
+    reasons = {Path(e["path"]).relative_to(root).as_posix(): e["reason"] for e in report.failed + report.left_out}
+    assert reasons == {
+        "n-cars_train/cars/gone.dat": f"a symbolic link to nowhere ({tmp_path / 'nowhere.dat'})",
+        "n-cars_train/cars/pipe.dat": "not a regular file (a FIFO)",
+        "n-cars_train/background/loop.dat": "a symbolic link in a loop",
+        "n-cars_train/background/car.dat": f"a link to {train / 'cars' / 'train0.dat'}, which cars/ holds too: one "
+        "file cannot be a sample of two classes",
+        **{
+            f"n-cars_test/cars/test{k}.dat": f"not a ncars sample ({test}: holds no background/ folder, and an N-Cars "
+            "split holds cars/ and background/)"
+            for k in range(3)
+        },
+    }
+    assert report.files == len(list(root.rglob("*.dat"))) == len(report.ingested) + len(reasons) == 11
+    labels = {
+        Path(r.metadata["source_path"]).relative_to(root).as_posix(): r.label
+        for r in Corpus(tmp_path / "corpus").recordings
+    }
+    assert labels == {f"n-cars_train/{cls}/train{k}.dat": cls for cls in ("cars", "background") for k in range(2)}
+
+
 def test_the_ingest_summary_counts_every_file_found(tmp_path, monkeypatch, capsys):
     from app.cli import main
 
@@ -229,6 +264,9 @@ def test_special_files_given_or_found_are_never_opened(mixed_folder, tmp_path):
     )
     report = ingest([folder], tmp_path / "c2")
     assert sorted(e["path"] for e in report.ingested) == sorted(map(str, good))
+    reasons = {e["path"]: e["reason"] for e in report.failed}  # found, never opened, and said why
+    assert reasons[str(folder / "pipe.dat")] == "not a regular file (a FIFO)"
+    assert reasons[str(folder / "zero.dat")] == "not a regular file (a character device)"
 
 
 def test_an_out_that_cannot_be_a_corpus_is_one_line_before_any_file_is_read(mixed_folder, tmp_path):

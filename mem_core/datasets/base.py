@@ -17,7 +17,12 @@ from mem_core.limits import MAX_LIST_BYTES
 
 
 class DatasetError(MemError, ValueError):
-    """A dataset root that does not have the expected layout, or an unknown split or name."""
+    """A dataset root that does not have the expected layout, or an unknown split or name; ``folder``: the folder of
+    the layout that is not as the dataset wants it, when there is one (its files are no samples of the dataset)."""
+
+    def __init__(self, message: str, folder: Path | None = None) -> None:
+        super().__init__(message)
+        self.folder = folder
 
 
 class EventSource(ABC):

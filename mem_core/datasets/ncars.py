@@ -33,8 +33,11 @@ def ncars(root: Path, split: str, held_out: bool = True) -> EventSource:
         raise DatasetError(f"{root}: no N-Cars split {split!r} (a {folders} folder holding cars/ and background/)")
     files, labels = [], []
     for label, cls in enumerate(NCARS_CLASSES):
-        sub = require_dir(folder / cls, f"N-Cars class folder {cls!r}")
-        found = sorted_files(sub, (".dat",))
+        if not (folder / cls).is_dir():
+            raise DatasetError(
+                f"{folder}: holds no {cls}/ folder, and an N-Cars split holds cars/ and background/", folder
+            )
+        found = sorted_files(folder / cls, (".dat",))
         files += found
         labels += [label] * len(found)
     if carved or (held_out and split == "train" and not (root / "val").is_dir()):
