@@ -1,12 +1,15 @@
 """Files a user names by path (a config, a run's JSON and checkpoints, an export's weights), read the way the event
 readers read theirs: a regular file only, opened without blocking and checked on the open descriptor
 (``mem_core.io.base.open_regular``: a FIFO blocked its reader for good while it held the GIL, ``/dev/zero`` never
-ends), and never more bytes than a bound that the file's size is checked against before a byte is read.
+ends), and never more bytes than a bound that the file's size is checked against before a byte is read. And the
+temporary file an atomic write renames into place, made with the permissions the user's umask gives.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
+from pathlib import Path
 from typing import BinaryIO
 
 from mem_core.io.base import open_regular, os_problem
@@ -47,3 +50,16 @@ def file_problem(error: OSError) -> str:
     """Why a file could not be read, as the reason of a one-line error: missing, not a regular file, too large, or
     what the system said."""
     return str(error) if isinstance(error, FileTooLarge) else os_problem(error)
+
+
+def temp_beside(path: str | os.PathLike) -> tuple[int, Path]:
+    """A new empty file ``.<name>.<random>.tmp`` beside ``path``, open for writing (descriptor, path), to rename over
+    ``path`` once written. Its mode is what the umask leaves of 0666, as for any file the user makes (``mkstemp``
+    makes 0600: a run or an export written by one user could not be read by another)."""
+    path = Path(path)
+    while True:
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), tmp
+        except FileExistsError:
+            continue

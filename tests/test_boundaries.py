@@ -29,7 +29,7 @@ from mem_core.models import MEMViT, ViTConfig
 from mem_core.protocol import decode, encode_control
 from mem_core.representation import InputSpec
 from mem_core.runs.export import export_random
-from mem_core.runs.rundir import RunDir
+from mem_core.runs.rundir import RunDir, hold_run_dir, release_run_dir
 
 DIGITS = "9" * 5000  # more than Python's int() converts (4300 digits)
 TINY_ARCH = ViTConfig(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, drop_path=0.0)
@@ -317,7 +317,7 @@ def test_serve_watch_keeps_serving_when_a_fifo_replaces_the_weights(tmp_path, ex
             assert time.monotonic() < deadline, f"the FIFO was never reported: {state}"
         assert "not a regular file (a FIFO)" in state["model"]["error"] and state["model"]["version"] == 1
         server.send_signal(signal.SIGINT)
-        out, _ = server.communicate(timeout=30)
+        out, _ = server.communicate(timeout=90)
     finally:
         server.kill()
         server.wait()
@@ -494,6 +494,55 @@ def test_demo_fresh_deletes_only_a_folder_of_the_demo_s_own(tmp_path, mem):
     (tmp_path / "notes.txt").write_text("mine")
     line = refused(mem("demo", "--fresh", "--out", str(tmp_path)), str(tmp_path))
     assert "'notes.txt'" in line and (tmp_path / "notes.txt").read_text() == "mine"
+
+
+A_RUN_WRITING = """
+import sys
+from mem_core.runs.rundir import RunDir
+RunDir.create(sys.argv[1], "finetune", {"seed": 0}, resume=False)  # as every stage starts its run
+print("running", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_second_run_into_the_out_of_a_running_one_is_one_line_and_leaves_it_alone(tmp_path, mem):
+    """Two `mem finetune` 4 s apart with one --out both ended 0 with the config of one, the result of the other and
+    their metrics interleaved: the second is refused while the first runs, as a corpus's second writer is."""
+    out = tmp_path / "run"
+    first = subprocess.Popen(
+        [sys.executable, "-c", A_RUN_WRITING, str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert first.stdout.readline() == "running\n"
+        before = snapshot(out)
+        line = refused(mem("finetune", *TINY, "--out", str(out)), str(out))
+        assert f"another run is writing this directory (process {first.pid})" in line
+        assert snapshot(out) == before
+    finally:
+        first.kill()
+        first.wait()
+    hold_run_dir(out)  # the lock went with the process that held it: the run can be resumed
+    release_run_dir(out)
+
+
+def test_runs_and_exports_are_written_as_the_umask_says(tmp_path, mem):
+    """Written 0600 (``mkstemp``) while corpora were 0644, an export trained by one user could not be served by
+    another."""
+    mask = os.umask(0o027)
+    try:
+        run = finetune_run(tmp_path / "run")
+        assert mem("export", "--model", str(run), "--out", str(tmp_path / "export"))[0] == 0
+    finally:
+        os.umask(mask)
+    files = [p for folder in (run, tmp_path / "export") for p in folder.rglob("*") if p.is_file()]
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in files} == {p.name: "0o640" for p in files}
+
+
+def test_resume_removes_what_a_write_killed_midway_left(tmp_path, mem, trained_run):
+    run = shutil.copytree(trained_run, tmp_path / "run")
+    (run / ".best.pt.k1ll3d00.tmp").write_bytes(b"PK\x03\x04 half a checkpoint")  # SIGKILL while best.pt was written
+    assert mem("finetune", *TINY, "--out", str(run), "--resume")[0] == 0
+    assert not list(run.glob(".*.tmp"))
 
 
 # ------------------------------------------------------------------- a dataset's list and split files (item 5)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +19,7 @@ from mem_core.datasets.base import (
 )
 from mem_core.datasets.splits import SPLIT_SEED, VAL_FRACTION, block_split, stratified_split
 from mem_core.events import SensorSize
+from mem_core.files import temp_beside
 
 NCALTECH_SENSOR = SensorSize(180, 240)
 NCALTECH_TEST_FRACTION = 0.2
@@ -77,7 +77,7 @@ def write_split(split_file: Path, split: dict[str, list[list]]) -> None:
     finds no file or the whole file, never part of one."""
     if not os.access(split_file.parent, os.W_OK):
         raise DatasetError(f"cannot write the split file {split_file}: pass data.split_file=<writable path>")
-    fd, tmp = tempfile.mkstemp(dir=split_file.parent, prefix=f".{split_file.name}.", suffix=".tmp")
+    fd, tmp = temp_beside(split_file)
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(split, f, indent=1)

@@ -8,16 +8,17 @@ Layout::
     RUN/best.pt            the best model on the validation split (finetuning, segmentation)
     RUN/result.json        written last: the final validation metrics (its presence means the run is finished)
     RUN/*.png              loss / accuracy curves and stage-specific pictures
+    RUN/.run.lock          held (``flock``) by the process writing the run: a second one is refused
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import math
 import os
 import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from typing import Any
 import torch
 
 from mem_core.errors import RunError
-from mem_core.files import file_problem, open_bounded, read_bounded
+from mem_core.files import file_problem, open_bounded, read_bounded, temp_beside
 from mem_core.limits import MAX_CHECKPOINT_BYTES, MAX_JSON_BYTES, MAX_METRICS_BYTES, is_int
 
 CONFIG_FILE = "config.json"
@@ -33,6 +34,7 @@ METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_FILE = "checkpoint.pt"
 BEST_FILE = "best.pt"
 RESULT_FILE = "result.json"
+RUN_LOCK = ".run.lock"
 CORPUS_MANIFEST, EXPORT_JSON = "manifest.json", "model.json"  # what a corpus and an export hold: never a run's
 
 
@@ -81,7 +83,7 @@ def _atomic_write(path: Path, write: Callable[[Any], object]) -> None:
     """``write(file)`` into a temporary file beside ``path``, fsync, then rename it over ``path``."""
     tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        fd, tmp = temp_beside(path)
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
@@ -91,7 +93,7 @@ def _atomic_write(path: Path, write: Callable[[Any], object]) -> None:
         raise RunError(f"{path}: cannot write ({e.strerror or e}); the file written before is kept") from None
     finally:
         if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
@@ -128,12 +130,66 @@ def make_dir(path: Path, what: str) -> None:
         raise RunError(f"{path}: cannot hold {what} (not writable)")
 
 
+_held: dict[Path, int] = {}  # the run directories this process writes: the descriptor holding each one's lock
+
+
+def hold_run_dir(path: Path | str) -> None:
+    """Lock the existing run directory ``path`` for this process (an ``flock`` on its ``.run.lock``, released by the
+    kernel when the process dies), as a corpus is locked by its writer: two runs writing one directory mixed their
+    configs, results and metrics. ``RunError`` in one line while another process holds it; a no-op when this process
+    does (a run resumed in the same process)."""
+    key = Path(path).resolve()
+    if key in _held:
+        return
+    try:
+        fd = os.open(key / RUN_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    except OSError as e:
+        raise RunError(f"{path}: cannot hold a run ({e.strerror or e})") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        os.close(fd)
+        by = f" (process {holder})" if holder.isdigit() else ""
+        raise RunError(
+            f"{path}: another run is writing this directory{by}: wait for it to end, or give this run another --out"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    _held[key] = fd
+
+
+def release_run_dir(path: Path | str) -> None:
+    """Let go of the lock ``hold_run_dir`` took on ``path`` (a no-op when this process holds none)."""
+    fd = _held.pop(Path(path).resolve(), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def _held_elsewhere(path: Path) -> bool:
+    """Whether another process holds the run directory ``path`` (checked by taking its lock for a moment)."""
+    if path.resolve() in _held:
+        return False
+    try:
+        fd = os.open(path / RUN_LOCK, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False  # no lock file: no run ever held it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
 @contextlib.contextmanager
 def discarded_if_it_fails_unstarted(path: Path | str) -> Iterator[None]:
     """Remove the run directory ``path``, and the parents made for it, when the block fails before the run's first
     checkpoint and none of them existed before: such a folder holds a config and perhaps a few metrics, nothing
-    ``--resume`` could continue, and a half-made run is all it would leave. A folder the user had and a run that
-    checkpointed are never removed. Only the main process (``RANK`` 0) removes it: under torchrun it made it."""
+    ``--resume`` could continue, and a half-made run is all it would leave. A folder the user had, a run that
+    checkpointed and a directory another process's run holds are never removed. Only the main process (``RANK`` 0)
+    removes it: under torchrun it made it. The run directory's lock (``hold_run_dir``) is let go at the end."""
     made = None  # the outermost folder of ``path`` that does not exist yet: what mkdir(parents=True) makes
     for folder in (Path(path), *Path(path).parents):
         if os.path.lexists(folder):
@@ -144,9 +200,13 @@ def discarded_if_it_fails_unstarted(path: Path | str) -> Iterator[None]:
     except BaseException:
         run = RunDir(path)
         started = any(p.exists() for p in (run.checkpoint_path, run.best_path, run.path / RESULT_FILE))
-        if made is not None and not started and os.environ.get("RANK", "0") == "0":
+        remove = made is not None and not started and os.environ.get("RANK", "0") == "0"
+        if remove and not _held_elsewhere(run.path):
+            release_run_dir(path)
             shutil.rmtree(made, ignore_errors=True)
         raise
+    finally:
+        release_run_dir(path)
 
 
 # Settings a resumed run may take other than it started with: where and how fast it runs, not what it learns (bf16
@@ -275,6 +335,7 @@ class RunDir:
         """
         run = cls(path)
         make_dir(run.path, "a run")
+        hold_run_dir(run.path)
         for name, what in ((CORPUS_MANIFEST, "a corpus"), (EXPORT_JSON, "an export")):
             if (run.path / name).exists() and not run.config_path.exists():
                 raise RunError(f"{run.path}: holds {what} ({name}), not a run: give the run a folder of its own")
@@ -293,7 +354,15 @@ class RunDir:
         if not resume or not held:
             run.write_json(CONFIG_FILE, {"stage": stage, "config": config})
             run.metrics_path.unlink(missing_ok=True)
+        run.remove_partial_writes()
         return run
+
+    def remove_partial_writes(self) -> None:
+        """Remove what atomic writes killed midway left (``.<file>.<random>.tmp``): no process but this one writes
+        the run, whose lock it holds."""
+        for tmp in self.path.glob(".*.tmp"):
+            if tmp.is_file() and not tmp.is_symlink():
+                tmp.unlink(missing_ok=True)
 
     @property
     def finished(self) -> bool:

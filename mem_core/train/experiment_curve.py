@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mem_core.errors import MemError
-from mem_core.train.experiment_report import COLOURS, MEM, YARDSTICK_COLOUR, _arm_label, mean_std
+from mem_core.train.experiment_report import COLOURS, MEM, YARDSTICK_COLOUR, arm_label, mean_std
 
 RESULTS = "results.json"
 
@@ -106,7 +106,7 @@ def markdown_curve(result: dict[str, Any]) -> str:
         )
     for b in result["bands"]:
         lines.append(
-            f"| {b['labels']:.0%} | none | {_arm_label(b['arm'])} | {100 * b['mean']:.1f} ± {100 * b['std']:.1f} | |"
+            f"| {b['labels']:.0%} | none | {arm_label(b['arm'])} | {100 * b['mean']:.1f} ± {100 * b['std']:.1f} | |"
         )
     return "\n".join(lines)
 
@@ -146,7 +146,7 @@ def plot_curve(result: dict[str, Any], path: Path) -> None:
             colour = COLOURS.get(band["arm"], YARDSTICK_COLOUR)
             lo, hi = 100 * (band["mean"] - band["std"]), 100 * (band["mean"] + band["std"])
             ax.axhspan(lo, hi, color=colour, alpha=0.15)
-            ax.axhline(100 * band["mean"], color=colour, linewidth=1, label=f"{_arm_label(band['arm'])} (no unlabeled)")
+            ax.axhline(100 * band["mean"], color=colour, linewidth=1, label=f"{arm_label(band['arm'])} (no unlabeled)")
         ax.set_xscale("log")
         ax.set_xticks(xs_all, [f"{x:,}" for x in xs_all])
         ax.minorticks_off()

@@ -105,7 +105,7 @@ COLOURS = {MEM: "tab:red", SCRATCH: "tab:blue"}
 YARDSTICK_COLOUR = "tab:green"
 
 
-def _arm_label(arm: str) -> str:
+def arm_label(arm: str) -> str:
     return {MEM: "MEM pretrained", SCRATCH: "same ViT from scratch"}.get(arm, f"{arm} from scratch")
 
 
@@ -131,12 +131,12 @@ def plot(report: dict[str, Any], path: Path) -> None:
             marker="o",
             capsize=4,
             color=colour,
-            label=_arm_label(arm) + (", test" if on_test else ""),
+            label=arm_label(arm) + (", test" if on_test else ""),
         )
         if on_test:
             ys = [100 * s["kept_top1"]["mean"] for s in pts]
             chosen = report.get("choose_on", "val")
-            ax.plot(xs, ys, linestyle="--", marker=".", color=colour, alpha=0.5, label=f"{_arm_label(arm)}, {chosen}")
+            ax.plot(xs, ys, linestyle="--", marker=".", color=colour, alpha=0.5, label=f"{arm_label(arm)}, {chosen}")
     ax.set_xscale("log")
     what = "test top-1 of the kept model" if on_test else f"{report.get('choose_on', 'val')} top-1 at the final epoch"
     ax.set(
@@ -179,7 +179,7 @@ def plot_curves(rows: list[dict[str, Any]], path: Path, dataset: str) -> None:
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("validation top-1 (%)")
     arms = [a for a in colours if any(r["arm"] == a for r in rows)]
-    handles = [Line2D([], [], color=colours[a], label=_arm_label(a)) for a in arms]
+    handles = [Line2D([], [], color=colours[a], label=arm_label(a)) for a in arms]
     handles += [Line2D([], [], color="0.35", linestyle=styles[s], label=f"seed {s}") for s in seeds]
     axes[0][-1].legend(handles=handles, fontsize=7, loc="lower right")
     fig.suptitle(f"Validation curves on {dataset}")
