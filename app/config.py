@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
+from mem_core.device import device_problem
 from mem_core.errors import ConfigError
 from mem_core.fields import (
     AT_LEAST_1,
@@ -103,6 +104,8 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)
+        if (problem := device_problem(self.device)) is not None:
+            raise ConfigError(problem)
         if self.classes:
             from mem_core.schema import SchemaError, class_names  # pydantic: imported only where classes are given
 

@@ -144,6 +144,31 @@ def test_config_file_python_cannot_parse_is_one_line_naming_it(tmp_path, mem, te
     assert message in line
 
 
+@pytest.mark.parametrize(
+    ("args", "naming"),
+    [
+        (["evaluate", "--dataset", "sim", "--batch-size", "0"], "--batch-size must be a number >= 1, got 0"),
+        (["evaluate", "--dataset", "sim", "--batch-size", "-5"], "--batch-size must be a number >= 1, got -5"),
+        (["evaluate", "--dataset", "ncars"], "the ncars dataset needs --data PATH"),
+        (["finetune", *TINY, "--set", "device=tpu"], "device 'tpu' is none of auto, cpu, cuda, cuda:N"),
+        (["finetune", *TINY, "--set", "device=cuda:0x"], "device 'cuda:0x' is none of"),
+        (["serve", "--source", "sim", "--device", "tpu"], "device 'tpu' is none of"),
+    ],
+)
+def test_a_user_s_mistake_in_a_number_a_dataset_or_a_device_is_one_line(tmp_path, mem, export_dir, args, naming):
+    """They were tracebacks: a batch of 0 (or -5) to evaluate, a dataset without its folder, a device torch does not
+    know."""
+    args = [*args, "--out", str(tmp_path / "run")] if args[0] == "finetune" else args
+    args = [*args, "--model", str(export_dir)] if args[0] == "evaluate" else args
+    refused(mem(*args), naming)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a GPU")
+def test_cuda_on_a_machine_without_a_gpu_is_one_line(tmp_path, mem):
+    refused(mem("finetune", *TINY, "--set", "device=cuda", "--out", str(tmp_path / "run")), "has no CUDA GPU")
+
+
 # ------------------------------------------------------------------------- source and endpoint texts (item 8)
 
 

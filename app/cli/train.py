@@ -175,8 +175,11 @@ def evaluate(
     as_json: Annotated[bool, typer.Option("--json", help="Last line of stdout is the JSON result.")] = False,
 ) -> None:
     """Evaluate a trained model on a split (deterministic windows): top-1 and n, or mIoU / mAcc / aAcc."""
+    from mem_core.fields import AT_LEAST_0, AT_LEAST_1, check_value
     from mem_core.train.evaluate import evaluate_run
 
+    check_value("--batch-size", batch_size, AT_LEAST_1)
+    check_value("--workers", workers, AT_LEAST_0)
     result = evaluate_run(model, dataset, data, split, batch_size=batch_size, num_workers=workers)
     if os.environ.get("RANK", "0") != "0":  # under torchrun every process evaluated its share; one reports
         return

@@ -42,6 +42,17 @@ SAMPLE_SPANS_US: dict[str, int] = {
 }
 
 
+# Datasets that need no folder: every other one is refused without ``--data`` in one line.
+ROOTLESS = {"sim"}
+
+
+def _check_root(name: str, root: Path | str | None) -> None:
+    if name not in REGISTRY:
+        raise DatasetError(f"unknown dataset {name!r}; known: {', '.join(sorted(REGISTRY))}")
+    if root is None and name not in ROOTLESS:
+        raise DatasetError(f"the {name} dataset needs --data PATH (its folder)")
+
+
 def register(name: str, factory: SourceFactory, sample_us: int | None = None) -> None:
     """Add (or replace) a dataset: ``factory(root, split, **options)`` returns an ``EventSource``; ``sample_us`` is
     the time span of every sample, if they all span the same."""
@@ -65,15 +76,13 @@ def open_shipped(name: str, root: Path | str | None, split: str) -> EventSource:
     carves from its training samples and the guards around it (which neither split uses) stay in train. What
     ``mem ingest`` keeps: every file goes into the corpus, and the splits are carved when training reads it.
     A dataset that carves takes ``held_out=False``; the others ship their splits whole."""
-    factory = REGISTRY.get(name)
-    if factory is None:
-        raise DatasetError(f"unknown dataset {name!r}; known: {', '.join(sorted(REGISTRY))}")
+    _check_root(name, root)
+    factory = REGISTRY[name]
     options = {"held_out": False} if "held_out" in inspect.signature(factory).parameters else {}
     return factory(root, split, **options)
 
 
 def open_source(name: str, root: Path | str | None, split: str, **options) -> EventSource:
     """The samples of dataset ``name`` under ``root`` for ``split`` (train / val / test)."""
-    if name not in REGISTRY:
-        raise DatasetError(f"unknown dataset {name!r}; known: {', '.join(sorted(REGISTRY))}")
+    _check_root(name, root)
     return REGISTRY[name](root, split, **options)

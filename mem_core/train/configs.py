@@ -19,6 +19,7 @@ from mem_core.configuration import (
     load_toml,
     merge,
 )
+from mem_core.device import device_problem
 from mem_core.fields import (
     AT_LEAST_0,
     AT_LEAST_1,
@@ -109,6 +110,8 @@ class StageConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)
+        if (problem := device_problem(self.device)) is not None:
+            raise ConfigError(problem)
         model = getattr(self, "model", None)
         if model is not None:
             check_model_sizes(model)

@@ -20,6 +20,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from mem_core.device import pick_device
+
 
 @dataclass(frozen=True)
 class Runtime:
@@ -71,15 +73,6 @@ def cpu_has_native_bf16() -> bool:
     except OSError:
         return False
     return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def pick_device(name: str = "auto") -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} requested but CUDA is not available")
-    return device
 
 
 def setup_runtime(device: str = "auto", amp: bool = True, cpu_bf16: bool = False) -> Runtime:
