@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import os
 import re
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,6 +29,15 @@ from mem_core.schema import SchemaError, class_name, class_names_problem, short
 from recorders.base import Closing, RecorderError
 
 _CAPTURE_NAME = re.compile(r"capture-(\d+)")
+
+
+def _identity(folder: Path) -> tuple[int, int] | None:
+    """Which folder is at ``folder`` now (device, inode), or None where there is none."""
+    try:
+        st = os.stat(folder)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 class LabelledCaptures(Closing):
@@ -49,6 +59,7 @@ class LabelledCaptures(Closing):
         # numbered after the highest number in use, not the count: an undo leaves a gap the count would fall into
         numbers = [int(m.group(1)) for r in recordings if (m := _CAPTURE_NAME.fullmatch(r.session))]
         self._writer = CorpusWriter(self.root, provenance={"tool": "mem label"}, flush_interval_s=0)
+        self._identity = _identity(self.root)
         self._counts = counts
         self._next = max(numbers, default=-1) + 1
         kept = {r.session for r in recordings}
@@ -58,8 +69,12 @@ class LabelledCaptures(Closing):
     def _writable(self, what: str) -> CorpusWriter:
         """The writer, opened again after a failure: only where the folder is back (or made anew, empty), never by
         creating a missing folder, which would start a second corpus where the user may put the first one back."""
-        if self._writer is not None:
+        if self._writer is not None and _identity(self.root) == self._identity:
             return self._writer
+        if self._writer is not None:  # deleted or moved away, perhaps another folder made in its place: let it go
+            writer, self._writer = self._writer, None
+            with contextlib.suppress(CorpusError, OSError):  # its files went with the folder
+                writer.close()
         if not (self.root / MANIFEST).is_file() and not (self.root.is_dir() and not any(self.root.iterdir())):
             raise self._gone(what)
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import subprocess
 import sys
 
@@ -99,6 +100,25 @@ def test_a_labels_folder_moved_away_says_so_and_capturing_goes_on_once_it_is_bac
     corpus = Corpus(root)
     assert [r.label for r in corpus.recordings] == ["car", "background"] and corpus.check(full=True) == {}
     np.testing.assert_array_equal(corpus.events(1), windows[2])
+
+
+def test_a_labels_folder_deleted_and_made_again_takes_the_next_capture(tmp_path, events_factory):
+    """The next capture was lost with "write failed ... goes on once labels is writable again": a folder made anew
+    where the old one was is a new labelled corpus, written at once."""
+    root = tmp_path / "labels"
+    windows = [events_factory(100, sensor=SENSOR, seed=k) for k in range(3)]
+    with LabelledCaptures(root) as captures:
+        captures.capture(windows[0], SENSOR, "car")
+        shutil.rmtree(root)
+        root.mkdir()
+        captures.capture(windows[1], SENSOR, "background")
+        assert captures.counts() == {"background": 1}
+        assert captures.undo() == "background"  # what this session may undo: the captures of the new folder
+        assert captures.undo() is None
+        captures.capture(windows[2], SENSOR, "car")
+    corpus = Corpus(root)
+    assert [r.label for r in corpus.recordings] == ["car"] and corpus.check(full=True) == {}
+    np.testing.assert_array_equal(corpus.events(0), windows[2])
 
 
 @pytest.mark.parametrize("code", [errno.EIO, errno.ENOSPC])
