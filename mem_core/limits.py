@@ -116,9 +116,3 @@ def fit_path(path: Any) -> str:
     the folders nearest to it) after an ellipsis. Paths may reach 4,096 bytes on Linux."""
     text = str(path)
     return text if len(text) <= MAX_TEXT else "\u2026" + text[-(MAX_TEXT - 1) :]
-
-
-def warm_up_timeout_s(window_flops: float, flops_per_s: float = 2e9) -> float:
-    """Seconds a live server may give a model's first window (``window_flops``, see ``export.load_model``) before it
-    gives up on the model: 10 s plus the work at ``flops_per_s``, a slow CPU thread (8.5 min at ``MAX_WINDOW_FLOPS``)."""
-    return 10.0 + window_flops / flops_per_s

@@ -356,17 +356,30 @@ def test_a_model_that_cannot_be_loaded_ends_the_server_with_its_error(tmp_path):
         server.run(duration_s=WAIT_S)
 
 
-def test_a_model_whose_first_window_takes_too_long_ends_the_server_saying_so(export, monkeypatch):
-    from app.live import model_slot
+def test_a_model_whose_first_window_is_slow_is_served_once_it_ran_and_a_stop_meanwhile_is_prompt(export, monkeypatch):
+    """A busy machine is slow, not wrong: a fixed time box refused a fully trained model under load. The server
+    waits for the first window; stopped meanwhile, it ends at once."""
     from mem_core.inference import Predictor
 
-    monkeypatch.setattr(model_slot, "warm_up_timeout_s", lambda flops: 0.5)
-    monkeypatch.setattr(Predictor, "warm_up", lambda self: time.sleep(5))  # a window that takes 10 x its time
+    release = threading.Event()
+    monkeypatch.setattr(Predictor, "warm_up", lambda self: release.wait(60))  # a first window that takes its time
     server = LiveServer(ServeConfig(model=export, pub="tcp://127.0.0.1:*"), source=SyntheticSource(1000, SENSOR))
+    server.start()
+    try:
+        time.sleep(0.5)  # (what must not happen in this time: the model given up)
+        assert server.running and server.model.version == 0
+        release.set()
+        assert server.model.loaded.wait(WAIT_S) and server.model.version == 1
+    finally:
+        server.stop()
+    release.clear()
+    server = LiveServer(ServeConfig(model=export, pub="tcp://127.0.0.1:*"), source=SyntheticSource(1000, SENSOR))
+    server.start()
+    time.sleep(0.5)
     start = time.monotonic()
-    with pytest.raises(RunError, match=r"the model's first window did not finish within 0 s \(.* FLOP per window\)"):
-        server.run(duration_s=WAIT_S)
-    assert time.monotonic() - start < 4.5  # given up at the time box, not after the window
+    server.stop()
+    assert not server.running and time.monotonic() - start < 5
+    release.set()
 
 
 def test_sensor_view_keeps_the_sensor_geometry_and_every_event_and_bins_large_sensors():

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
+
 import typer
 
 from app.cli.options import Renamed, comma_separated, fail, refusing, with_options
@@ -22,6 +26,7 @@ def serve(config: ServeConfig) -> None:
 
     import zmq
 
+    from app.live.model_slot import WARM_UP_THREAD
     from app.live.server import run
     from recorders.base import RecorderError
     from recorders.publish import bind_problem
@@ -38,6 +43,12 @@ def serve(config: ServeConfig) -> None:
         run(config)
     except (RecorderError, zmq.ZMQError) as exc:  # no camera, a source that failed, an endpoint in use
         raise fail(str(exc)) from None
+    if any(t.name == WARM_UP_THREAD and t.is_alive() for t in threading.enumerate()):
+        # stopped while a model's first window ran: everything is closed, but ending the interpreter under a torch
+        # op still running aborts it ("terminate called without an active exception")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 @with_options()

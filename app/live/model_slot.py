@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from app.config import ServeConfig
 from mem_core.configuration import ConfigError
 from mem_core.errors import RunError
-from mem_core.limits import MAX_TEXT, fit_path, warm_up_timeout_s
+from mem_core.limits import MAX_TEXT, fit_path
 from mem_core.runs.lineage import source_run
 from mem_core.runs.onnx_model import ONNX_MODEL_FILE, ONNX_TOKENIZER_FILE, onnx_model_file
 
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from mem_core.onnx_inference import OnnxPredictor
 
 WATCH_INTERVAL_S = 1.0  # how often --watch looks at the model's files
+WARM_UP_THREAD = "mem-serve-warm-up"  # a model's first window runs in a thread of this name
 MODEL_FILES = ("model.json", "model.safetensors", "best.pt", ONNX_MODEL_FILE, ONNX_TOKENIZER_FILE)
 
 
@@ -40,6 +41,7 @@ class ModelSlot:
         torch_threads: torch CPU threads to set before loading; None leaves the process's setting alone. An ONNX
             model runs on this many onnxruntime threads (None: ``config.threads``).
         announce: told when a swapped-in model is served.
+        stopping: set when the server stops: a model still warming up is given up.
     """
 
     def __init__(
@@ -51,6 +53,7 @@ class ModelSlot:
         predictor: Predictor | OnnxPredictor | None = None,
         torch_threads: int | None = None,
         announce: Callable[[str], None] | None = None,
+        stopping: threading.Event | None = None,
     ) -> None:
         if predictor is None and config.model is not None and not Path(config.model).exists():
             raise ConfigError(
@@ -62,6 +65,7 @@ class ModelSlot:
         self._given = predictor
         self._torch_threads = torch_threads
         self._announce = announce
+        self._stopping = stopping if stopping is not None else threading.Event()
         # (predictor, its version): one attribute, so a window never pairs one model's output with another's version
         self._served: tuple[Predictor | OnnxPredictor | None, int] = (None, 0)
         self.loading = predictor is not None or config.model is not None  # a first model is coming
@@ -96,7 +100,7 @@ class ModelSlot:
         config = self._config
         stamp = model_stamp(self.path)
         predictor = self._given or self._open(self.path, config.tokenizer)
-        warm_up(predictor, self.path)
+        warm_up(predictor, self.path, self._stopping)
         self._serve(predictor, self.path, stamp)
 
     def swap(self, path: Path | str, keep_window: bool = False) -> None:
@@ -105,7 +109,7 @@ class ModelSlot:
         path = Path(path)
         stamp = model_stamp(path)
         predictor = self._open(path, None)
-        warm_up(predictor, path)
+        warm_up(predictor, path, self._stopping)
         self._serve(predictor, path, stamp, keep_window)
         if self._announce is not None:
             self._announce(f"mem serve: now serving {path} (model version {self.version})")
@@ -208,11 +212,10 @@ def model_name(path: Path | None) -> str | None:
     return source.name if source is not None else path.name
 
 
-def warm_up(predictor: Predictor | OnnxPredictor, path: Path | None) -> None:
-    """Run ``predictor``'s first window, giving it ``limits.warm_up_timeout_s`` of its work per window; past that a
-    ``RunError`` names the model, and the model is not served (its thread is left to finish in the background)."""
-    flops = predictor.meta["window_flops"]
-    timeout = warm_up_timeout_s(flops)
+def warm_up(predictor: Predictor | OnnxPredictor, path: Path | None, stopping: threading.Event) -> None:
+    """Run ``predictor``'s first window, for as long as it takes (a busy machine is slow, not wrong: a model given
+    a time box was refused under load), or until ``stopping`` is set: then a ``RunError`` says so, the model is not
+    served and its thread is left to finish in the background (``WARM_UP_THREAD``)."""
     done, failed = threading.Event(), []
 
     def run() -> None:
@@ -223,10 +226,9 @@ def warm_up(predictor: Predictor | OnnxPredictor, path: Path | None) -> None:
         finally:
             done.set()
 
-    threading.Thread(target=run, name="mem-serve-warm-up", daemon=True).start()
-    if not done.wait(timeout):
-        raise RunError(
-            f"{path}: the model's first window did not finish within {timeout:.0f} s ({flops:.3g} FLOP per window)"
-        )
+    threading.Thread(target=run, name=WARM_UP_THREAD, daemon=True).start()
+    while not done.wait(0.1):
+        if stopping.is_set():
+            raise RunError(f"{path}: the server stopped while the model's first window ran; the model is not served")
     if failed:
         raise failed[0]

@@ -55,6 +55,7 @@ from app.live.state import ServerState
 from app.live.stats import LoopStats
 from app.live.window import Accumulation, Window, describe_window, newest_span
 from mem_core.configuration import ConfigError
+from mem_core.errors import RunError
 from mem_core.runs.lineage import pretraining_run_of
 from recorders.base import LiveSource
 from recorders.live_recorder import LiveRecorder
@@ -111,6 +112,7 @@ class LiveServer(ServerState, Publishing):
             predictor=predictor,
             torch_threads=torch_threads,
             announce=announce,
+            stopping=self._stop,
         )
         self.labelling = LabelDesk(config.labels, config.train_out, config.train_epochs, config.classes)
         self.labelling.resumed = resumed
@@ -255,7 +257,12 @@ class LiveServer(ServerState, Publishing):
         return reporting
 
     def _load_model(self, started: float) -> None:
-        self.model.load()
+        try:
+            self.model.load()
+        except RunError:
+            if self._stop.is_set():  # stopped while the model's first window ran: nothing went wrong
+                return
+            raise
         if self.announce is not None:
             self.announce(
                 f"mem serve: {self.model.predictor.task} model ready after {time.monotonic() - started:.1f} s, "

@@ -37,7 +37,7 @@ def load_model(path: Path | str, device: torch.device | str = "cpu") -> tuple[to
 
     ``meta`` holds ``task``, ``architecture``, ``classes``, ``input`` (an ``InputSpec`` dict), ``head_channels``,
     ``training_window`` (``{"events", "ms"}``, see ``training_window``) and ``window_flops``: the floating-point
-    operations of one window through the model (what a live server's warm-up runs; see ``limits.warm_up_timeout_s``).
+    operations of one window through the model (what a live server's warm-up runs).
     """
     path = Path(path)
     # a file there in any form is read: one that is no regular file (a FIFO) is refused naming it
