@@ -29,7 +29,7 @@ from mem_core.models import MEMViT, ViTConfig
 from mem_core.protocol import decode, encode_control
 from mem_core.representation import InputSpec
 from mem_core.runs.export import export_random
-from mem_core.runs.rundir import RunDir, hold_run_dir, release_run_dir
+from mem_core.runs.rundir import RunDir, RunError, hold_run_dir, release_run_dir
 
 DIGITS = "9" * 5000  # more than Python's int() converts (4300 digits)
 TINY_ARCH = ViTConfig(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, drop_path=0.0)
@@ -241,6 +241,23 @@ def export_dir(tmp_path_factory) -> Path:
         architecture=TINY_ARCH,
         input_spec=InputSpec(n_max=2000, size=(32, 32)),
     )
+
+
+def test_weights_larger_than_their_model_can_weigh_are_refused_before_a_byte_is_read(tmp_path, export_dir):
+    """An 8 GiB sparse file as an export's weights was read whole (the server grew from 1.0 to 6.6 GB, a good export
+    written meanwhile waited): the bound is what the model in model.json weighs, at 8 bytes a number."""
+    import resource
+
+    from mem_core.runs.export import load_model
+
+    model = shutil.copytree(export_dir, tmp_path / "export")
+    with open(model / "model.safetensors", "r+b") as f:
+        f.truncate(1 << 30)  # sparse: no disk, 1 GiB to read
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(RunError, match=r"model.safetensors: larger than \d+ bytes \(1073741824 bytes\), more than the "
+                       r"model model.json describes can weigh"):  # fmt: skip
+        load_model(model)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 100_000  # KiB: nothing of it was read
 
 
 def finetune_run(folder: Path) -> Path:

@@ -42,6 +42,18 @@ def task_window(meta: dict[str, Any]) -> Callable[[torch.nn.Module], Any]:
     return lambda model: model(torch.zeros(1, spec.in_chans, *spec.size))
 
 
+def weights_bound(build: Callable[[], torch.nn.Module]) -> int:
+    """The most bytes a safetensors file of the weights of ``build()`` can hold: each tensor of its state at 8 bytes
+    an element (the widest dtype), its header entry, and the header's length. ``RunError`` where it cannot be built
+    (``load_checked`` says why)."""
+    try:
+        with torch.device("meta"):
+            state = build().state_dict()
+    except BUILD_ERRORS as e:
+        raise RunError(f"the model described cannot be built ({type(e).__name__}: {e})") from e
+    return 8 + sum(8 * t.numel() + 128 + len(name) + 24 * t.dim() for name, t in state.items()) + (64 << 10)
+
+
 def load_checked(
     build: Callable[[], torch.nn.Module],
     weights: dict[str, Any],

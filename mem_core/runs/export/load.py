@@ -11,11 +11,11 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as load_bytes
 
-from mem_core.files import file_problem, read_bounded
+from mem_core.files import FileTooLarge, file_problem, read_bounded
 from mem_core.limits import MAX_WEIGHTS_BYTES
 from mem_core.models import DiscreteVAE
 from mem_core.models.cnn import VIT
-from mem_core.runs.export.cost import load_checked, task_window
+from mem_core.runs.export.cost import load_checked, task_window, weights_bound
 from mem_core.runs.export.meta import (
     MODEL_FILE,
     TASKS,
@@ -51,7 +51,7 @@ def load_model(path: Path | str, device: torch.device | str = "cpu") -> tuple[to
             )
         check_meta(meta, description)
         weights_file = path / MODEL_FILE
-        weights = _read_safetensors(weights_file)
+        weights = _read_safetensors(weights_file, weights_bound(lambda: build_task_model(meta)), description)
     elif os.path.lexists(path / CONFIG_FILE):
         run = RunDir(path)
         description = run.config_path
@@ -97,11 +97,14 @@ def _checkpoint_model(path: Path) -> dict[str, Any]:
     return weights
 
 
-def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    """The tensors of a safetensors file, read from a regular file of at most ``MAX_WEIGHTS_BYTES`` (safetensors'
-    ``load_file`` opens any path, and blocked for good on a FIFO, holding the GIL)."""
+def _read_safetensors(path: Path, bound: int, description: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file, read from a regular file of at most ``bound`` bytes: what the model that
+    ``description`` describes weighs (``weights_bound``; an 8 GiB sparse file in place of a ViT-S's weights grew the
+    server by 5.6 GB). safetensors' ``load_file`` opens any path, and blocked for good on a FIFO, holding the GIL."""
     try:
-        data = read_bounded(path, MAX_WEIGHTS_BYTES)
+        data = read_bounded(path, min(bound, MAX_WEIGHTS_BYTES))
+    except FileTooLarge as e:
+        raise RunError(f"{path}: {e}, more than the model {description.name} describes can weigh") from None
     except OSError as e:
         raise RunError(f"{path}: {file_problem(e)}") from None
     try:
@@ -117,7 +120,7 @@ def load_tokenizer(path: Path | str, device: torch.device | str = "cpu") -> Disc
         description = path / TOKENIZER_JSON
         config = tokenizer_config(read_versioned(description).get("architecture"), description)
         weights_file = path / TOKENIZER_FILE
-        weights = _read_safetensors(weights_file)
+        weights = _read_safetensors(weights_file, weights_bound(lambda: DiscreteVAE(config)), description)
     elif os.path.lexists(path / CONFIG_FILE):
         run = RunDir(path)
         info = run.read_config()
