@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
-from mem_core.device import device_problem
 from mem_core.errors import ConfigError
 from mem_core.fields import (
     AT_LEAST_1,
@@ -21,6 +20,7 @@ from mem_core.fields import (
     WindowEvents,
     WindowMs,
     check_fields,
+    device_problem,
 )
 from recorders.config import LOOP_HELP, SOURCE_HELP
 

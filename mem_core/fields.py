@@ -27,6 +27,7 @@ import functools
 import inspect
 import math
 import numbers
+import re
 import typing
 from typing import Annotated, Any
 
@@ -139,6 +140,17 @@ Width = Annotated[int, Range(1, MAX_WIDTH)]
 
 
 # ------------------------------------------------------------------------------------------------ checks
+
+
+_DEVICE = re.compile(r"(auto|cpu|cuda)(:\d{1,3})?")
+
+
+def device_problem(name: object) -> str | None:
+    """Why ``name`` names no device, or None: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``."""
+    match = _DEVICE.fullmatch(name) if isinstance(name, str) else None
+    if match is None or (match[2] and match[1] != "cuda"):
+        return f"device {name!r} is none of auto, cpu, cuda, cuda:N"
+    return None
 
 
 def check_fields(config: Any) -> None:

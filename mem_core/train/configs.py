@@ -19,7 +19,6 @@ from mem_core.configuration import (
     load_toml,
     merge,
 )
-from mem_core.device import device_problem
 from mem_core.fields import (
     AT_LEAST_0,
     AT_LEAST_1,
@@ -30,6 +29,7 @@ from mem_core.fields import (
     Range,
     Width,
     check_fields,
+    device_problem,
 )
 from mem_core.limits import MAX_DEPTH, MAX_WIDTH
 from mem_core.models.cnn import VIT, Arch
