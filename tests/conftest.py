@@ -22,9 +22,12 @@ from mem_core.events import SensorSize, make_events
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 # The tests' models are tiny: a second thread gains nothing, and beside another busy process torch's threads wait for
-# each other (a step of test_models' dVAE: 0.7 s on one thread, 20 s on two). Processes the tests start keep torch's
-# default.
+# each other (a step of test_models' dVAE: 0.7 s on one thread, 20 s on two). Under pytest-xdist (the suite's
+# default: a worker per core) the processes the tests start take one thread too, as a user's would with
+# OMP_NUM_THREADS=1; run alone (-n 0) they keep torch's default.
 torch.set_num_threads(1)
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")
