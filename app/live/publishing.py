@@ -17,8 +17,8 @@ if TYPE_CHECKING:  # torch is imported by the loader thread, not at start
 
 
 class Publishing:
-    """Reads the server's ``publisher``, ``counts``, ``labelling``, ``replay``, ``source``, ``session`` and
-    ``config``."""
+    """Reads the server's ``publisher``, ``counts``, ``labelling``, ``replay``, ``source``, ``session``, ``window``
+    and ``config``."""
 
     def _frame_fields(self, events: np.ndarray, sensor: SensorSize, arrival: float) -> dict[str, Any]:
         """The fields every message of one window carries."""
@@ -39,7 +39,12 @@ class Publishing:
         """What a capture of the newest window records besides its events and the prediction: the source and the
         window (kept for every published window, so it stays cheap; the ground truth is looked up at capture)."""
         meta = self.source.metadata
-        return {**{k: meta[k] for k in ("kind", "serial") if k in meta}, "window": self.counts.last_window}
+        served = {"events": self.window.events, "ms": self.window.ms}  # what Train's export serves its model on
+        return {
+            **{k: meta[k] for k in ("kind", "serial") if k in meta},
+            "window": self.counts.last_window,
+            "served_window": served,
+        }
 
     def _publish_prediction(
         self,

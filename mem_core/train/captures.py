@@ -9,7 +9,9 @@ exported for the live server, which loads it without a restart.
 
 from __future__ import annotations
 
+import collections
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +51,23 @@ def capture_counts(labels: Path | str) -> dict[str, int]:
     return Corpus(labels).label_counts()
 
 
+def capture_window_ms(labels: Path | str) -> float | None:
+    """The time span (ms) of the live window most captures in ``labels`` were taken on (of two as common, the
+    newer), or None: no span, or captures that do not say (``LabelDesk.capture`` records ``served_window``)."""
+    spans = collections.Counter()
+    newest: dict[float | None, int] = {}
+    for k, recording in enumerate(Corpus(labels).recordings):
+        served = recording.metadata.get("served_window")
+        if isinstance(served, dict) and "ms" in served:
+            ms = served["ms"]
+            ms = float(ms) if isinstance(ms, int | float) and not isinstance(ms, bool) and 0 < ms < math.inf else None
+            spans[ms] += 1
+            newest[ms] = k
+    if not spans:
+        return None
+    return max(spans, key=lambda ms: (spans[ms], newest[ms]))
+
+
 def captures_config(
     labels: Path | str, pretrain: Path | str, epochs: int, overrides: list[str] | tuple[str, ...] = ()
 ) -> FinetuneStageConfig:
@@ -59,6 +78,7 @@ def captures_config(
     values: dict[str, Any] = {
         "data.dataset": "corpus",
         "data.path": str(labels),
+        "data.sample_ms": capture_window_ms(labels),
         "epochs": epochs,
         "model": pretrained["model"],
         "input": {k: pretrained["input"][k] for k in REPRESENTATION_FIELDS if k in pretrained["input"]},

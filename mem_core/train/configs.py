@@ -28,6 +28,7 @@ from mem_core.fields import (
     ConfigConflict,
     Range,
     Width,
+    WindowMs,
     check_fields,
     device_problem,
 )
@@ -61,6 +62,9 @@ class DataConfig:
     # samples a training epoch draws (0: one pass over the training samples); more makes several passes, each in its
     # own order and augmentations: a few labels trained with the steps of many (mem experiment's equal steps)
     epoch_samples: Count = 0
+    # the time span of the samples where the dataset does not fix one (ms; None: none): labelled captures were live
+    # windows of at most this span, and an export serves its model on such windows (``export.training_window``)
+    sample_ms: WindowMs | None = None
     # loader processes per training process; -1: one per core it gets, at most 8
     num_workers: Annotated[int, Range(-1)] = -1
     split_file: str = ""  # ncaltech101: where the fixed split is stored (default: inside the dataset root)

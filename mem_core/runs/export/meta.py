@@ -58,15 +58,18 @@ def build_task_model(meta: dict[str, Any]) -> torch.nn.Module:
 
 def training_window(config: dict[str, Any]) -> dict[str, Any]:
     """The window a training run's samples had: ``events``, the input's ``n_max``, and ``ms``, the time span of the
-    dataset's samples where every sample spans the same (``mem_core.datasets.sample_span_us``), else None.
+    dataset's samples where every sample spans the same (``mem_core.datasets.sample_span_us``), else the run's
+    ``data.sample_ms`` (labelled captures: the live window they were taken on), else None.
 
     The live server uses it as its default window, so a model is served on windows like those it learned from.
     """
     from mem_core.datasets import sample_span_us  # lazy: the datasets (and their readers) are only needed here
 
-    span_us = sample_span_us(config.get("data", {}).get("dataset"))
+    data = config.get("data", {})
+    span_us = sample_span_us(data.get("dataset"))
     events = config.get("input", {}).get("n_max", InputSpec.n_max)
-    return {"events": events, "ms": None if span_us is None else span_us / 1000}
+    ms = data.get("sample_ms") if span_us is None else span_us / 1000
+    return {"events": events, "ms": ms}
 
 
 def read_versioned(path: Path) -> dict[str, Any]:
