@@ -1026,3 +1026,14 @@ def test_watch_serves_a_newer_export_without_dropping_the_stream_and_keeps_it_wh
         assert model["version"] == 2 and "model.safetensors" in model["error"]
         later = of(collect(sub, lambda ms: len(of(ms, "pred")) >= 3), "pred")
         assert all(m.header["model_version"] == 2 for m in later)  # still serving the last good model
+
+
+def test_train_s_score_says_on_how_many_captures_it_was_measured_and_warns_when_they_are_few():
+    """ "top-1 100 % on 2 held-out captures" read as a verdict next to a model calling squares discs."""
+    from app.live.labelling import score_note
+
+    few = score_note(1.0, 3, 3)
+    assert few.startswith("top-1 100% on 3 held-out captures, 1 a class, trained on the others")
+    assert few.endswith("(a rough figure: below 5 held out a class, one capture moves it by 33%)")
+    assert score_note(0.9, 30, 3) == "top-1 90% on 30 held-out captures, 10 a class, trained on the others"
+    assert score_note(None, None, None) == "top-1 ? on the held-out captures"

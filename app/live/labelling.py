@@ -40,6 +40,7 @@ RECENT_WINDOWS = 64  # windows a capture may still name (a few seconds of predic
 RECENT_EVENTS = 4_000_000  # and at most this many events in all (52 MB)
 TRAIN_LOG = "train.log"
 PROGRESS_POLL_S = 0.5
+USEFUL_HELD_OUT = 5  # held-out captures a class below which Train's top-1 is called a rough figure
 
 
 class LabelError(Exception):
@@ -97,6 +98,21 @@ class RecentWindows:
             self._events = 0
 
 
+def score_note(top1: float | None, held_out: int | None, n_classes: int | None) -> str:
+    """What Train's top-1 is: on how many held-out captures (a class), and a warning below ``USEFUL_HELD_OUT`` a
+    class, where one capture moves it by tens of points."""
+    score = f"top-1 {top1:.0%}" if top1 is not None else "top-1 ?"
+    if not held_out or not n_classes:
+        return f"{score} on the held-out captures"
+    per_class = held_out / n_classes
+    note = f"{score} on {held_out} held-out captures, {per_class:.2g} a class, trained on the others"
+    if per_class < USEFUL_HELD_OUT:
+        note += (
+            f" (a rough figure: below {USEFUL_HELD_OUT} held out a class, one capture moves it by {1 / held_out:.0%})"
+        )
+    return note
+
+
 class TrainingJob:
     """One Train run: ``mem train-labels`` in a child process writing the run ``out`` (log in ``out/train.log``),
     followed from its ``metrics.jsonl``; with ``onnx``, then ``mem export --format onnx`` of its model (for a server
@@ -122,6 +138,7 @@ class TrainingJob:
         self.epoch = 0
         self.val_top1: float | None = None
         self.held_out: int | None = None  # captures the top-1 is measured on
+        self.n_classes: int | None = None  # classes the model tells apart
         self.message: str | None = f"training on {self.about}"
         self._process: subprocess.Popen | None = None
         self._cancelled = False
@@ -212,9 +229,9 @@ class TrainingJob:
             self.status, self.message = "failed", f"the trained model did not load: {exc}"
             return
         self.status = "done"
-        top1 = f"{self.val_top1:.0%}" if self.val_top1 is not None else "?"
-        held_out = "the held-out captures" if self.held_out is None else f"{self.held_out} held-out captures"
-        self.message = f"top-1 {top1} on {held_out} (trained on {self.about}); now serving {self.export}"
+        self.message = (
+            f"{score_note(self.val_top1, self.held_out, self.n_classes)} ({self.about}); now serving {self.export}"
+        )
 
     def _follow(self) -> None:
         """Epoch and newest validation top-1 from the lines the run appended to its metrics since the last look."""
@@ -241,6 +258,7 @@ class TrainingJob:
                 outcome = json.loads(result.read_text())
                 self.val_top1 = float(outcome["top1"])  # the best epoch: what is exported
                 self.held_out = int(outcome["n"])
+                self.n_classes = len(outcome["classes"])
 
     def _error_line(self, code: int) -> str:
         """The child's ``error: ...`` line, else its last line (the whole log is in ``train.log``)."""
