@@ -204,7 +204,7 @@ def test_serve_stopped_before_its_model_loaded_says_so(tmp_path, monkeypatch, ca
 
     monkeypatch.setattr(model_slot.ModelSlot, "load", lambda self: time.sleep(30))  # still loading at the end
     config = ServeConfig(model=tmp_path, source="synthetic:0.01", pub="tcp://127.0.0.1:*", duration_s=0.3)
-    server.run(config)
+    server.serve_live(config)
     out = capsys.readouterr().out
     assert f"the model {tmp_path} was still loading" in out and "mem serve: 0 predictions" in out
 

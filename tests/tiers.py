@@ -29,7 +29,7 @@ SLOW_USES = {
     "concurrent.futures.process": "starts a process",
     "app.live.labelling.TrainingJob": "starts a training process",
     "app.live.server.LiveServer": "starts a live server",
-    "app.live.server.run": "starts a live server",
+    "app.live.server.serve_live": "starts a live server",
     "app.demo.run": "trains and serves",
     "recorders.record.run": "records in real time",
     "recorders.publish.EventPublisher": "publishes on a socket",

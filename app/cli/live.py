@@ -27,7 +27,7 @@ def serve(config: ServeConfig) -> None:
     import zmq
 
     from app.live.model_slot import WARM_UP_THREAD
-    from app.live.server import run
+    from app.live.server import serve_live
     from recorders.base import RecorderError
     from recorders.publish import bind_problem
 
@@ -40,7 +40,7 @@ def serve(config: ServeConfig) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.default_int_handler)
     try:
-        run(config)
+        serve_live(config)
     except (RecorderError, zmq.ZMQError) as exc:  # no camera, a source that failed, an endpoint in use
         raise fail(str(exc)) from None
     if any(t.name == WARM_UP_THREAD and t.is_alive() for t in threading.enumerate()):
@@ -69,10 +69,10 @@ def view(config: ViewConfig) -> None:
         raise fail(f"mem view cannot open a window: {problem}")
     import zmq
 
-    from app.viewer.window import run
+    from app.viewer.window import open_viewer
 
     try:
-        status = run(config)
+        status = open_viewer(config)
     except zmq.ZMQError as exc:  # an endpoint ZMQ still refuses
         raise fail(f"--connect {config.connect!r}: {exc}") from None
     raise typer.Exit(status)

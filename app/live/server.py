@@ -399,7 +399,7 @@ def source_truth(source: Any, events: np.ndarray) -> dict[str, Any]:
     return {"truth": last if first == last else None}
 
 
-def run(config: ServeConfig) -> None:
+def serve_live(config: ServeConfig) -> None:
     """Serve until Ctrl-C (or ``config.duration_s``), printing the endpoints, when the model is ready, and a
     final summary."""
     server = LiveServer(config, torch_threads=config.threads, announce=lambda line: print(line, flush=True))

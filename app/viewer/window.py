@@ -476,7 +476,7 @@ def no_server_text(endpoint: str) -> str:
     return f"no server at {endpoint}: {start} (--source camera, sim or a file; --model RUN for predictions)"
 
 
-def run(config: ViewConfig) -> int:
+def open_viewer(config: ViewConfig) -> int:
     """Open the viewer and run the Qt event loop; returns the exit status (0). Having heard no server, it says on
     stderr which to start."""
     app = QtWidgets.QApplication.instance() or QtWidgets.QApplication([sys.argv[0]])
