@@ -42,8 +42,9 @@ class Replay(LiveSource):
     ``_index``) and may follow the segment being replayed (``_entered``).
 
     ``pause()``, ``resume()``, ``seek(t_us)``, ``preview``, ``step`` and ``speed`` are for the thread iterating, between
-    two batches (``app.live.replay.ReplayController`` hands them to it). Time stays monotonic: each new loop and each
-    backward seek continues just after the last delivered event, so a recorder can store the replay as one recording.
+    two batches (``app.live.replay_control.ReplayController`` hands them to it). Time stays monotonic: each new loop
+    and each backward seek continues just after the last delivered event, so a recorder can store the replay as one
+    recording.
     """
 
     def __init__(self, segments: list[Segment], where: str, *, speed: float, loop: bool, batch_us: int) -> None:

@@ -131,7 +131,7 @@ def test_label_training_epochs_have_one_bound_and_one_default(tmp_path):
 
 def test_a_window_of_0_ms_means_no_time_limit_on_the_command_line_and_the_wire():
     """``--window-ms 0`` meant no cap while the wire refused ``ms`` 0."""
-    from app.live.window import configured_window
+    from app.live.accumulation import configured_window
 
     assert configured_window(ServeConfig(window_ms=0.0), (30_000, 100.0)).ms is None
     assert decode_control(decode(encode_control(0, "window", events=5000, ms=0.0))) == (

@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from app.live.replay import ReplayController
+from app.live.replay_control import ReplayController
 from app.live.ring import EventRing
 from mem_core.events import SensorSize
 from recorders.base import LiveSource

@@ -22,7 +22,7 @@ Without a model the server streams the sensor view only (``model_state: "none"``
 (``capture``), and ``train`` finetunes the pretraining run on them (``app.live.labelling``). Started again without
 ``--model``, it serves the newest Train run on its labels.
 
-The window is the newest ``events`` events, none older than ``ms`` before the newest (``app.live.window``).
+The window is the newest ``events`` events, none older than ``ms`` before the newest (``app.live.accumulation``).
 The wire format is in ``mem_core.protocol`` and docs/protocol.md.
 """
 
@@ -42,18 +42,18 @@ import numpy as np
 import zmq
 
 from app.config import ServeConfig
+from app.live.accumulation import Accumulation, Window, describe_window, newest_span
 from app.live.control import Command, ControlError, ControlHandler
 from app.live.labelling import HeldWindow, LabelDesk, latest_export, pretraining_run_problem
 from app.live.model_slot import ModelSlot
 from app.live.publishing import Publishing
 from app.live.reader import SourceReader
-from app.live.replay import REPLAY_COMMANDS, Replayable, ReplayController
+from app.live.replay_control import REPLAY_COMMANDS, Replayable, ReplayController
 from app.live.ring import EventRing
 from app.live.sensor_view import sensor_view
 from app.live.sockets import Publisher, bind, control_endpoint_for
 from app.live.state import ServerState
 from app.live.stats import LoopStats
-from app.live.window import Accumulation, Window, describe_window, newest_span
 from mem_core.configuration import ConfigError
 from mem_core.errors import RunError
 from mem_core.runs.lineage import pretraining_run_of
