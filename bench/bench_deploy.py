@@ -34,6 +34,7 @@ import torch
 from mem_core import shared_data_dir
 from mem_core.configuration import from_dict
 from mem_core.events import SensorSize, center_window, make_events
+from mem_core.fields import DEFAULT_WINDOW_EVENTS
 from mem_core.inference import Predictor
 from mem_core.io import read_events
 from mem_core.models import TokenizerConfig, ViTConfig
@@ -51,7 +52,7 @@ THREADS = (1, 2)
 ROUNDS, WARMUP = 4, 8
 ROUND_WINDOWS = {"cpu-small": 40, "vit-b": 10}  # timed windows per runtime and thread count: 4 alternating rounds
 SENSOR = SensorSize(480, 640)
-WINDOW_EVENTS = 30_000
+WINDOW_EVENTS = DEFAULT_WINDOW_EVENTS
 TARGET_START_S, TARGET_MEMORY_MB, TARGET_RATIO = 1.0, 200.0, 0.6
 MAX_ACCURACY_LOSS = 0.005  # int8 is kept as an option only if it loses at most this much top-1 and is faster
 

@@ -40,6 +40,7 @@ import torch
 
 from app.config import ServeConfig
 from mem_core.events import SensorSize, make_events
+from mem_core.fields import DEFAULT_WINDOW_EVENTS
 from mem_core.inference import Predictor
 from mem_core.models import TokenizerConfig, ViTConfig
 from mem_core.protocol import decode, encode
@@ -69,7 +70,7 @@ PREDICTOR_SWITCHES = {"bf16-weights": "bf16_weights", "cuda-graph": "cuda_graph"
 PREDICTOR_WARMUP = 8
 PREDICTOR_WINDOWS = 200
 PREDICTOR_SENSOR = SensorSize(480, 640)
-PREDICTOR_EVENTS = 30_000
+PREDICTOR_EVENTS = DEFAULT_WINDOW_EVENTS
 
 
 def predictor_switches(variant: str) -> dict[str, bool]:

@@ -126,6 +126,8 @@ SHARE = Range(0, 1, lo_open=True)  # a share that must keep something: a label f
 Speed = Annotated[float, Range(0, MAX_SPEED)]
 # Events of a live window (`mem serve --window-events`, the `window` command, a model's input.n_max).
 WindowEvents = Annotated[int, Range(1, MAX_WINDOW_EVENTS)]
+# The window every model input, live server and viewer starts from where nothing says otherwise: the paper's n_max.
+DEFAULT_WINDOW_EVENTS = 30_000
 # The time span a live window may cover, in ms; 0: no time limit (`mem serve --window-ms`, the `window` command).
 WindowMs = Annotated[float, Range(0, MAX_WINDOW_MS)]
 # Epochs of a run on the viewer's labelled captures (`mem serve --train-epochs`, the `train` command,

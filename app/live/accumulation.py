@@ -12,10 +12,14 @@ import numpy as np
 
 from app.config import ServeConfig
 from app.live.ring import EventRing
+from mem_core.fields import DEFAULT_WINDOW_EVENTS
 from mem_core.limits import MAX_WINDOW_EVENTS
 
-LOADING_WINDOW_EVENTS = 30_000  # the window until the model tells its own (the paper's n_max)
-NO_MODEL_WINDOW = (30_000, 50.0)  # the window without a model: the sim dataset's 50 ms samples, crisp to label
+LOADING_WINDOW_EVENTS = DEFAULT_WINDOW_EVENTS  # the window until the model tells its own (the paper's n_max)
+NO_MODEL_WINDOW = (
+    DEFAULT_WINDOW_EVENTS,
+    50.0,
+)  # the window without a model: the sim dataset's 50 ms samples, crisp to label
 
 
 class Window(NamedTuple):

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 from PySide6 import QtCore, QtGui, QtWidgets
 
+from mem_core.fields import DEFAULT_WINDOW_EVENTS
 from mem_core.limits import MAX_WINDOW_EVENTS, MAX_WINDOW_MS
 
 ACCUMULATION_RANGES = {"time": (1.0, MAX_WINDOW_MS), "events": (100.0, float(MAX_WINDOW_EVENTS))}  # log sliders
@@ -125,7 +126,12 @@ class AccumulationControls(QtWidgets.QGroupBox):
         self.value = QtWidgets.QLabel()
         self.reset = QtWidgets.QPushButton("Model's window")
         control_grid(self, (self.mode, self.value, self.reset), self.slider).setColumnStretch(1, 1)
-        self.state: dict[str, Any] = {"events": 30_000, "ms": None, "default_events": 30_000, "default_ms": None}
+        self.state: dict[str, Any] = {
+            "events": DEFAULT_WINDOW_EVENTS,
+            "ms": None,
+            "default_events": DEFAULT_WINDOW_EVENTS,
+            "default_ms": None,
+        }
         self._pending_until = 0.0  # monotonic: until then the controls show the user's choice, not the stats
         self.mode.activated.connect(self._mode_changed)
         self.slider.valueChanged.connect(self._slider_moved)

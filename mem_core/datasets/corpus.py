@@ -31,11 +31,12 @@ from mem_core.corpus import MANIFEST, Corpus, CorpusError, RecordingInfo
 from mem_core.datasets.base import DatasetError, EventSource, require_dir
 from mem_core.datasets.splits import TRAIN, VAL, held_out_blocks
 from mem_core.events import SensorSize, window_start
+from mem_core.fields import DEFAULT_WINDOW_EVENTS
 from mem_core.schema import class_names_problem
 
 log = logging.getLogger(__name__)
 
-CORPUS_SLOT = 30_000  # events per sample slot of a long recording
+CORPUS_SLOT = DEFAULT_WINDOW_EVENTS  # events per sample slot of a long recording
 VAL_CLASS_FRACTION = 0.1  # of each class's sessions (labelled corpora)
 VAL_FRACTION = 0.05  # of the sessions, or of each session's slots (unlabelled corpora)
 MIN_SESSIONS = 20  # unlabelled corpora with this many sessions hold out whole sessions

@@ -8,7 +8,17 @@ from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from mem_core.errors import ConfigError
-from mem_core.fields import AT_LEAST_0, POSITIVE, PROBABILITY, ConfigConflict, Range, Side, WindowEvents, check_fields
+from mem_core.fields import (
+    AT_LEAST_0,
+    DEFAULT_WINDOW_EVENTS,
+    POSITIVE,
+    PROBABILITY,
+    ConfigConflict,
+    Range,
+    Side,
+    WindowEvents,
+    check_fields,
+)
 from mem_core.hot_pixels import HOT_PIXEL_STD
 from mem_core.limits import MAX_MAGNITUDE, MAX_TEMPORAL_BINS
 
@@ -45,7 +55,7 @@ class InputSpec:
     size in a corner of a fixed frame (N-Cars), it shows every object at the full input resolution.
     """
 
-    n_max: WindowEvents = 30000  # the live server serves a model on windows of n_max events
+    n_max: WindowEvents = DEFAULT_WINDOW_EVENTS  # the live server serves a model on windows of n_max events
     size: tuple[Side, Side] = (224, 224)
     channels: Channels = "hist"
     resize_to: tuple[Side, Side] | None = None
