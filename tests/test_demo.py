@@ -204,8 +204,9 @@ def test_demo_rejects_impossible_label_counts_before_any_work(tmp_path):
 @pytest.mark.parametrize(
     ("args", "problem"),
     [
-        (["--seeds", "0,0"], "distinct"),
-        (["--seeds", "a"], "--seeds"),
+        (["--label-seeds", "0,0"], "distinct"),
+        (["--label-seeds", "a"], "--label-seeds"),
+        (["--seeds", "0,1"], "--seeds 0,1: use --label-seeds 0,1"),  # the old spelling, named
         (
             ["--held-out", "train"],
             "held-out sets are test, test-sensor, test-motion, not 'train'",

@@ -9,12 +9,15 @@ from app.config import DemoConfig
 
 # the fields given in another form on the command line; every other option is a field's own (``app.config``)
 DEMO_OPTIONS = {
-    "label_seeds": comma_separated(typer.Option("--seeds"), int),
+    "label_seeds": comma_separated(typer.Option("--label-seeds"), int),
     "held_out": comma_separated(typer.Option("--held-out")),
 }
 
 
-@refusing(Renamed("--window", "--viewer", "--window-events is the events of mem serve's windows", takes_value=False))
+@refusing(
+    Renamed("--window", "--viewer", "--window-events is the events of mem serve's windows", takes_value=False),
+    Renamed("--seeds", "--label-seeds", "the experiment's --seeds are its finetuning seeds"),
+)
 @with_options(config=DEMO_OPTIONS)
 def demo(config: DemoConfig) -> None:
     """The whole product on the simulated camera: record, pretrain, finetune MEM against a ViT and a ResNet-18 from
