@@ -163,7 +163,10 @@ class DemoConfig:
     labels_per_class: Annotated[int, Help("Labelled samples per class in each finetuning run.")] = 10
     label_seeds: Annotated[
         tuple[int, ...],
-        Help("Comma-separated label seeds: each draws other labelled samples, the same for every arm.", flag="--label-seeds"),
+        Help(
+            "Comma-separated label seeds: each draws other labelled samples, the same for every arm.",
+            flag="--label-seeds",
+        ),
     ] = (0, 1, 2)
     # two single-threaded runs at once finish sooner on 2 cores than one run on both
     jobs: Annotated[int, AT_LEAST_1, Help("Finetuning runs at once, each in its own process.")] = 2

@@ -6,7 +6,7 @@ back in time, LZ4 as DV records). dv-processing is timed two ways: its batches o
 ``getNextEventBatch``), and with the batches turned into one numpy array (what a caller needs). Best of a few
 round-robin runs, CPU time of this process, one thread.
 
-Run: ``uv run mem bench aedat4 --json out.json``
+Run: ``uv run mem bench aedat4 --json-out out.json``
 """
 
 from __future__ import annotations

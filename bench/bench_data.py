@@ -6,7 +6,7 @@ real N-Cars stream, then milliseconds per window -> model input (the paper's 224
 sample (``preprocess``) and batched (``prepare_events`` + ``collate_events`` + ``batch_preprocess`` at B = 64,
 amortized per sample).
 
-Run: ``uv run mem bench data --json out.json``
+Run: ``uv run mem bench data --json-out out.json``
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ tokenizer the token overlay runs).
    on N-Cars) top-1 on ``ncars-dev/test`` of torch, the ONNX model and its int8 version, each window through its
    whole live path.
 
-Prints a table and writes JSON rows ``{name, value, unit, target, ok}`` with ``--json``.
+Prints a table and writes JSON rows ``{name, value, unit, target, ok}`` with ``--json-out``.
 """
 
 from __future__ import annotations

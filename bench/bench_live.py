@@ -20,7 +20,7 @@ call's wall clock (p50 / p95, its result on the host) and the median of its stag
 ``bf16-weights``, ``cuda-graph`` (both together: ``mem serve`` on a GPU). ``serve_with`` names the variant the server
 part runs.
 
-Prints a table and writes JSON rows ``{name, value, unit, target, ok}`` with ``--json``. The predictor alone needs no
+Prints a table and writes JSON rows ``{name, value, unit, target, ok}`` with ``--json-out``. The predictor alone needs no
 sockets: pyzmq and the server are imported by the parts that use them, so a GPU machine without pyzmq can time it.
 """
 

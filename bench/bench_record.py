@@ -8,7 +8,7 @@ Recording streams into a corpus as fast as the source delivers, for a few second
 config; the simulator itself is the limit), a looped file replay, and the replay again with ``--publish``; loss =
 events the source delivered minus events in the corpus. The 1-minute load average is recorded with the rows.
 
-Run: ``uv run mem bench record --json out.json``, about a minute.
+Run: ``uv run mem bench record --json-out out.json``, about a minute.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ call that makes the host wait for the GPU is counted, and listed with where it c
 make none; the epoch's own reads, every 0.5 s, are not part of it).
 
 Run: ``uv run mem bench train [--device cuda] [--preset paper-ncars] [--compile | --variants eager,blocks,...]
-[--profile DIR] --json out.json``
+[--profile DIR] --json-out out.json``
 """
 
 from __future__ import annotations

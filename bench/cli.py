@@ -12,10 +12,14 @@ from app.cli.options import Renamed, refusing, writable_file
 from app.cli.train import OLD_LABELS
 
 app = typer.Typer(help="Benchmarks: print a table and write JSON.", no_args_is_help=True)
-JsonOpt = Annotated[Path | None, typer.Option("--json", help="Write the results as JSON here.", callback=writable_file)]
+OLD_JSON = Renamed("--json", "--json-out", "--json alone asks evaluate and inspect to print JSON")
+JsonOpt = Annotated[
+    Path | None, typer.Option("--json-out", help="Write the results as JSON here.", callback=writable_file)
+]
 
 
 @app.command("data")
+@refusing(OLD_JSON)
 def data(json_path: JsonOpt = None) -> None:
     """Histogram throughput, window pipeline latency and DataLoader throughput."""
     from bench import bench_data
@@ -24,6 +28,7 @@ def data(json_path: JsonOpt = None) -> None:
 
 
 @app.command("aedat4")
+@refusing(OLD_JSON)
 def aedat4(json_path: JsonOpt = None) -> None:
     """AEDAT4 read Mev/s: read_events vs dv-processing's own reader, a real file and a 3 M-event one."""
     from bench import bench_aedat4
@@ -32,6 +37,7 @@ def aedat4(json_path: JsonOpt = None) -> None:
 
 
 @app.command("record")
+@refusing(OLD_JSON)
 def record(json_path: JsonOpt = None) -> None:
     """Ingest Mev/s per core (real N-Cars/N-MNIST, synthetic .dat/.bin) and recording Mev/s with loss."""
     from bench import bench_record
@@ -40,6 +46,7 @@ def record(json_path: JsonOpt = None) -> None:
 
 
 @app.command("live")
+@refusing(OLD_JSON)
 def live(
     json_path: JsonOpt = None,
     model: Annotated[str, typer.Option("--model", help="cpu-tiny or vit-b (random init).")] = "cpu-tiny",
@@ -78,6 +85,7 @@ def live(
 
 
 @app.command("deploy")
+@refusing(OLD_JSON)
 def deploy(
     json_path: JsonOpt = None,
     sizes: Annotated[str, typer.Option("--sizes", help="Comma-separated: cpu-small, vit-b (random weights).")] = (
@@ -112,7 +120,7 @@ def deploy(
 
 
 @app.command("train")
-@refusing(Renamed("--events", "--window-events", "events per window, as mem serve --window-events"))
+@refusing(OLD_JSON, Renamed("--events", "--window-events", "events per window, as mem serve --window-events"))
 def train(
     json_path: JsonOpt = None,
     preset: Annotated[
@@ -201,7 +209,7 @@ def train(
 
 
 @app.command("cnn-reference")
-@refusing(OLD_LABELS)
+@refusing(OLD_JSON, OLD_LABELS)
 def cnn_reference(
     dataset: Annotated[str, typer.Option("--dataset", help="A labelled dataset (ncars, nmnist, ...).")],
     json_path: JsonOpt = None,

@@ -10,7 +10,7 @@ all of them (``--epochs`` times the ratio of steps per epoch), as the label-effi
 do. The run directory it leaves (``--out``) is evaluated and exported like any finetuning run's.
 
 Run: ``uv run mem bench cnn-reference --dataset ncars --data path/to/n-cars --preset cpu-small
---label-fraction 1.0 --epochs 20 --json out.json``
+--label-fraction 1.0 --epochs 20 --json-out out.json``
 """
 
 from __future__ import annotations

@@ -105,30 +105,30 @@ if [ "$MODE" = speed ]; then
     L_SERVER=0
   fi
   step train-switches "$L_TRAIN" $PY "${BENCH[@]}" "${TRAIN[@]}" \
-    --variants eager,bf16-targets,blocks --json "$WORK/train-switches.json"
+    --variants eager,bf16-targets,blocks --json-out "$WORK/train-switches.json"
   step live-switches "$L_LIVE" $PY "${BENCH[@]}" "${LIVE[@]}" --no-server \
-    --variants eager,bf16-weights,bf16-weights+cuda-graph --json "$WORK/live-switches.json"
+    --variants eager,bf16-weights,bf16-weights+cuda-graph --json-out "$WORK/live-switches.json"
   step tests-switches "$L_TESTS" $PY -m pytest -q -p no:cacheprovider tests/test_inference.py \
     -k "on_a_gpu and cuda_graph"
   step live-server "$L_SERVER" $PY "${BENCH[@]}" "${LIVE[@]}" --serve-with bf16-weights+cuda-graph \
-    --json "$WORK/live-server.json"
+    --json-out "$WORK/live-server.json"
   step train-whole "$L_WHOLE" $PY "${BENCH[@]}" "${TRAIN[@]}" --stages pretrain --variants compile \
-    --json "$WORK/train-whole.json"
+    --json-out "$WORK/train-whole.json"
   echo "=== packed into $OUT/gpu-checklist.tgz"
   exit 0
 fi
 
 read -r L_TRAIN L_FLEX L_TESTS L_LIVE L_LIVE_LOW L_COMPILE <<<"${LIMITS:-180 80 100 90 0 90}"
-step train "$L_TRAIN" $PY "${BENCH[@]}" train --device "$DEVICE" --preset "$PRESET" --json "$WORK/train.json" \
+step train "$L_TRAIN" $PY "${BENCH[@]}" train --device "$DEVICE" --preset "$PRESET" --json-out "$WORK/train.json" \
   --profile "$WORK/profile" --sync-check
 step train-flex "$L_FLEX" env MEM_FLEX_ATTENTION=1 $PY "${BENCH[@]}" train --device "$DEVICE" --preset "$PRESET" \
-  --stages pretrain,finetune --no-loader --json "$WORK/train-flex.json"
+  --stages pretrain,finetune --no-loader --json-out "$WORK/train-flex.json"
 step tests-cuda "$L_TESTS" $PY -m pytest -q -p no:cacheprovider tests/test_train.py tests/test_scale.py \
   tests/test_representation.py -k "$TESTS"
 step live "$L_LIVE" $PY "${BENCH[@]}" live --model "$LIVE_MODEL" --device "$DEVICE" --no-viewer --starts "$LIVE_STARTS" \
-  --json "$WORK/live.json"
+  --json-out "$WORK/live.json"
 step live-3mev "$L_LIVE_LOW" $PY "${BENCH[@]}" live --model "$LIVE_MODEL" --device "$DEVICE" --no-viewer --starts 0 \
-  --rate 3 --json "$WORK/live-3mev.json"
+  --rate 3 --json-out "$WORK/live-3mev.json"
 step train-compile "$L_COMPILE" $PY "${BENCH[@]}" train --device "$DEVICE" --preset "$PRESET" --compile \
-  --stages finetune --no-loader --json "$WORK/train-compile.json"
+  --stages finetune --no-loader --json-out "$WORK/train-compile.json"
 echo "=== packed into $OUT/gpu-checklist.tgz"

@@ -529,7 +529,7 @@ def test_bench_json_that_cannot_be_written_is_one_line_before_the_benchmark(tmp_
 
     monkeypatch.setattr(bench.bench_data, "main", lambda *args: pytest.fail("the benchmark ran"))
     path = {"directory": tmp_path, "long": tmp_path / ("j" * 5000), "unwritable": unwritable() / "x.json"}[kind]
-    refused(mem("bench", "data", "--json", str(path)), str(path))
+    refused(mem("bench", "data", "--json-out", str(path)), str(path))
 
 
 def test_demo_fresh_deletes_only_a_folder_of_the_demo_s_own(tmp_path, mem):

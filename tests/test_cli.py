@@ -266,6 +266,14 @@ def test_ingest_of_ncars_class_folders_outside_a_split_folder_is_one_short_line(
             ["demo", "--out", "X", "--window"],
             "--window: use --viewer (--window-events is the events of mem serve's windows)",
         ),
+        (
+            ["demo", "--out", "X", "--seeds", "0,1"],
+            "--seeds 0,1: use --label-seeds 0,1 (the experiment's --seeds are its finetuning seeds)",
+        ),
+        (
+            ["bench", "data", "--json", "out.json"],
+            "--json out.json: use --json-out out.json (--json alone asks evaluate and inspect to print JSON)",
+        ),
     ],
 )
 def test_an_old_spelling_of_a_renamed_flag_is_one_line_naming_the_new_one(args, message, tmp_path, monkeypatch, capsys):

@@ -263,14 +263,14 @@ def test_bench_train_measures_every_stage_and_the_loader(tmp_path, monkeypatch, 
     out = tmp_path / "train.json"
     args = ["--preset", "cpu-tiny", "--steps", "1", "--batch-size", "4"]
     args += ["--sensor", "120x100", "--window-events", "3000"]
-    r = mem("bench", "train", *args, "--json", str(out))
+    r = mem("bench", "train", *args, "--json-out", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     rows = {row["name"]: row for row in json.loads(out.read_text())}
     for stage in ("tokenizer", "pretrain", "finetune"):
         assert rows[f"{stage} images/s"]["value"] > 0 and rows[f"{stage} step"]["batch"] == 4
     assert [row["value"] > 0 for name, row in rows.items() if name.startswith("data loader")] == [True]
     assert {(row["sensor"], row["events"]) for row in rows.values()} == {("120x100", 3000)}  # N-Cars-sized windows
-    r = mem("bench", "train", *args, "--stages", "finetune", "--no-loader", "--json", str(out))
+    r = mem("bench", "train", *args, "--stages", "finetune", "--no-loader", "--json-out", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     assert [row["name"] for row in json.loads(out.read_text())] == ["finetune images/s", "finetune step"]
 
@@ -289,7 +289,7 @@ def test_bench_cnn_reference_trains_on_the_finetuning_label_subset(tmp_path):
     out = tmp_path / "cnn.json"
     args = ["--dataset", "sim", "--preset", "cpu-tiny", "--label-fraction", "0.1"]
     args += ["--epochs", "1", "--arch", "resnet10t"]
-    r = mem("bench", "cnn-reference", *args, "--json", str(out), "--out", str(tmp_path / "run"))
+    r = mem("bench", "cnn-reference", *args, "--json-out", str(out), "--out", str(tmp_path / "run"))
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads(out.read_text())
     assert (result["train_samples"], result["val_samples"]) == (100, 200)  # 10 % of sim's 1000, all of its val
