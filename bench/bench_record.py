@@ -62,7 +62,7 @@ def _synthetic(n: int, sensor, span_us: int, seed: int = 0) -> np.ndarray:
 
 def _ingest_rows(label: str, paths: list[Path], out: Path) -> list[dict]:
     decoded, _, decode_cpu = _timed(lambda: sum(read_events(p).events.size for p in paths))
-    config = IngestConfig(paths=tuple(paths), out=out, workers=1, progress=False, min_free_bytes=0)
+    config = IngestConfig(paths=tuple(paths), out=out, workers=0, progress=False, min_free_bytes=0)
     report, wall, cpu = _timed(lambda: ingest(config))
     if report.failed or report.events != decoded:
         raise RuntimeError(f"benchmark files did not all ingest: {report.failed[:3]}")

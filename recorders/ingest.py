@@ -306,7 +306,8 @@ def read_file(
 
 
 class _Decoder:
-    """``(item, read_file(...))`` for each item, in order; with ``workers`` > 1 decoded ahead in worker processes.
+    """``(item, read_file(...))`` for each item, in order; with ``workers`` > 0 decoded ahead in that many worker
+    processes.
 
     Workers are forked on entry, before this process opens the corpus or starts a progress thread, so they inherit
     the imported modules (no second start-up of numba/h5py) and nothing else of interest.
@@ -318,7 +319,7 @@ class _Decoder:
         self._pending: deque[tuple[IngestItem, Future]] = deque()
 
     def __enter__(self) -> _Decoder:
-        if self._workers > 1:
+        if self._workers > 0:
             self._pool = ProcessPoolExecutor(self._workers, mp_context=multiprocessing.get_context("fork"))
             self._submit(self._workers * _IN_FLIGHT_PER_WORKER)  # forks all workers now
         return self
