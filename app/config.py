@@ -86,7 +86,9 @@ class ServeConfig:
     record_dir: Annotated[Path, Help("Corpus that record_start writes into (camera and sim sources).")] = Path(
         "recordings"
     )
-    duration_s: Annotated[float | None, POSITIVE, Help("Stop after S seconds.", flag="--duration")] = None
+    duration_s: Annotated[
+        float | None, POSITIVE, Help("Stop after S seconds of the wall clock.", flag="--stop-after")
+    ] = None
     # the label-a-few loop: captures go to ``labels`` (a labelled corpus), "Train" finetunes the pretraining run
     # ``pretrain`` (default: the one behind ``model``) on them into ``train_out``; ``watch``: load newer exports of
     # ``model`` as they appear

@@ -272,7 +272,7 @@ def live(export_dir: Path, out: Path, headless: bool) -> dict | None:
     env = dict(os.environ)
     if headless:
         env["QT_QPA_PLATFORM"] = "offscreen"
-        serve_cmd += ["--duration", str(LIVE_SECONDS + SERVER_START_S)]
+        serve_cmd += ["--stop-after", str(LIVE_SECONDS + SERVER_START_S)]
     say(f"live: mem serve on the simulated camera, publishing on {pub}")
     server = subprocess.Popen(serve_cmd, env=env)
     try:

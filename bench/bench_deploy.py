@@ -122,7 +122,7 @@ def start_once(model: Path) -> dict[str, float]:
     command = [sys.executable, "-m", "app.cli", "serve", "--model", str(model), "--source", "sim", "--threads", "2"]
     started = time.monotonic()
     server = subprocess.Popen(
-        [*command, "--pub", endpoint, "--duration", str(START_TIMEOUT_S)],
+        [*command, "--pub", endpoint, "--stop-after", str(START_TIMEOUT_S)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

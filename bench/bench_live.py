@@ -126,7 +126,7 @@ def bench_start(export: Path, device: str, starts: int = STARTS) -> dict:
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.connect(endpoint)  # before the launch: the server's first messages are not missed
         command = [sys.executable, "-m", "app.cli", "serve", "--model", str(export), "--source", "sim"]
-        command += ["--pub", endpoint, "--device", device, "--duration", str(START_TIMEOUT_S)]
+        command += ["--pub", endpoint, "--device", device, "--stop-after", str(START_TIMEOUT_S)]
         started = time.monotonic()
         server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         first: dict[str, float] = {}

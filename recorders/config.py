@@ -74,7 +74,9 @@ class IngestConfig:
     dataset: Annotated[str | None, Help("Read PATHS as this dataset's layout and keep labels: ncars, nmnist, ...")] = (
         None
     )
-    workers: Annotated[int, AT_LEAST_0, Help("Reader processes (0 = read in this process, as evaluate's --workers).")] = 0
+    workers: Annotated[
+        int, AT_LEAST_0, Help("Reader processes (0 = read in this process, as evaluate's --workers).")
+    ] = 0
     progress: bool = True  # progress bar on stderr (only when it is a terminal)
     min_free_bytes: Annotated[int, AT_LEAST_0, Help(MIN_FREE_HELP)] = 256 << 20
     flush_interval_s: Annotated[float, AT_LEAST_0] = 1.0  # commit (shard + manifest) at least this often

@@ -221,7 +221,7 @@ def test_record_texts_python_cannot_convert_are_one_line(tmp_path, mem, corpus, 
 @pytest.mark.parametrize("flag", ["--pub", "--control"])
 def test_serve_endpoint_python_cannot_convert_is_one_line(tmp_path, mem, flag):
     refused(
-        mem("serve", "--source", "sim", flag, "tcp://127.0.0.1:" + DIGITS, "--duration", "1"),
+        mem("serve", "--source", "sim", flag, "tcp://127.0.0.1:" + DIGITS, "--stop-after", "1"),
         f"{flag} 'tcp://127.0.0.1:999",
     )
 

@@ -267,6 +267,10 @@ def test_ingest_of_ncars_class_folders_outside_a_split_folder_is_one_short_line(
             "--window: use --viewer (--window-events is the events of mem serve's windows)",
         ),
         (
+            ["serve", "--source", "sim", "--duration", "5"],
+            "--duration 5: use --stop-after 5 (mem record --duration is the source's time, not the wall clock's)",
+        ),
+        (
             ["demo", "--out", "X", "--seeds", "0,1"],
             "--seeds 0,1: use --label-seeds 0,1 (the experiment's --seeds are its finetuning seeds)",
         ),

@@ -91,7 +91,7 @@ def mem_serve(export, source):
     """``mem serve`` replaying ``source`` in a loop, as a user starts it; yields its PUB endpoint."""
     command = [*CLI, "serve", "--model", str(export), "--source", str(source), "--loop", "--pub", "tcp://127.0.0.1:*"]
     serve = subprocess.Popen(
-        [*command, "--duration", "150"], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        [*command, "--stop-after", "150"], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
         yield wait_for_line(lines_of(serve), r"publishing on (tcp://\S+),", START_S).group(1)

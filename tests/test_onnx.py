@@ -252,7 +252,7 @@ def test_a_fresh_board_install_serves_the_onnx_model_to_the_viewer_without_torch
     model = exports[1] / ONNX_MODEL_FILE
     command = [python, "-m", "app.cli", "serve", "--model", str(model), "--source", str(recording), "--loop"]
     serve = subprocess.Popen(
-        [*command, "--pub", "tcp://127.0.0.1:*", "--duration", "120"],
+        [*command, "--pub", "tcp://127.0.0.1:*", "--stop-after", "120"],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -15,7 +15,10 @@ from app.config import ServeConfig, ViewConfig
 SERVE_OPTIONS = {"classes": comma_separated(typer.Option("--classes"))}
 
 
-@refusing(Renamed("--window", "--window-events", "the events of each window; --window-ms caps its time span"))
+@refusing(
+    Renamed("--window", "--window-events", "the events of each window; --window-ms caps its time span"),
+    Renamed("--duration", "--stop-after", "mem record --duration is the source's time, not the wall clock's"),
+)
 @with_options(config=SERVE_OPTIONS)
 def serve(config: ServeConfig) -> None:
     """Live inference: run a model on the newest events of a source and publish over ZMQ (docs/protocol.md).
