@@ -46,10 +46,12 @@ def record(json_path: JsonOpt = None) -> None:
 
 
 @app.command("live")
-@refusing(OLD_JSON)
+@refusing(OLD_JSON, Renamed("--model", "--size", "--model names a run or export directory elsewhere"))
 def live(
     json_path: JsonOpt = None,
-    model: Annotated[str, typer.Option("--model", help="cpu-tiny or vit-b (random init).")] = "cpu-tiny",
+    model: Annotated[
+        str, typer.Option("--size", help="The model's size: cpu-tiny or vit-b (random init).")
+    ] = "cpu-tiny",
     device: Annotated[str, typer.Option("--device", help="cpu or cuda[:N].")] = "cpu",
     viewer: Annotated[
         bool, typer.Option("--viewer/--no-viewer", help="Attach and measure the Qt viewer (a machine without Qt: no).")

@@ -99,7 +99,7 @@ if [ "$MODE" = speed ]; then
   fi
   TRAIN=(train --device "$DEVICE" --preset "$PRESET" --steps "$STEPS" --no-loader --stages pretrain,finetune)
   [ -n "${BATCH_SIZE:-}" ] && TRAIN+=(--batch-size "$BATCH_SIZE")
-  LIVE=(live --model "$LIVE_MODEL" --device "$DEVICE" --no-viewer --starts 0)
+  LIVE=(live --size "$LIVE_MODEL" --device "$DEVICE" --no-viewer --starts 0)
   if [ "$L_SERVER" -gt 0 ] && ! $PY -c 'import zmq' 2>/dev/null; then
     echo "=== live-server: pyzmq is missing, left out"
     L_SERVER=0
@@ -125,9 +125,9 @@ step train-flex "$L_FLEX" env MEM_FLEX_ATTENTION=1 $PY "${BENCH[@]}" train --dev
   --stages pretrain,finetune --no-loader --json-out "$WORK/train-flex.json"
 step tests-cuda "$L_TESTS" $PY -m pytest -q -p no:cacheprovider tests/test_train.py tests/test_scale.py \
   tests/test_representation.py -k "$TESTS"
-step live "$L_LIVE" $PY "${BENCH[@]}" live --model "$LIVE_MODEL" --device "$DEVICE" --no-viewer --starts "$LIVE_STARTS" \
+step live "$L_LIVE" $PY "${BENCH[@]}" live --size "$LIVE_MODEL" --device "$DEVICE" --no-viewer --starts "$LIVE_STARTS" \
   --json-out "$WORK/live.json"
-step live-3mev "$L_LIVE_LOW" $PY "${BENCH[@]}" live --model "$LIVE_MODEL" --device "$DEVICE" --no-viewer --starts 0 \
+step live-3mev "$L_LIVE_LOW" $PY "${BENCH[@]}" live --size "$LIVE_MODEL" --device "$DEVICE" --no-viewer --starts 0 \
   --rate 3 --json-out "$WORK/live-3mev.json"
 step train-compile "$L_COMPILE" $PY "${BENCH[@]}" train --device "$DEVICE" --preset "$PRESET" --compile \
   --stages finetune --no-loader --json-out "$WORK/train-compile.json"

@@ -267,6 +267,10 @@ def test_ingest_of_ncars_class_folders_outside_a_split_folder_is_one_short_line(
             "--window: use --viewer (--window-events is the events of mem serve's windows)",
         ),
         (
+            ["bench", "live", "--model", "vit-b"],
+            "--model vit-b: use --size vit-b (--model names a run or export directory elsewhere)",
+        ),
+        (
             ["serve", "--source", "sim", "--duration", "5"],
             "--duration 5: use --stop-after 5 (mem record --duration is the source's time, not the wall clock's)",
         ),
