@@ -1,6 +1,6 @@
 """Files a user names by path (a config, a run's JSON and checkpoints, an export's weights), read the way the event
 readers read theirs: a regular file only, opened without blocking and checked on the open descriptor
-(``mem_core.io.base.open_regular``: a FIFO blocked its reader for good while it held the GIL, ``/dev/zero`` never
+(``open_regular``: a FIFO blocked its reader for good while it held the GIL, ``/dev/zero`` never
 ends), and never more bytes than a bound that the file's size is checked against before a byte is read. And the
 temporary file an atomic write renames into place, made with the permissions the user's umask gives.
 """
@@ -9,10 +9,53 @@ from __future__ import annotations
 
 import os
 import secrets
+import stat
 from pathlib import Path
 from typing import BinaryIO
 
-from mem_core.io.base import open_regular, os_problem
+
+class NotRegularFile(OSError):
+    """A path that is (or links to) a FIFO, a device, a socket or a directory where a regular file is read.
+
+    A FIFO blocks whoever opens it until a writer comes (``mem inspect`` hung on one), and a device such as
+    ``/dev/zero`` never ends (a reader filled the memory): readers open regular files only.
+    """
+
+    def __init__(self, mode: int) -> None:
+        kinds = (
+            (stat.S_ISDIR, "a directory"),
+            (stat.S_ISFIFO, "a FIFO"),
+            (stat.S_ISCHR, "a character device"),
+            (stat.S_ISBLK, "a block device"),
+            (stat.S_ISSOCK, "a socket"),
+        )
+        super().__init__(f"not a regular file ({next((k for test, k in kinds if test(mode)), 'of an unknown kind')})")
+
+
+def open_regular(path: str | os.PathLike) -> BinaryIO:
+    """``path`` (symlinks resolved) opened for reading; ``NotRegularFile`` unless it is a regular file, other
+    ``OSError``s as the system raises them. Opened without blocking and checked on the open descriptor, so a FIFO
+    put in the file's place after a check cannot block the open either."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise NotRegularFile(mode)
+    return os.fdopen(fd, "rb")
+
+
+def check_regular(path: str | os.PathLike) -> None:
+    """``open_regular``'s checks alone, for a library that opens the file by name itself (h5py)."""
+    open_regular(path).close()
+
+
+def os_problem(error: OSError) -> str:
+    """An ``OSError`` met opening or reading a file, as a reason: missing, not a regular file, or what the OS said."""
+    if isinstance(error, FileNotFoundError):
+        return "no such file or directory"
+    if isinstance(error, NotRegularFile):
+        return str(error)
+    return f"cannot read the file ({error.strerror or error})"
 
 
 class FileTooLarge(OSError):

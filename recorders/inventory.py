@@ -15,8 +15,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from mem_core.files import NotRegularFile
 from mem_core.io import EventFileError, describe, detect_format
-from mem_core.io.base import NotRegularFile
 
 EVENT_SUFFIXES = (".dat", ".bin", ".bs2", ".raw", ".aedat4", ".npz", ".h5", ".hdf5", ".evz")
 MAX_FILE_BYTES = 256 << 20  # a file larger than this is not decoded (`mem inspect FILE` decodes it)

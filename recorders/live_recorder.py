@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mem_core.corpus import CorpusError, CorpusWriter
 from mem_core.events import SensorSize
 from mem_core.limits import MAX_TEXT, fit_path
+
+if TYPE_CHECKING:
+    from mem_core.corpus import CorpusWriter
 
 
 class LiveRecorder:
@@ -43,6 +45,8 @@ class LiveRecorder:
         with self._lock:
             if self._pending is None and self._writer is None:
                 return
+            from mem_core.corpus import CorpusError, CorpusWriter  # (h5py, numba: at the first recording)
+
             try:
                 if self._writer is None:
                     writer = CorpusWriter(self.root, provenance={"tool": "mem serve"})
@@ -68,6 +72,8 @@ class LiveRecorder:
     def _close(self) -> None:
         writer, self._writer = self._writer, None
         if writer is not None:
+            from mem_core.corpus import CorpusError
+
             try:
                 writer.close()
             except (CorpusError, OSError) as exc:

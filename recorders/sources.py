@@ -19,20 +19,14 @@ import math
 import os
 from pathlib import Path
 
-from mem_core.corpus.format import MANIFEST
 from mem_core.limits import MAX_SYNTHETIC_MEV_S
 from mem_core.protocol import endpoint_problem
-from mem_core.simulator import fast_config, task_config
 from recorders.base import LiveSource, RecorderError
-from recorders.camera import CameraSource
 from recorders.config import SPECS
-from recorders.corpus_replay import CorpusReplaySource, corpus_spec
 from recorders.dv_network import SCHEME as DV_TCP
-from recorders.dv_network import DvNetworkSource
-from recorders.replay import ReplaySource
-from recorders.simulated import SimulatorSource
-from recorders.synthetic import SyntheticSource
-from recorders.zmq_source import ZmqEventSource
+
+# Each kind of source is imported when it is opened: a camera or the simulator does not pay for the file readers,
+# the corpus and their compiled kernels (h5py, numba).
 
 
 def open_source(spec: str, *, speed: float = 1.0, loop: bool = False, batch_us: int = 10_000) -> LiveSource:
@@ -44,13 +38,22 @@ def open_source(spec: str, *, speed: float = 1.0, loop: bool = False, batch_us: 
     if spec.startswith(("tcp://", "ipc://")):
         if (problem := endpoint_problem(spec)) is not None:
             raise RecorderError(f"source {spec!r}: {problem}")
+        from recorders.zmq_source import ZmqEventSource
+
         return ZmqEventSource(spec)
     if spec.startswith(DV_TCP):
+        from recorders.dv_network import DvNetworkSource
+
         return DvNetworkSource(spec)
     kind, _, arg = spec.partition(":")
     if kind == "camera":
+        from recorders.camera import CameraSource
+
         return CameraSource(arg or None)
     if kind == "sim":
+        from mem_core.simulator import fast_config, task_config
+        from recorders.simulated import SimulatorSource
+
         presets = {"": task_config, "fast": fast_config}
         if arg not in presets:
             raise RecorderError(f"unknown simulator preset {arg!r} in source {spec!r} (use sim or sim:fast)")
@@ -62,7 +65,11 @@ def open_source(spec: str, *, speed: float = 1.0, loop: bool = False, batch_us: 
             rate = math.nan
         if not 0 < rate <= MAX_SYNTHETIC_MEV_S:  # the source holds 2 ms of its events (26 MB at the largest)
             raise RecorderError(f"source {spec!r}: synthetic:MEV_S takes a rate in (0, {MAX_SYNTHETIC_MEV_S:g}] Mev/s")
+        from recorders.synthetic import SyntheticSource
+
         return SyntheticSource(rate * 1e6)
+    from recorders.corpus_replay import CorpusReplaySource, corpus_spec
+
     corpus = corpus_spec(spec)
     if corpus is not None:
         return CorpusReplaySource(*corpus, speed=speed, loop=loop, batch_us=batch_us)
@@ -72,5 +79,9 @@ def open_source(spec: str, *, speed: float = 1.0, loop: bool = False, batch_us: 
             raise RecorderError(f"source {spec!r}: no such file or folder")
         raise RecorderError(f"source {spec!r} is not {SPECS}")
     if path.is_dir():
+        from mem_core.corpus.format import MANIFEST
+
         raise RecorderError(f"source {spec!r} is a folder but no corpus (it holds no {MANIFEST})")
+    from recorders.replay import ReplaySource
+
     return ReplaySource(path, speed=speed, loop=loop, batch_us=batch_us)

@@ -990,7 +990,7 @@ def test_train_needs_the_captures_of_every_class_offered_and_learns_from_those_o
         assert request(server.control_endpoint, "capture", label="disc")["ok"]
         done = collect(sub, lambda ms: any(m.header["training"]["state"] == "done" for m in of(ms, "stats")))
         stats = next(m.header for m in of(done, "stats") if m.header["training"]["state"] == "done")
-        assert "(trained on 4 captures: 2 disc, 2 ring); now serving" in stats["training"]["message"]
+        assert "(4 captures: 2 disc, 2 ring); now serving" in stats["training"]["message"]
         assert stats["model"]["path"] == str(runs / "label-001" / "export")
     assert [r.label for r in Corpus(runs / "label-001" / "captures").recordings] == ["disc", "disc", "ring", "ring"]
     assert [r.label for r in Corpus(tmp_path / "labels").recordings] == ["disc", "disc", "ring", "ring", "disc"]

@@ -20,18 +20,21 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from mem_core.cores import usable_cores
-from mem_core.corpus import SNAPSHOT_OF, Corpus, CorpusError, labels_problem
 from mem_core.errors import RunError
 from mem_core.events import SensorSize
 from mem_core.limits import MAX_TEXT, fit_path
 from mem_core.runs.lineage import MODEL_JSON, read_json
-from recorders.base import RecorderError
-from recorders.capture import LabelledCaptures
+
+if TYPE_CHECKING:
+    from recorders.capture import LabelledCaptures
+
+# The corpus and its writer (h5py, numba: a second and 60 MB) are imported at the first capture or count, not when the
+# server starts: a server nobody labels with, on a board, starts without them.
 
 SNAPSHOT = "captures"  # in a Train run: the captures it learns from, as they were when Train was pressed
 EXPORT, ONNX_EXPORT = "export", "export-onnx"  # in a Train run: its model (safetensors), and as ONNX when asked
@@ -289,6 +292,8 @@ def pretraining_run_problem(path: Path) -> str | None:
 def latest_export(train_out: Path, labels: Path) -> Path | None:
     """The export of the newest Train run in ``train_out`` that learned from the labels ``labels`` (its snapshot
     says so), what a restarted server serves; None when there is none."""
+    from mem_core.corpus import SNAPSHOT_OF, Corpus, CorpusError
+
     try:
         runs = [(int(m.group(1)), p) for p in train_out.iterdir() if (m := RUN_NAME.fullmatch(p.name))]
     except OSError:  # no runs yet
@@ -329,6 +334,8 @@ class LabelDesk:
         self._lock = threading.Lock()
 
     def _open(self) -> LabelledCaptures:
+        from recorders.capture import LabelledCaptures
+
         if self._captures is None:
             try:
                 self._captures = LabelledCaptures(self.root)
@@ -337,6 +344,8 @@ class LabelDesk:
         return self._captures
 
     def counts(self) -> dict[str, int]:
+        from mem_core.corpus import Corpus, CorpusError
+
         if self._captures is not None:
             return self._captures.counts()
         if self._counts is None:  # what earlier sessions captured, read once (nothing is opened for writing)
@@ -353,6 +362,8 @@ class LabelDesk:
     ) -> str:
         """Store the held window ``frame`` (default: the newest) as a capture of class ``label``; ``describe``
         adds to its metadata from its events (the simulator's ground truth)."""
+        from recorders.base import RecorderError
+
         window = self.windows.get(frame)
         metadata = {"frame": window.frame, **window.info, **(describe(window.events) if describe else {})}
         with self._lock:
@@ -367,6 +378,8 @@ class LabelDesk:
             return name
 
     def undo(self) -> str:
+        from recorders.base import RecorderError
+
         with self._lock:
             try:
                 label = self._captures.undo() if self._captures is not None else None
@@ -390,6 +403,9 @@ class LabelDesk:
         and undos leave it alone), exported as ONNX too with ``onnx``. Every class of ``classes`` (the viewer's, else
         ``--classes``) needs its captures too: a class left out of the model without a word is worse than a
         refusal."""
+        from mem_core.corpus import labels_problem
+        from recorders.base import RecorderError
+
         if self.job is not None and self.job.running:
             raise LabelError(f"train: a run is already training ({self.job.out})")
         if pretrain is None:

@@ -68,7 +68,7 @@ from typing import Any
 
 from mem_core.errors import MemError
 from mem_core.events import SensorSize, sensor_problem
-from mem_core.io.base import open_regular, os_problem
+from mem_core.files import open_regular, os_problem
 from mem_core.limits import is_int as _is_int
 
 FORMAT_VERSION = 2  # 2: the manifest names its journal; a version 1 corpus (no journal) is read as well

@@ -21,7 +21,7 @@ from h5py import h5f, h5p
 
 from mem_core.corpus.format import COLUMNS, CorpusError
 from mem_core.events import EVENT_DTYPE
-from mem_core.io.base import check_regular, os_problem
+from mem_core.files import check_regular, os_problem
 from mem_core.io.hdf5 import LayoutError, check_datasets, hdf5_filters, member
 
 SWMR_READ_ATTEMPTS = 24

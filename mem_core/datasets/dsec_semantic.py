@@ -11,7 +11,8 @@ from PIL import Image
 
 from mem_core.datasets.base import DatasetError, EventSource, require_dir
 from mem_core.events import SensorSize, make_events
-from mem_core.io.base import EventFileError, check_regular, os_problem
+from mem_core.files import check_regular, os_problem
+from mem_core.io.base import EventFileError
 from mem_core.io.hdf5 import LayoutError, dsec_columns, hdf5_filters
 
 DSEC_CLASSES = [

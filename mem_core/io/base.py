@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import os
-import stat
 from pathlib import Path
-from typing import BinaryIO, NamedTuple
+from typing import NamedTuple
 
 import numba
 import numpy as np
 
 from mem_core.errors import MemError
 from mem_core.events import SensorSize
+from mem_core.files import open_regular, os_problem
 
 
 class EventFile(NamedTuple):
@@ -35,50 +35,6 @@ class EventFileError(MemError):
 
     def __str__(self) -> str:
         return f"{self.path}: {self.reason}"
-
-
-class NotRegularFile(OSError):
-    """A path that is (or links to) a FIFO, a device, a socket or a directory where a regular file is read.
-
-    A FIFO blocks whoever opens it until a writer comes (``mem inspect`` hung on one), and a device such as
-    ``/dev/zero`` never ends (a reader filled the memory): readers open regular files only.
-    """
-
-    def __init__(self, mode: int) -> None:
-        kinds = (
-            (stat.S_ISDIR, "a directory"),
-            (stat.S_ISFIFO, "a FIFO"),
-            (stat.S_ISCHR, "a character device"),
-            (stat.S_ISBLK, "a block device"),
-            (stat.S_ISSOCK, "a socket"),
-        )
-        super().__init__(f"not a regular file ({next((k for test, k in kinds if test(mode)), 'of an unknown kind')})")
-
-
-def open_regular(path: str | os.PathLike) -> BinaryIO:
-    """``path`` (symlinks resolved) opened for reading; ``NotRegularFile`` unless it is a regular file, other
-    ``OSError``s as the system raises them. Opened without blocking and checked on the open descriptor, so a FIFO
-    put in the file's place after a check cannot block the open either."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        raise NotRegularFile(mode)
-    return os.fdopen(fd, "rb")
-
-
-def check_regular(path: str | os.PathLike) -> None:
-    """``open_regular``'s checks alone, for a library that opens the file by name itself (h5py)."""
-    open_regular(path).close()
-
-
-def os_problem(error: OSError) -> str:
-    """An ``OSError`` met opening or reading a file, as a reason: missing, not a regular file, or what the OS said."""
-    if isinstance(error, FileNotFoundError):
-        return "no such file or directory"
-    if isinstance(error, NotRegularFile):
-        return str(error)
-    return f"cannot read the file ({error.strerror or error})"
 
 
 def read_bytes(path: Path) -> bytes:

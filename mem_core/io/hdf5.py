@@ -19,15 +19,8 @@ from h5py import h5d, h5l
 
 from mem_core.errors import MissingPackage
 from mem_core.events import EVENT_DTYPE, MAX_ABS_TIME_US, SensorSize, infer_sensor
-from mem_core.io.base import (
-    EventFile,
-    EventFileError,
-    NotRegularFile,
-    check_column,
-    check_on_sensor,
-    check_regular,
-    sort_by_time,
-)
+from mem_core.files import NotRegularFile, check_regular
+from mem_core.io.base import EventFile, EventFileError, check_column, check_on_sensor, sort_by_time
 
 DSEC_SENSOR = SensorSize(480, 640)
 FIELDS = ("x", "y", "t", "p")

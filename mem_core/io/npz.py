@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from mem_core.events import EVENT_DTYPE, MAX_ABS_TIME_US, SensorSize, infer_sensor
-from mem_core.io.base import EventFile, EventFileError, NotRegularFile, check_column, open_regular, sort_by_time
+from mem_core.files import NotRegularFile, open_regular
+from mem_core.io.base import EventFile, EventFileError, check_column, sort_by_time
 
 NIMAGENET_SENSOR = SensorSize(480, 640)
 KEY = "event_data"

@@ -11,8 +11,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from mem_core.events import SensorSize, sensor_problem, time_problem, validate_events
+from mem_core.files import open_regular, os_problem
 from mem_core.io import aedat4, evz, hdf5, nbin, npz, prophesee
-from mem_core.io.base import EventFile, EventFileError, open_regular, os_problem
+from mem_core.io.base import EventFile, EventFileError
 
 SNIFF_BYTES = 8192
 
