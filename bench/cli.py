@@ -10,8 +10,11 @@ import typer
 
 from app.cli.options import Renamed, refusing, writable_file
 from app.cli.train import OLD_LABELS
+from mem_core.fields import AT_LEAST_0, AT_LEAST_1, Range, WindowEvents, check_value
+from mem_core.limits import MAX_SYNTHETIC_MEV_S
 
 app = typer.Typer(help="Benchmarks: print a table and write JSON.", no_args_is_help=True)
+SYNTHETIC_MEV_S = Range(0, MAX_SYNTHETIC_MEV_S, lo_open=True)  # what the live server's synthetic:MEV_S source takes
 OLD_JSON = Renamed("--json", "--json-out", "--json alone asks evaluate and inspect to print JSON")
 JsonOpt = Annotated[
     Path | None, typer.Option("--json-out", help="Write the results as JSON here.", callback=writable_file)
@@ -56,8 +59,8 @@ def live(
     viewer: Annotated[
         bool, typer.Option("--viewer/--no-viewer", help="Attach and measure the Qt viewer (a machine without Qt: no).")
     ] = True,
-    rate: Annotated[float, typer.Option("--rate", help="The synthetic source's rate, Mev/s.", min=0.1)] = 30.0,
-    starts: Annotated[int, typer.Option("--starts", help="`mem serve` launches to time (0: skip).", min=0)] = 3,
+    rate: Annotated[float, typer.Option("--rate", help="The synthetic source's rate, Mev/s.")] = 30.0,
+    starts: Annotated[int, typer.Option("--starts", help="`mem serve` launches to time (0: skip).")] = 3,
     variants: Annotated[
         str,
         typer.Option(
@@ -75,6 +78,8 @@ def live(
     rate; with --variants, the predictor alone under each."""
     from bench import bench_live
 
+    check_value("--rate", rate, SYNTHETIC_MEV_S)
+    check_value("--starts", starts, AT_LEAST_0)
     compared = tuple(v.strip() for v in variants.split(",") if v.strip())
     for variant, hint in (*((v, "--variants") for v in compared), (serve_with, "--serve-with")):
         try:
@@ -93,13 +98,13 @@ def deploy(
     sizes: Annotated[str, typer.Option("--sizes", help="Comma-separated: cpu-small, vit-b (random weights).")] = (
         "cpu-small,vit-b"
     ),
-    starts: Annotated[int, typer.Option("--starts", help="`mem serve` launches per runtime (0: skip).", min=0)] = 3,
+    starts: Annotated[int, typer.Option("--starts", help="`mem serve` launches per runtime (0: skip).")] = 3,
     trained: Annotated[
         Path | None,
         typer.Option("--trained", help="A finetune run on N-Cars: top-1 on ncars-dev/test of torch, ONNX and int8."),
     ] = None,
     accuracy_samples: Annotated[
-        int | None, typer.Option("--accuracy-samples", help="Test samples for --trained (default: all).", min=1)
+        int | None, typer.Option("--accuracy-samples", help="Test samples for --trained (default: all).")
     ] = None,
     threads: Annotated[
         str, typer.Option("--threads", help="Comma-separated thread counts to time windows on.")
@@ -109,6 +114,8 @@ def deploy(
     latency on 1 and 2 threads, and int8 quantization (speed; accuracy with --trained)."""
     from bench import bench_deploy
 
+    check_value("--starts", starts, AT_LEAST_0)
+    check_value("--accuracy-samples", accuracy_samples, AT_LEAST_1)
     chosen = tuple(s.strip() for s in sizes.split(",") if s.strip())
     if not chosen or any(s not in bench_deploy.SIZES for s in chosen):
         raise typer.BadParameter(f"{sizes!r}: expected some of {', '.join(bench_deploy.SIZES)}", param_hint="--sizes")
@@ -144,7 +151,7 @@ def train(
     ] = "640x480",
     window_events: Annotated[
         int | None,
-        typer.Option("--window-events", help="Events per synthetic window (default: the preset's n_max).", min=1),
+        typer.Option("--window-events", help="Events per synthetic window (default: the preset's n_max)."),
     ] = None,
     sync_check: Annotated[
         bool,
@@ -179,6 +186,8 @@ def train(
     if problem := sensor_problem(size):
         raise typer.BadParameter(problem, param_hint="--sensor")
     from bench import bench_train
+
+    check_value("--window-events", window_events, WindowEvents)
 
     chosen = tuple(s.strip() for s in stages.split(",") if s.strip())
     if not chosen or any(s not in bench_train.STAGES for s in chosen):

@@ -153,6 +153,9 @@ def test_config_file_python_cannot_parse_is_one_line_naming_it(tmp_path, mem, te
         (["finetune", *TINY, "--set", "device=tpu"], "device 'tpu' is none of auto, cpu, cuda, cuda:N"),
         (["finetune", *TINY, "--set", "device=cuda:0x"], "device 'cuda:0x' is none of"),
         (["serve", "--source", "sim", "--device", "tpu"], "device 'tpu' is none of"),
+        (["bench", "live", "--rate", "0"], "--rate must be in (0, 1000], got 0.0"),  # the bounds the configs declare
+        (["bench", "train", "--window-events", "0"], "--window-events must be in [1, 1000000], got 0"),
+        (["bench", "deploy", "--starts", "-1"], "--starts must be a number >= 0, got -1"),
     ],
 )
 def test_a_user_s_mistake_in_a_number_a_dataset_or_a_device_is_one_line(tmp_path, mem, export_dir, args, naming):
