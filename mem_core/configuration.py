@@ -19,7 +19,7 @@ import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
-from mem_core.errors import ConfigError
+from mem_core.errors import ConfigError, short
 from mem_core.fields import ConfigConflict, FieldError
 from mem_core.limits import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH
 
@@ -140,7 +140,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Check ``value`` against the annotation ``tp`` (TOML values; strings from ``--set`` are parsed first)."""
     if dataclasses.is_dataclass(tp):  # a nested config: merged key by key, so an unknown key is named
         if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a table of {tp.__name__} fields, got {value!r}")
+            raise ConfigError(f"{key}: expected a table of {tp.__name__} fields, got {short(value)}")
         return from_dict(tp, value, prefix=f"{key}.")
     from mem_core.schema import SchemaError, check_json_value  # pydantic takes 0.3 s to import: not for `mem --help`
 
@@ -219,6 +219,11 @@ def to_dict(config: Any) -> dict[str, Any]:
     return plain(dataclasses.asdict(config))
 
 
+def _shown(text: str, limit: int = 80) -> str:
+    """An override as an error shows it: whole up to ``limit`` characters (a 240 KB value is not repeated)."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def apply_overrides(config: T, overrides: list[str] | tuple[str, ...]) -> T:
     """``config`` with ``--set key=value`` overrides applied in order (values read as TOML, else as strings).
 
@@ -239,12 +244,12 @@ def apply_overrides(config: T, overrides: list[str] | tuple[str, ...]) -> T:
             try:  # a string field given a word TOML reads otherwise (name=true, tag=1e3)
                 config = merge(config, {key: raw})
             except ConfigError:
-                raise ConfigError(f"--set {text}: " + str(_override_error(config, key, value))) from None
+                raise ConfigError(f"--set {_shown(text)}: " + str(_override_error(config, key, value))) from None
     if waiting:
         try:
             config = merge(config, {key: value for key, (value, _) in waiting.items()})
         except ConfigError as exc:
-            raise ConfigError(f"--set {', '.join(text for _, text in waiting.values())}: {exc}") from None
+            raise ConfigError(f"--set {', '.join(_shown(text) for _, text in waiting.values())}: {exc}") from None
     return config
 
 
@@ -253,4 +258,4 @@ def _override_error(config: Any, key: str, value: Any) -> ConfigError:
         merge(config, {key: value})
     except ConfigError as exc:
         return exc
-    return ConfigError(f"{key}: bad value {value!r}")
+    return ConfigError(f"{key}: bad value {short(value)}")

@@ -3,6 +3,19 @@
 Kept free of imports on purpose: the CLI catches ``MemError`` without loading torch or h5py.
 """
 
+import reprlib
+from typing import Any
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxdict, _REPR.maxlist, _REPR.maxstring, _REPR.maxlong = 2, 4, 6, 60, 40
+
+
+def short(value: Any, limit: int = 80) -> str:
+    """``value`` shown in at most ``limit`` characters, without writing out all of a hostile one: an error stays one
+    line whatever the input holds."""
+    text = _REPR.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
 
 class MemError(Exception):
     """A user-facing error: the message names the file or value and what is wrong."""

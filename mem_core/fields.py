@@ -31,7 +31,7 @@ import re
 import typing
 from typing import Annotated, Any
 
-from mem_core.errors import ConfigError
+from mem_core.errors import ConfigError, short
 from mem_core.limits import (
     MAX_CHANNELS,
     MAX_INPUT_SIDE,
@@ -47,7 +47,7 @@ class FieldError(ConfigError):
     """A field's value outside its bounds: ``key`` is the field's dotted path, ``reason`` what it must be."""
 
     def __init__(self, key: str, reason: str, value: Any) -> None:
-        super().__init__(f"{key} {reason}, got {value!r}")
+        super().__init__(f"{key} {reason}, got {short(value)}")
         self.key, self.reason, self.value = key, reason, value
 
     def under(self, prefix: str) -> FieldError:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import json
-import reprlib
 import unicodedata
 from typing import Annotated, Any
 
@@ -26,6 +25,7 @@ from pydantic import (
     ValidationError,
 )
 
+from mem_core.errors import short
 from mem_core.limits import MAX_CLASS_NAME, MAX_CLASSES, MAX_LABEL_NAMES, MAX_TEXT
 
 
@@ -150,14 +150,3 @@ def _first(exc: ValidationError) -> SchemaError:
     if error["type"] != "missing":
         reason += f", got {short(error['input'])}"
     return SchemaError(".".join(loc), reason)
-
-
-_REPR = reprlib.Repr()
-_REPR.maxlevel, _REPR.maxdict, _REPR.maxlist, _REPR.maxstring, _REPR.maxlong = 2, 4, 6, 60, 40
-
-
-def short(value: Any, limit: int = 80) -> str:
-    """``value`` shown in at most ``limit`` characters, without writing out all of a hostile one: an error stays one
-    line whatever the input holds."""
-    text = _REPR.repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -144,6 +144,15 @@ def test_config_file_python_cannot_parse_is_one_line_naming_it(tmp_path, mem, te
     assert message in line
 
 
+def test_a_huge_set_value_is_shown_shortened_not_repeated(tmp_path, mem):
+    """A 240 KB value came back whole in the error, as --config's are not."""
+    huge = "[" + ",".join(["1"] * 60_000) + "]"
+    line = refused(mem("finetune", *TINY, "--out", str(tmp_path / "run"), "--set", f"lr={huge}"), "--set lr=[1,1")
+    assert len(line) < 300 and "expected a number" in line
+    line = refused(mem("finetune", *TINY, "--out", str(tmp_path / "run"), "--set", f"epochs={'9' * 50_000}x"), "epochs")
+    assert len(line) < 300
+
+
 @pytest.mark.parametrize(
     ("args", "naming"),
     [

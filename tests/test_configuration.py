@@ -87,8 +87,8 @@ def test_values_outside_their_range_are_config_errors(stage, override, message):
 def test_record_and_ingest_options_outside_their_range_are_errors(tmp_path):
     with pytest.raises(ConfigError, match=re.escape("duration_s must be a number > 0, got -5")):
         RecordConfig(source="sim", out=tmp_path, duration_s=-5)
-    with pytest.raises(ConfigError, match="workers must be a number >= 1"):
-        IngestConfig(paths=(tmp_path,), out=tmp_path, workers=0)
+    with pytest.raises(ConfigError, match="workers must be a number >= 0"):
+        IngestConfig(paths=(tmp_path,), out=tmp_path, workers=-1)
 
 
 def test_shared_tables_then_the_stage_table_then_options_then_overrides(tmp_path):
