@@ -522,6 +522,21 @@ COMMANDS_THAT_WRITE = {
 }
 
 
+def test_ingest_or_record_into_a_run_or_an_export_is_refused_and_writes_nothing_there(tmp_path, mem, export_dir):
+    """``mem ingest F --out RUN`` wrote a corpus (and its report) in among a run's files."""
+    events = tmp_path / "events.npz"
+    write_events(events, synthetic_events(100), SensorSize(32, 48))
+    export = shutil.copytree(export_dir, tmp_path / "export")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text('{"stage": "finetune", "config": {}}')
+    for out, what in ((export, "an export (model.json)"), (run, "a run (config.json)")):
+        before = snapshot(out)
+        refused(mem("ingest", str(events), "--out", str(out)), f"{out}: holds {what}, not a corpus")
+        refused(mem("record", "--source", str(events), "--out", str(out)), f"{out}: holds {what}, not a corpus")
+        assert snapshot(out) == before and sorted(p.name for p in out.iterdir()) == sorted(before)
+
+
 @pytest.mark.parametrize("kind", ["file", "long", "unwritable"])
 @pytest.mark.parametrize("command", COMMANDS_THAT_WRITE)
 def test_out_that_cannot_hold_the_output_is_one_line_for_every_command(tmp_path, mem, out_paths, command, kind):

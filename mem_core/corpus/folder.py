@@ -8,6 +8,8 @@ from pathlib import Path
 
 from mem_core.corpus.format import CorpusError
 
+NOT_CORPORA = (("config.json", "a run"), ("model.json", "an export"))  # what a corpus is not written into
+
 
 def prepare_corpus_dir(root: Path) -> None:
     """Create the corpus directory ``root`` (with its parents) if needed; ``CorpusError`` in one line when it cannot
@@ -18,6 +20,9 @@ def prepare_corpus_dir(root: Path) -> None:
         raise CorpusError(f"{root}: exists and is not a directory, so it cannot hold a corpus") from None
     except OSError as e:
         raise CorpusError(f"{root}: cannot hold a corpus ({e.strerror or e})") from None
+    for name, what in NOT_CORPORA:  # (a corpus written there went in among a run's or an export's files)
+        if (root / name).exists() and not (root / "manifest.json").exists():
+            raise CorpusError(f"{root}: holds {what} ({name}), not a corpus: give the corpus a folder of its own")
 
 
 def take_writer_lock(root: Path) -> int:
