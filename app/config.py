@@ -12,6 +12,7 @@ from typing import Annotated
 
 from mem_core.errors import ConfigError
 from mem_core.fields import (
+    AT_LEAST_0,
     AT_LEAST_1,
     POSITIVE,
     Help,
@@ -22,6 +23,7 @@ from mem_core.fields import (
     check_fields,
     device_problem,
 )
+from mem_core.limits import MIN_FREE_BYTES
 from recorders.config import LOOP_HELP, SOURCE_HELP
 
 LABEL_EPOCHS = 150  # epochs of a run on the viewer's captures: `mem serve`'s Train and `mem train-labels`
@@ -101,6 +103,9 @@ class ServeConfig:
         Path | None, Help("Pretraining run that Train finetunes (default: the one behind --model).")
     ] = None
     train_out: Annotated[Path, Help("Where Train writes its runs and exports.")] = Path("label-runs")
+    min_free_bytes: Annotated[
+        int, AT_LEAST_0, Help("Refuse captures and stop recordings before the disk has less than this free.")
+    ] = MIN_FREE_BYTES
     train_epochs: Annotated[TrainEpochs, Help("Epochs of a Train run.")] = LABEL_EPOCHS
     watch: Annotated[bool, Help("Load a newer export of --model when one appears (no restart).")] = False
 

@@ -82,6 +82,8 @@ MAX_EXPORT_WINDOW_MS = MAX_WINDOW_MS  # the time span of an export's training sa
 MAX_JSON_BYTES = 1 << 20  # a run's config.json, classes.json, result.json, links; an export's model.json: a few kB
 MAX_CONFIG_BYTES = 1 << 20  # a TOML config (--config, a preset): the largest preset is 2 kB
 MAX_CONFIG_DEPTH = 16  # nesting of a config value (TOML or --set): the configs nest 3 deep (a stage's data table)
+# What a writer of events leaves free on its disk (a recording stops, a capture is refused, before it has less).
+MIN_FREE_BYTES = 256 << 20
 MAX_METRICS_BYTES = 256 << 20  # a run's metrics.jsonl: about 300 bytes an epoch, so a million epochs
 MAX_LIST_BYTES = 64 << 20  # a dataset's list or split file: N-Caltech101's split file is 0.5 MB
 # An export's safetensors weights (read whole, then copied into the model): MAX_PARAMETERS float32 tensors, plus as

@@ -24,7 +24,7 @@ import numpy as np
 
 from mem_core.corpus import MANIFEST, Corpus, CorpusError, CorpusWriter, snapshot_corpus
 from mem_core.events import SensorSize
-from mem_core.limits import MAX_CLASSES
+from mem_core.limits import MAX_CLASSES, MIN_FREE_BYTES
 from mem_core.schema import SchemaError, class_name, class_names_problem, short
 from recorders.base import Closing, RecorderError
 
@@ -43,8 +43,9 @@ def _identity(folder: Path) -> tuple[int, int] | None:
 class LabelledCaptures(Closing):
     """A labelled corpus at ``root`` (created, or continued), written one capture at a time."""
 
-    def __init__(self, root: str | Path) -> None:
+    def __init__(self, root: str | Path, min_free_bytes: int = MIN_FREE_BYTES) -> None:
         self.root = Path(root)
+        self.min_free_bytes = min_free_bytes  # a capture is refused before the disk has less than this free
         self._taken: list[tuple[str, str]] = []  # (name, label) captured in this session, for undo
         self._writer: CorpusWriter | None = None  # None: opened again at the next capture or undo
         self._open()
@@ -58,7 +59,9 @@ class LabelledCaptures(Closing):
             raise RecorderError(f"{self.root}: the labelled corpus's {problem}")
         # numbered after the highest number in use, not the count: an undo leaves a gap the count would fall into
         numbers = [int(m.group(1)) for r in recordings if (m := _CAPTURE_NAME.fullmatch(r.session))]
-        self._writer = CorpusWriter(self.root, provenance={"tool": "mem label"}, flush_interval_s=0)
+        self._writer = CorpusWriter(
+            self.root, provenance={"tool": "mem label"}, flush_interval_s=0, min_free_bytes=self.min_free_bytes
+        )
         self._identity = _identity(self.root)
         self._counts = counts
         self._next = max(numbers, default=-1) + 1

@@ -9,6 +9,7 @@ from typing import Annotated
 
 from mem_core.errors import ConfigError
 from mem_core.fields import AT_LEAST_0, AT_LEAST_1, POSITIVE, Help, Speed, check_fields
+from mem_core.limits import MIN_FREE_BYTES
 
 SPECS = (  # recorders.sources
     "camera[:SERIAL], sim, sim:fast, synthetic[:MEV_S], tcp://HOST:PORT, dv+tcp://HOST:PORT, "
@@ -44,7 +45,7 @@ class RecordConfig:
     speed: Annotated[Speed, Help("File replay / simulator speed: 1 = real time, 0 = as fast as possible.")] = 1.0
     loop: Annotated[bool, Help(LOOP_HELP, flag="--loop/--no-loop")] = False
     flush_interval_s: Annotated[float, AT_LEAST_0] = 1.0
-    min_free_bytes: Annotated[int, AT_LEAST_0, Help(MIN_FREE_HELP)] = 256 << 20
+    min_free_bytes: Annotated[int, AT_LEAST_0, Help(MIN_FREE_HELP)] = MIN_FREE_BYTES
     shard_max_events: Annotated[int, AT_LEAST_1] = 1 << 26
     status: bool = True  # progress on stderr: a live line on a terminal, a plain line every 5 s elsewhere
 
@@ -78,7 +79,7 @@ class IngestConfig:
         int, AT_LEAST_0, Help("Reader processes (0 = read in this process, as evaluate's --workers).")
     ] = 0
     progress: bool = True  # progress bar on stderr (only when it is a terminal)
-    min_free_bytes: Annotated[int, AT_LEAST_0, Help(MIN_FREE_HELP)] = 256 << 20
+    min_free_bytes: Annotated[int, AT_LEAST_0, Help(MIN_FREE_HELP)] = MIN_FREE_BYTES
     flush_interval_s: Annotated[float, AT_LEAST_0] = 1.0  # commit (shard + manifest) at least this often
     follow_links: Annotated[
         bool,

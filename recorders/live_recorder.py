@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from mem_core.events import SensorSize
-from mem_core.limits import MAX_TEXT, fit_path
+from mem_core.limits import MAX_TEXT, MIN_FREE_BYTES, fit_path
 
 if TYPE_CHECKING:
     from mem_core.corpus import CorpusWriter
@@ -24,7 +24,8 @@ class LiveRecorder:
     disk) ends the recording and shows in ``state()["error"]``; serving goes on.
     """
 
-    def __init__(self, root: Path | str) -> None:
+    def __init__(self, root: Path | str, min_free_bytes: int = MIN_FREE_BYTES) -> None:
+        self.min_free_bytes = min_free_bytes
         self.root = Path(root)
         self._lock = threading.Lock()
         self._pending: str | None = None  # name of a recording waiting for its first batch
@@ -49,7 +50,9 @@ class LiveRecorder:
 
             try:
                 if self._writer is None:
-                    writer = CorpusWriter(self.root, provenance={"tool": "mem serve"})
+                    writer = CorpusWriter(
+                        self.root, provenance={"tool": "mem serve"}, min_free_bytes=self.min_free_bytes
+                    )
                     try:
                         writer.begin_recording(self._pending, sensor, metadata=metadata)
                     except BaseException:

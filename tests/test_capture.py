@@ -121,6 +121,18 @@ def test_a_labels_folder_deleted_and_made_again_takes_the_next_capture(tmp_path,
     np.testing.assert_array_equal(corpus.events(0), windows[2])
 
 
+def test_the_room_captures_leave_free_on_the_disk_is_the_user_s_to_set(tmp_path, events_factory, small_disk):
+    """Captures were refused below 256 MB free with no way to say otherwise (mem serve --min-free-bytes)."""
+    root = tmp_path / "labels"
+    root.mkdir()
+    small_disk(root, 100 << 20)  # a disk with 100 MB free
+    with pytest.raises(CorpusError, match="below min_free_bytes=268435456"):
+        LabelledCaptures(root).capture(events_factory(100, sensor=SENSOR), SENSOR, "car")
+    with LabelledCaptures(root, min_free_bytes=1 << 20) as captures:
+        captures.capture(events_factory(100, sensor=SENSOR), SENSOR, "car")
+    assert Corpus(root).label_counts() == {"car": 1}
+
+
 @pytest.mark.parametrize("code", [errno.EIO, errno.ENOSPC])
 def test_a_capture_the_disk_fails_to_take_is_not_stored_and_the_next_one_is(
     tmp_path, events_factory, monkeypatch, code

@@ -27,7 +27,7 @@ import numpy as np
 from mem_core.cores import usable_cores
 from mem_core.errors import RunError
 from mem_core.events import SensorSize
-from mem_core.limits import MAX_TEXT, fit_path
+from mem_core.limits import MAX_TEXT, MIN_FREE_BYTES, fit_path
 from mem_core.runs.lineage import MODEL_JSON, read_json
 
 if TYPE_CHECKING:
@@ -320,8 +320,16 @@ class LabelDesk:
     The corpus is opened at the first capture, so a server nobody labels with writes nothing.
     """
 
-    def __init__(self, labels: Path, train_out: Path, epochs: int, classes: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        labels: Path,
+        train_out: Path,
+        epochs: int,
+        classes: tuple[str, ...] = (),
+        min_free_bytes: int = MIN_FREE_BYTES,
+    ) -> None:
         self.root, self.train_out, self.epochs = Path(labels), Path(train_out), epochs
+        self.min_free_bytes = min_free_bytes
         self.classes = list(classes)
         self.windows = RecentWindows()
         self.captures_taken = 0
@@ -338,7 +346,7 @@ class LabelDesk:
 
         if self._captures is None:
             try:
-                self._captures = LabelledCaptures(self.root)
+                self._captures = LabelledCaptures(self.root, self.min_free_bytes)
             except Exception as exc:  # a corrupt corpus, no permission: one line for the viewer
                 raise LabelError(f"labels {self.root}: {exc}") from None
         return self._captures

@@ -114,7 +114,9 @@ class LiveServer(ServerState, Publishing):
             announce=announce,
             stopping=self._stop,
         )
-        self.labelling = LabelDesk(config.labels, config.train_out, config.train_epochs, config.classes)
+        self.labelling = LabelDesk(
+            config.labels, config.train_out, config.train_epochs, config.classes, config.min_free_bytes
+        )
         self.labelling.resumed = resumed
         self.accumulation = Accumulation(config)
         self.source = source or open_source(config.source, speed=config.speed, loop=config.loop)
@@ -124,7 +126,7 @@ class LiveServer(ServerState, Publishing):
             else None
         )
         kind = self.source.metadata.get("kind")
-        self.recorder = LiveRecorder(config.record_dir) if kind in RECORDABLE_KINDS else None
+        self.recorder = LiveRecorder(config.record_dir, config.min_free_bytes) if kind in RECORDABLE_KINDS else None
         self.reader = SourceReader(self.source, self.ring, self._wake, recorder=self.recorder, replay=self.replay)
         self.counts = LoopStats()
         self.control = ControlHandler(self._commands(), self.control_state)

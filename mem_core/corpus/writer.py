@@ -23,6 +23,7 @@ from mem_core.corpus.journal import ManifestJournal
 from mem_core.corpus.space import DiskSpace
 from mem_core.events import EVENT_DTYPE, SensorSize, time_problem, validate_events
 from mem_core.io.hdf5 import hdf5_filters
+from mem_core.limits import MIN_FREE_BYTES
 
 _BUFFER_EVENTS = 1 << 20  # events held in memory before a shard write (64 chunks)
 
@@ -65,7 +66,7 @@ class CorpusWriter:
         provenance: dict[str, Any] | None = None,
         flush_interval_s: float = 1.0,
         shard_max_events: int = 1 << 26,
-        min_free_bytes: int = 256 << 20,
+        min_free_bytes: int = MIN_FREE_BYTES,
     ) -> None:
         if shard_max_events < 1 or flush_interval_s < 0 or min_free_bytes < 0:
             raise ValueError(
