@@ -131,6 +131,7 @@ class ViewConfig:
         None
     )
     quit_after_s: Annotated[float | None, POSITIVE, Help("Quit after S seconds.", flag="--quit-after")] = None
+    snapshot_dir: Annotated[Path, Help("Where the Save snapshot button writes (created).")] = Path("mem-view-snapshots")
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -337,6 +337,16 @@ def test_snapshot_saves_the_window_as_png_and_what_it_shows_as_json(window, tmp_
     assert pixel.red() > pixel.blue() + 100
 
 
+def test_save_snapshot_writes_into_a_folder_of_its_own(qtbot, tmp_path, monkeypatch):
+    """The button wrote into whatever folder mem view was started in."""
+    monkeypatch.chdir(tmp_path)
+    w = ViewerWindow(snapshot_dir=tmp_path / "shots")
+    qtbot.addWidget(w)
+    w._snapshot_clicked()
+    [png] = (tmp_path / "shots").glob("mem-view-*.png")
+    assert png.with_suffix(".json").is_file() and sorted(p.name for p in tmp_path.iterdir()) == ["shots"]
+
+
 # ---- the ZMQ client --------------------------------------------------------------------------------------------
 
 

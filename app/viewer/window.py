@@ -66,9 +66,15 @@ class ViewerWindow(Snapshots, QtWidgets.QMainWindow):
 
     control_command = QtCore.Signal(str, object)  # (name, args dict): see app.viewer.controls on why object
 
-    def __init__(self, client: LiveClient | None = None, parent: QtWidgets.QWidget | None = None) -> None:
+    def __init__(
+        self,
+        client: LiveClient | None = None,
+        parent: QtWidgets.QWidget | None = None,
+        snapshot_dir: Path = Path("mem-view-snapshots"),
+    ) -> None:
         super().__init__(parent)
         self.client = client
+        self.snapshot_dir = snapshot_dir  # where Save snapshot writes: a folder of its own, not wherever mem view ran
         self.setWindowTitle(f"MEM live viewer - {client.endpoint if client else 'offline'}")
         self.resize(1240, 880)
         self.session: str | None = None
@@ -451,8 +457,9 @@ class ViewerWindow(Snapshots, QtWidgets.QMainWindow):
         return "connected" if age < STALE_S else f"no data for {age:.0f} s"
 
     def _snapshot_clicked(self) -> None:
-        path = Path.cwd() / f"mem-view-{datetime.now():%Y%m%d-%H%M%S}.png"
+        path = self.snapshot_dir / f"mem-view-{datetime.now():%Y%m%d-%H%M%S}.png"
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
             self.save_snapshot(path)
         except OSError as exc:
             self.notify(str(exc))
@@ -483,7 +490,7 @@ def open_viewer(config: ViewConfig) -> int:
     app.setStyle("Fusion")
     app.setPalette(dark_palette())
     client = LiveClient(config.connect)
-    window = ViewerWindow(client)
+    window = ViewerWindow(client, snapshot_dir=config.snapshot_dir)
     window.show()
     window.activateWindow()  # the number keys capture from the start (where the window manager allows it)
 
