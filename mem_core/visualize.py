@@ -111,3 +111,27 @@ def save_png(path, img: np.ndarray) -> None:
     import matplotlib.image
 
     matplotlib.image.imsave(str(path), np.ascontiguousarray(img))
+
+
+def save_labelled_png(path, grid: np.ndarray, rows: list[str], caption: str) -> None:
+    """Write the tiled (H, W, 3) uint8 ``grid`` as PNG at its own resolution, each of its ``rows`` named on the left
+    and ``caption`` above: a picture that says what it shows."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    h, w, _ = grid.shape
+    left, top, dpi = 150, 36, 100
+    width, height = max(w + left + 8, 8 * len(caption)), h + top + 4  # room for the caption over a narrow grid
+    fig = plt.figure(figsize=(width / dpi, height / dpi), dpi=dpi)
+    ax = fig.add_axes((left / width, 4 / height, w / width, h / height))
+    ax.imshow(grid, interpolation="nearest")
+    ax.set_yticks([h / len(rows) * (k + 0.5) for k in range(len(rows))], rows, fontsize=9)
+    ax.set_xticks([])
+    ax.tick_params(length=0)
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    fig.text(0.5, 1 - 6 / height, caption, ha="center", va="top", fontsize=9)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)

@@ -33,7 +33,7 @@ from mem_core.train.configs import PretrainStageConfig
 from mem_core.train.engine import MetricMeter, StepResult
 from mem_core.train.runtime import Runtime
 from mem_core.train.stage import Stage, run_stage
-from mem_core.visualize import histogram_rgb, save_png, tile, upscale
+from mem_core.visualize import histogram_rgb, save_labelled_png, tile, upscale
 
 NEEDS_TOKENIZER = "MEM pretraining needs --tokenizer RUN (a trained tokenizer run directory)"
 # MEM_BF16_TARGETS=1: the tokenizer's targets in bf16 with channels-last inputs and weights (PretrainStage.targets)
@@ -183,4 +183,7 @@ def save_predictions(model, tok, events, cfg: PretrainStageConfig, runtime: Runt
     scale = max(1, 128 // x.shape[-1])
     rows = [x, masked_input, pred_img, target_img]
     tiles = [upscale(histogram_rgb(img[:2].cpu().numpy(), level=1.0), scale) for row in rows for img in row]
-    save_png(path, tile(tiles, columns=x.shape[0]))
+    names = ["input", "masked input", "prediction" if tok is None else "predicted tokens", "target"]
+    decoded = ", decoded by the tokenizer" if tok is not None else ""
+    caption = f"the model sees row 2 and predicts its masked patches (row 3{decoded}); row 4 is what it should predict"
+    save_labelled_png(path, tile(tiles, columns=x.shape[0]), names, caption)
