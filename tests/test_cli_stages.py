@@ -228,6 +228,7 @@ def test_command_defaults_are_the_config_dataclasses_defaults():
         "min_free_bytes": lambda v: v * (1 << 20),
         "fractions": lambda v: tuple(map(float, v.split(","))),
         "seeds": lambda v: tuple(map(int, v.split(","))),
+        "label_seeds": lambda v: tuple(map(int, v.split(","))),
         "classes": lambda v: tuple(c for c in v.split(",") if c),
         "held_out": lambda v: tuple(v.split(",")),
     }

@@ -8,11 +8,11 @@ import threading
 
 import typer
 
-from app.cli.options import Renamed, comma_separated, fail, refusing, with_options
+from app.cli.options import MIN_FREE, Renamed, comma_separated, fail, refusing, with_options
 from app.config import ServeConfig, ViewConfig
 
 # the fields given in another form on the command line; every other option is a field's own (``app.config``)
-SERVE_OPTIONS = {"classes": comma_separated(typer.Option("--classes"))}
+SERVE_OPTIONS = {"classes": comma_separated(typer.Option("--classes")), "min_free_bytes": MIN_FREE}
 
 
 @refusing(

@@ -247,3 +247,8 @@ def _options(cls: type, declared: Mapping[str, ParameterInfo | Converted]) -> li
     if unknown:
         raise TypeError(f"{cls.__name__} has no field(s) {', '.join(unknown)}")
     return options
+
+
+MB = 1 << 20
+# a writer's room left on the disk, given in MB on the command line (``record``, ``ingest``, ``serve``)
+MIN_FREE = Converted(typer.Option("--min-free-mb"), float, lambda mb: int(mb * MB), lambda size: size / MB)

@@ -7,12 +7,10 @@ from typing import Annotated
 
 import typer
 
-from app.cli.options import Converted, fail, with_options
+from app.cli.options import MIN_FREE, Converted, fail, with_options
 from recorders.config import IngestConfig, RecordConfig
 
-MB = 1 << 20
 # the fields given in another form on the command line; every other option is a field's own (``recorders.config``)
-MIN_FREE = Converted(typer.Option("--min-free-mb"), float, lambda mb: int(mb * MB), lambda size: size / MB)
 RECORD_OPTIONS = {"min_free_bytes": MIN_FREE}
 INGEST_OPTIONS = {"paths": Converted(typer.Argument(), list[Path], tuple, list), "min_free_bytes": MIN_FREE}
 
