@@ -119,6 +119,12 @@ PROBABILITY = Range(0, 1)
 FRACTION = Range(0, 1, hi_open=True)  # a share that must leave something: betas, dropout, label smoothing
 SHARE = Range(0, 1, lo_open=True)  # a share that must keep something: a label fraction, a decay factor
 
+# The kinds of number a config field holds, one name each (a field adds its own bounds where it has them).
+Count = Annotated[int, AT_LEAST_0]  # a number of things: 0 allowed (0 often means "none" or "all")
+PositiveCount = Annotated[int, AT_LEAST_1]  # a number of things, at least one
+NonNegative = Annotated[float, AT_LEAST_0]  # a quantity: a rate, a time, a weight; 0 allowed
+PositiveReal = Annotated[float, POSITIVE]  # a quantity above 0
+
 # ------------------------------------------------------------------------- values that cross boundaries
 
 # Replay and simulator pacing, x real time; 0: as fast as possible (`mem serve`/`mem record --speed`, the `speed`

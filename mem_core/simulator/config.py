@@ -10,14 +10,12 @@ import numpy as np
 
 from mem_core.errors import ConfigError
 from mem_core.events import SensorSize, sensor_problem
-from mem_core.fields import AT_LEAST_0, POSITIVE, ConfigConflict, Range, check_fields
+from mem_core.fields import AT_LEAST_0, ConfigConflict, NonNegative, PositiveReal, Range, check_fields
 from mem_core.limits import MAX_SIM_OBJECTS, is_int
 
 SHAPES: tuple[str, ...] = ("disc", "square", "triangle", "cross", "ring")
 BACKGROUND_LABEL = 0
 DEFAULT_SENSOR = SensorSize(128, 128)
-NonNegative = Annotated[float, AT_LEAST_0]
-Positive = Annotated[float, POSITIVE]
 
 
 @dataclass(frozen=True)
@@ -27,10 +25,10 @@ class SimulatorConfig:
     sensor: SensorSize = DEFAULT_SENSOR
     classes: tuple[str, ...] = SHAPES
     n_objects: Annotated[int, Range(0, MAX_SIM_OBJECTS)] = 2
-    size_range: tuple[Positive, Positive] = (0.1, 0.2)  # object radius as a fraction of the shorter sensor side
+    size_range: tuple[PositiveReal, PositiveReal] = (0.1, 0.2)  # object radius as a fraction of the shorter sensor side
     speed_range: tuple[NonNegative, NonNegative] = (60.0, 240.0)  # px/s
     max_angular_speed: NonNegative = 3.0  # rad/s
-    contrast_threshold: Positive = 0.2  # log-intensity change per event
+    contrast_threshold: PositiveReal = 0.2  # log-intensity change per event
     threshold_sigma: NonNegative = 0.03  # per-pixel threshold mismatch (std)
     refractory_us: Annotated[int, AT_LEAST_0] = 100
     noise_rate_hz: NonNegative = 0.1  # background events per pixel per second

@@ -20,12 +20,13 @@ from mem_core.configuration import (
     merge,
 )
 from mem_core.fields import (
-    AT_LEAST_0,
-    AT_LEAST_1,
     FRACTION,
     POSITIVE,
     SHARE,
     ConfigConflict,
+    Count,
+    NonNegative,
+    PositiveCount,
     Range,
     Width,
     WindowMs,
@@ -41,9 +42,6 @@ from mem_core.representation import InputSpec
 
 # The bounds of the numeric fields: a value outside them is a ConfigError at once, not a traceback (batch_size=0), a
 # silent NaN (lr=nan) or a missing checkpoint (epochs=-1). A subclass restating a default keeps its base's bounds.
-Count = Annotated[int, AT_LEAST_0]
-Positive = Annotated[int, AT_LEAST_1]
-Rate = Annotated[float, AT_LEAST_0]
 Fraction = Annotated[float, FRACTION]
 LayerDecay = Annotated[float, SHARE]  # lr x decay per layer from the output back to the input
 
@@ -83,32 +81,34 @@ class StageConfig:
     """What every stage shares: optimisation, schedule, data, input pipeline and execution."""
 
     seed: int = 0
-    epochs: Positive = 10
-    batch_size: Positive = 64  # global: split over DDP processes
-    lr: Rate = 1e-3
-    min_lr: Rate = 1e-6
+    epochs: PositiveCount = 10
+    batch_size: PositiveCount = 64  # global: split over DDP processes
+    lr: NonNegative = 1e-3
+    min_lr: NonNegative = 1e-6
     betas: tuple[Fraction, Fraction] = (0.9, 0.999)
-    weight_decay: Rate = 0.05
+    weight_decay: NonNegative = 0.05
     schedule: Literal["cosine", "exponential", "constant"] = "cosine"
     schedule_epochs: Count = 0  # cosine length in epochs when longer than the run (paper: "cosine set for 300")
     lr_gamma: Annotated[float, SHARE] = 0.99  # per-epoch decay of the exponential schedule
-    warmup_epochs: Rate = 0.0
+    warmup_epochs: NonNegative = 0.0
     warmup_steps: Count = 0  # takes precedence over warmup_epochs when > 0
-    grad_clip: Rate = 0.0  # max gradient norm (0 = off)
+    grad_clip: NonNegative = 0.0  # max gradient norm (0 = off)
     device: str = "auto"
-    accum_steps: Positive = 1  # micro-batches per optimizer step: a batch larger than the device holds, same recipe
+    accum_steps: PositiveCount = (
+        1  # micro-batches per optimizer step: a batch larger than the device holds, same recipe
+    )
     amp: bool = True  # bf16 autocast on GPU (ignored on CPU)
     cpu_bf16: bool = False  # bf16 training steps on a CPU with native bf16 (AVX512-BF16, AMX); validation in fp32
     # torch.compile (GPU): true, the whole model; "blocks", each transformer block on its own (a model without any:
     # whole), which leaves the code around them eager
     compile: bool | Literal["blocks"] = False
-    eval_every: Positive = 1
+    eval_every: PositiveCount = 1
     # stop after the epoch that passes this many seconds of training (0: no limit), validated there; the result says
     # the run was cut short (the schedule was set for ``epochs``)
-    time_limit_s: Rate = 0.0
+    time_limit_s: NonNegative = 0.0
     # a checkpoint after every epoch (0), or at most one per this many seconds and always after the last epoch: on a
     # GPU an epoch of a few labels lasts milliseconds and a ViT-S checkpoint with its optimizer is a quarter of a GB
-    checkpoint_every_s: Rate = 0.0
+    checkpoint_every_s: NonNegative = 0.0
     data: DataConfig = field(default_factory=DataConfig)
     input: InputSpec = field(default_factory=InputSpec)
 
@@ -139,7 +139,7 @@ class PretrainStageConfig(StageConfig):
     emae_decoder: tuple[int, int, int] = (512, 8, 16)  # eMAE decoder width, depth, heads (the paper's MAE)
     mask_ratio: Annotated[float, Range(0, 1, lo_open=True, hi_open=True)] = 0.5
     # smallest masked block in patches; None: BEiT's 16 of 196, scaled to the grid
-    mask_min_block: Positive | None = None
+    mask_min_block: PositiveCount | None = None
     lr: float = 3e-4
     betas: tuple[float, float] = (0.9, 0.95)
     warmup_steps: int = 1000
@@ -169,15 +169,15 @@ class FinetuneStageConfig(StageConfig):
     head_dropout: Fraction = 0.0  # before the classifier head only
     head_init_scale: Annotated[float, POSITIVE] = 0.001  # BEiT's small head init; short CPU runs learn faster with 1.0
     ema_decay: Fraction = 0.0  # 0 = no EMA; the paper reports 0.9999 on large datasets
-    mixup: Rate = 0.0  # Beta(alpha, alpha) of mixup between a batch and its reverse (0 = off; BEiT: 0.8)
-    cutmix: Rate = 0.0  # the same for CutMix; with both on, each batch takes one of them (BEiT: 1.0)
+    mixup: NonNegative = 0.0  # Beta(alpha, alpha) of mixup between a batch and its reverse (0 = off; BEiT: 0.8)
+    cutmix: NonNegative = 0.0  # the same for CutMix; with both on, each batch takes one of them (BEiT: 1.0)
     probe: bool = False  # linear probing: only the head's norm and linear layer train
     # layer decay's bottom groups kept as pretraining left them: 1 the stem, 1 + k the stem and the first k blocks
     frozen_layers: Count = 0
     warmup_epochs: float = 5.0
     # L2-SP (Li et al., ICML 2018): l2_sp / 2 x the squared distance of the weights from where finetuning started (the
     # pretrained ones; from scratch, the initial ones), the head aside: what few labels change stays near pretraining
-    l2_sp: Rate = 0.0
+    l2_sp: NonNegative = 0.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
