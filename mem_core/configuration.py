@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from mem_core.errors import ConfigError, short
 from mem_core.fields import ConfigConflict, FieldError
-from mem_core.limits import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH
+from mem_core.limits import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, deeper_than
 
 T = TypeVar("T")
 
@@ -66,7 +66,7 @@ def _parse_toml(text: str) -> dict[str, Any]:
         raise ValueError(f"nested deeper than {MAX_CONFIG_DEPTH} levels") from None
     except ValueError:  # int() of a decimal integer beyond Python's limit, the only other error tomllib lets through
         raise ValueError(f"an integer of more than {sys.get_int_max_str_digits()} digits") from None
-    if _deeper_than(tables, MAX_CONFIG_DEPTH):
+    if deeper_than(tables, MAX_CONFIG_DEPTH + 1):  # (the file's top table and MAX_CONFIG_DEPTH levels in it)
         raise ValueError(f"nested deeper than {MAX_CONFIG_DEPTH} levels")
     return tables
 
@@ -102,20 +102,6 @@ def _key_longer_than(text: str, parts: int) -> bool:
         else:  # anything else ends a key
             dots = 0
             i += 1
-
-
-def _deeper_than(value: Any, limit: int) -> bool:
-    """Whether the lists and tables of ``value`` nest more than ``limit`` levels (walked without recursion)."""
-    stack = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
-        for child in children:
-            if isinstance(child, dict | list):
-                if depth + 1 > limit:
-                    return True
-                stack.append((child, depth + 1))
-    return False
 
 
 def load_preset(name: str) -> dict[str, Any]:

@@ -118,3 +118,20 @@ def fit_path(path: Any) -> str:
     the folders nearest to it) after an ellipsis. Paths may reach 4,096 bytes on Linux."""
     text = str(path)
     return text if len(text) <= MAX_TEXT else "\u2026" + text[-(MAX_TEXT - 1) :]
+
+
+def deeper_than(value: Any, limit: int) -> bool:
+    """Whether the dicts and lists of ``value`` nest more than ``limit`` containers deep, ``value`` itself counted:
+    a config's tables, a message's JSON header. Walked without recursion, so a hostile input cannot exhaust the
+    stack."""
+    if not isinstance(value, dict | list):
+        return False
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        for child in item.values() if isinstance(item, dict) else item:
+            if isinstance(child, dict | list):
+                if depth >= limit:
+                    return True
+                stack.append((child, depth + 1))
+    return False

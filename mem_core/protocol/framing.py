@@ -28,6 +28,7 @@ from mem_core.limits import (
     MAX_NDIM,
     MAX_SEQ,
     MAX_TEXT,
+    deeper_than,
 )
 from mem_core.protocol.values import ints
 from mem_core.schema import SchemaError, check, short
@@ -145,7 +146,7 @@ def _header(frame: bytes | memoryview, topic: str) -> dict[str, Any]:
         raise ProtocolError(topic, f"header is not UTF-8 JSON: {str(exc)[:120]}") from None
     if not isinstance(header, dict):
         raise ProtocolError(topic, "header is not a JSON object")
-    if _deeper_than(header, MAX_JSON_DEPTH):
+    if deeper_than(header, MAX_JSON_DEPTH):
         raise ProtocolError(topic, f"header nests deeper than {MAX_JSON_DEPTH} levels")
     checked(_Envelope, header, topic)
     if header["version"] != PROTOCOL_VERSION:
@@ -164,19 +165,6 @@ def _finite_float(text: str) -> float:
     if not math.isfinite(value):  # 1e999 parses as inf
         raise ValueError(f"{short(text)} is not a finite number")
     return value
-
-
-def _deeper_than(value: Any, limit: int) -> bool:
-    """Whether JSON ``value`` nests more than ``limit`` containers deep (iterative: no recursion to exhaust)."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        for child in item.values() if isinstance(item, dict) else item:
-            if isinstance(child, dict | list):
-                if depth >= limit:
-                    return True
-                stack.append((child, depth + 1))
-    return False
 
 
 def _decode_buffer(spec: dict[str, Any], frame: bytes | memoryview, topic: str) -> tuple[str, np.ndarray]:
