@@ -405,12 +405,15 @@ def run(config: IngestConfig) -> IngestReport:
     started = datetime.now(UTC)
     t0 = time.perf_counter()
     report = IngestReport(str(config.out), started.isoformat(timespec="seconds"), config.dataset)
-    prepare_corpus_dir(config.out)
     found = collect(config)
     items, report.failed, report.left_out = found.items, found.failed_inputs, found.left_out
     report.unusable_inputs = [e["path"] for e in report.failed]
     report.failed += found.unreadable
     report.files = len(items) + len(report.left_out) + len(found.unreadable)
+    if len(report.unusable_inputs) == len(config.paths):  # nothing to read: no corpus made, no report written in one
+        report.seconds = time.perf_counter() - t0
+        return report
+    prepare_corpus_dir(config.out)
     done_keys, names = _ingested_keys(config.out)
     todo = []
     for item in items:

@@ -240,6 +240,7 @@ def test_an_ingest_that_gives_nothing_is_a_failure_and_a_partial_one_is_not(mixe
         path.rename(tmp_path / "bad" / path.name)
     missing = tmp_path / "missing"
     assert ingest([missing], tmp_path / "c1").failure() == f"{missing}: no such file or directory"
+    assert not (tmp_path / "c1").exists()  # nothing to ingest: no corpus was made for it
     empty = ingest([tmp_path / "empty"], tmp_path / "c2").failure()
     assert empty.startswith(f"{tmp_path / 'empty'}: no event files (.dat, .bin")
     assert ingest([tmp_path / "bad"], tmp_path / "c3").failure().startswith("none of the 3 files could be ingested")
@@ -335,8 +336,10 @@ def test_a_recorded_corpus_is_ingested_recording_by_recording_with_labels_and_me
         np.testing.assert_array_equal(merged.events(i), source.events(i))
     again = ingest([recorded], out)  # recognised by corpus and recording name
     assert again.ingested == [] and len(again.skipped) == len(source.recordings)
+    before = sorted(out.iterdir())
     into_itself = ingest([out], out)
     assert into_itself.failure() == f"{out}: is the output corpus: ingest it into another folder"
+    assert sorted(out.iterdir()) == before and into_itself.report_path is None  # no report, no provenance in it
 
 
 def test_cli_lists_bad_files_and_exits_nonzero_only_with_strict(mixed_folder, tmp_path):

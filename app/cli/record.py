@@ -69,7 +69,8 @@ def ingest(
     table.add_row("failed", str(len(report.failed)))
     table.add_row("time", f"{report.seconds:.1f} s ({report.events / max(report.seconds, 1e-9) / 1e6:.1f} Mev/s)")
     console.print(table)
-    typer.echo(f"report: {report.report_path}")
+    if report.report_path is not None:  # (none when no input could be read: nothing was written)
+        typer.echo(f"report: {report.report_path}")
     failure = report.failure()
     for entry in report.failed:  # plain lines (no wrapping): one per file, easy to grep
         if f"{entry['path']}: {entry['reason']}" != failure:  # (the error line says it)
