@@ -102,6 +102,17 @@ def test_a_labels_folder_moved_away_says_so_and_capturing_goes_on_once_it_is_bac
     np.testing.assert_array_equal(corpus.events(1), windows[2])
 
 
+def test_a_labels_folder_moved_away_keeps_no_reserve_file(tmp_path, events_factory):
+    """The writer's 16 MB reserve (``.reserve``) stayed in a labels corpus moved away while the server ran."""
+    root, away = tmp_path / "labels", tmp_path / "away"
+    with LabelledCaptures(root) as captures:
+        captures.capture(events_factory(100, sensor=SENSOR), SENSOR, "car")
+        root.rename(away)
+        with pytest.raises(RecorderError, match="is gone"):
+            captures.capture(events_factory(100, sensor=SENSOR, seed=1), SENSOR, "car")
+    assert not (away / ".reserve").exists() and Corpus(away).label_counts() == {"car": 1}
+
+
 def test_a_labels_folder_deleted_and_made_again_takes_the_next_capture(tmp_path, events_factory):
     """The next capture was lost with "write failed ... goes on once labels is writable again": a folder made anew
     where the old one was is a new labelled corpus, written at once."""

@@ -35,18 +35,28 @@ class DiskSpace:
         self.min_free_bytes = min_free_bytes
         self.ballast = root / ".reserve"
         self.free_seen = 0  # free bytes at the last check, less what was written since
+        self._folder: int | None = None  # the folder holding the ballast, open: it is deleted there if moved away
 
     def take_ballast(self) -> None:
         """Write the ballast (refused, ``CorpusError``, when the disk cannot take it)."""
         reserve = min(RESERVE_BYTES, max(shutil.disk_usage(self.root).free // 32, MIN_RESERVE_BYTES))
         self.check(reserve)
+        self._folder = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         with open(self.ballast, "wb") as f:
             os.posix_fallocate(f.fileno(), 0, reserve)
         self.free_seen = shutil.disk_usage(self.root).free
 
     def release_ballast(self) -> None:
+        """Delete the ballast, in the folder it was written in even when that folder was moved away since (a moved
+        labels corpus kept its 16 MB)."""
+        folder, self._folder = self._folder, None
         with contextlib.suppress(OSError):  # (the folder itself may be gone)
-            self.ballast.unlink(missing_ok=True)
+            if folder is not None:
+                os.unlink(self.ballast.name, dir_fd=folder)
+            else:
+                self.ballast.unlink(missing_ok=True)
+        if folder is not None:
+            os.close(folder)
 
     def fits(self, nbytes: int) -> bool:
         """Whether ``nbytes`` (plus HDF5's metadata) fit above ``min_free_bytes``, by the free space seen at the last

@@ -260,7 +260,7 @@ class CorpusWriter:
             self._closed = True
             self._journal.close()
             try:
-                self._space.ballast.unlink(missing_ok=True)
+                self._space.release_ballast()
             finally:
                 os.close(self._lock_fd)  # always: a lock left held would refuse the next writer of this process
 
