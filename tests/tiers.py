@@ -141,6 +141,20 @@ class _Scan:
         return None
 
 
+# The files that hold the longest tests, longest first: they run first. A worker per core takes whole files
+# (``--dist loadfile``), and a long file handed out last leaves the other workers idle while it runs.
+LONGEST_FIRST = (
+    "test_label_loop.py",
+    "test_demo.py",
+    "test_train.py",
+    "test_cli_stages.py",
+    "test_ddp.py",
+    "test_gpu_evidence.py",
+    "test_onnx.py",
+    "test_live_e2e.py",
+)
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by mark
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     scan = _Scan({Path(item.path).resolve().parent for item in items})
@@ -148,6 +162,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         quick = isinstance(item, pytest.Function) and item.get_closest_marker("slow") is None
         if quick and (reason := scan.item(item)) is not None:
             item.add_marker(pytest.mark.slow(reason=reason))
+    first = {name: rank for rank, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: first.get(Path(item.path).name, len(first)))  # stable: the rest keep their order
 
 
 # ------------------------------------------------------------------------------------------ the quick tier's guard
