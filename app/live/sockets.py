@@ -38,8 +38,8 @@ def bind(context: zmq.Context, kind: int, endpoint: str) -> zmq.Socket:
     socket.setsockopt(zmq.LINGER, CLOSE_LINGER_MS if kind == zmq.PUB else 0)
     if kind == zmq.PUB:
         socket.setsockopt(zmq.SNDHWM, 16)  # a slow subscriber loses old messages, the server never waits
-    if kind == zmq.REP:  # a control request is a header alone: a larger frame is dropped by ZMQ, never buffered
-        socket.setsockopt(zmq.MAXMSGSIZE, 2 * MAX_HEADER_BYTES)
+    if kind == zmq.REP:  # a control request's largest frame is its header: a larger one is refused by ZMQ unread
+        socket.setsockopt(zmq.MAXMSGSIZE, MAX_HEADER_BYTES)
     try:
         socket.bind(endpoint)
     except zmq.ZMQError as exc:
