@@ -361,24 +361,29 @@ def test_a_model_whose_first_window_is_slow_is_served_once_it_ran_and_a_stop_mea
     waits for the first window; stopped meanwhile, it ends at once."""
     from mem_core.inference import Predictor
 
-    release = threading.Event()
-    monkeypatch.setattr(Predictor, "warm_up", lambda self: release.wait(60))  # a first window that takes its time
+    started, release = threading.Event(), threading.Event()
+
+    def slow_first_window(self) -> None:  # a first window that takes as long as the test says
+        started.set()
+        release.wait(60)
+
+    monkeypatch.setattr(Predictor, "warm_up", slow_first_window)
     server = LiveServer(ServeConfig(model=export, pub="tcp://127.0.0.1:*"), source=SyntheticSource(1000, SENSOR))
     server.start()
     try:
-        time.sleep(0.5)  # (what must not happen in this time: the model given up)
-        assert server.running and server.model.version == 0
+        assert started.wait(WAIT_S) and server.running and server.model.version == 0
         release.set()
         assert server.model.loaded.wait(WAIT_S) and server.model.version == 1
     finally:
         server.stop()
+    started.clear()
     release.clear()
     server = LiveServer(ServeConfig(model=export, pub="tcp://127.0.0.1:*"), source=SyntheticSource(1000, SENSOR))
     server.start()
-    time.sleep(0.5)
-    start = time.monotonic()
+    assert started.wait(WAIT_S)
+    begun = time.monotonic()
     server.stop()
-    assert not server.running and time.monotonic() - start < 5
+    assert not server.running and time.monotonic() - begun < 5
     release.set()
 
 
