@@ -6,7 +6,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from mem_core.corpus.format import CorpusError
+from mem_core.corpus.format import MANIFEST, CorpusError
 
 NOT_CORPORA = (("config.json", "a run"), ("model.json", "an export"))  # what a corpus is not written into
 
@@ -21,7 +21,7 @@ def prepare_corpus_dir(root: Path) -> None:
     except OSError as e:
         raise CorpusError(f"{root}: cannot hold a corpus ({e.strerror or e})") from None
     for name, what in NOT_CORPORA:  # (a corpus written there went in among a run's or an export's files)
-        if (root / name).exists() and not (root / "manifest.json").exists():
+        if (root / name).exists() and not (root / MANIFEST).exists():
             raise CorpusError(f"{root}: holds {what} ({name}), not a corpus: give the corpus a folder of its own")
 
 

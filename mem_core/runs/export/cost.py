@@ -42,15 +42,20 @@ def task_window(meta: dict[str, Any]) -> Callable[[torch.nn.Module], Any]:
     return lambda model: model(torch.zeros(1, spec.in_chans, *spec.size))
 
 
-def weights_bound(build: Callable[[], torch.nn.Module]) -> int:
-    """The most bytes a safetensors file of the weights of ``build()`` can hold: each tensor of its state at 8 bytes
-    an element (the widest dtype), its header entry, and the header's length. ``RunError`` where it cannot be built
-    (``load_checked`` says why)."""
+def meta_skeleton(build: Callable[[], torch.nn.Module], weights_file: Path) -> torch.nn.Module:
+    """``build()`` on PyTorch's meta device (no memory); ``RunError`` naming ``weights_file`` where it cannot be
+    built."""
     try:
         with torch.device("meta"):
-            state = build().state_dict()
+            return build()
     except BUILD_ERRORS as e:
-        raise RunError(f"the model described cannot be built ({type(e).__name__}: {e})") from e
+        raise RunError(f"{weights_file}: the model it belongs to cannot be built ({type(e).__name__}: {e})") from e
+
+
+def weights_bound(skeleton: torch.nn.Module) -> int:
+    """The most bytes a safetensors file of the weights of ``skeleton`` can hold: each tensor of its state at 8 bytes
+    an element (the widest dtype), its header entry, and the header's length."""
+    state = skeleton.state_dict()
     return 8 + sum(8 * t.numel() + 128 + len(name) + 24 * t.dim() for name, t in state.items()) + (64 << 10)
 
 
@@ -61,17 +66,16 @@ def load_checked(
     description: Path,
     window: Callable[[torch.nn.Module], Any],
     described: dict[str, Any] | None = None,
+    skeleton: torch.nn.Module | None = None,
 ) -> tuple[torch.nn.Module, int]:
     """``build()`` with ``weights`` loaded, and the floating-point operations of ``window(model)`` (one live window),
     once a skeleton on the meta device shows that the weights fit it exactly and that the window's work is within
     ``MAX_WINDOW_FLOPS`` (a model the file ``description`` describes; ``RunError`` naming the file otherwise).
     ``described``: what determines the model and its window (architecture, input, task); the count of a description
-    seen before is reused (a server reloading its model, a scoring of many runs of one architecture)."""
-    try:
-        with torch.device("meta"):
-            skeleton = build()
-    except BUILD_ERRORS as e:
-        raise RunError(f"{weights_file}: the model it belongs to cannot be built ({type(e).__name__}: {e})") from e
+    seen before is reused (a server reloading its model, a scoring of many runs of one architecture). ``skeleton``:
+    ``meta_skeleton(build, ...)`` where the caller built it already (to bound the weights file before reading it)."""
+    if skeleton is None:
+        skeleton = meta_skeleton(build, weights_file)
     expected = skeleton.state_dict()
     problem = _mismatch(expected, weights)
     if problem is None:

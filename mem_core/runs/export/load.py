@@ -15,7 +15,7 @@ from mem_core.files import FileTooLarge, file_problem, read_bounded
 from mem_core.limits import MAX_WEIGHTS_BYTES
 from mem_core.models import DiscreteVAE
 from mem_core.models.cnn import VIT
-from mem_core.runs.export.cost import load_checked, task_window, weights_bound
+from mem_core.runs.export.cost import load_checked, meta_skeleton, task_window, weights_bound
 from mem_core.runs.export.meta import (
     MODEL_FILE,
     TASKS,
@@ -40,6 +40,7 @@ def load_model(path: Path | str, device: torch.device | str = "cpu") -> tuple[to
     operations of one window through the model (what a live server's warm-up runs).
     """
     path = Path(path)
+    skeleton = None  # the model built on the meta device, where it bounds the weights file before it is read
     # a file there in any form is read: one that is no regular file (a FIFO) is refused naming it
     if os.path.lexists(path / MODEL_JSON):
         description = path / MODEL_JSON
@@ -51,7 +52,8 @@ def load_model(path: Path | str, device: torch.device | str = "cpu") -> tuple[to
             )
         check_meta(meta, description)
         weights_file = path / MODEL_FILE
-        weights = _read_safetensors(weights_file, weights_bound(lambda: build_task_model(meta)), description)
+        skeleton = meta_skeleton(lambda: build_task_model(meta), weights_file)
+        weights = _read_safetensors(weights_file, weights_bound(skeleton), description)
     elif os.path.lexists(path / CONFIG_FILE):
         run = RunDir(path)
         description = run.config_path
@@ -61,7 +63,7 @@ def load_model(path: Path | str, device: torch.device | str = "cpu") -> tuple[to
         raise RunError(f"{path}: not a MEM run directory (no config.json) nor an export directory (no {MODEL_JSON})")
     window = task_window(meta)
     model, meta["window_flops"] = load_checked(
-        lambda: build_task_model(meta), weights, weights_file, description, window, described=meta
+        lambda: build_task_model(meta), weights, weights_file, description, window, described=meta, skeleton=skeleton
     )
     return model.to(device).eval(), meta
 
@@ -116,11 +118,13 @@ def _read_safetensors(path: Path, bound: int, description: Path) -> dict[str, to
 def load_tokenizer(path: Path | str, device: torch.device | str = "cpu") -> DiscreteVAE:
     """A frozen tokenizer (eval mode) from a tokenizer run directory or an export directory that carries one."""
     path = Path(path)
+    skeleton = None  # as in load_model
     if os.path.lexists(path / TOKENIZER_JSON):  # as in load_model
         description = path / TOKENIZER_JSON
         config = tokenizer_config(read_versioned(description).get("architecture"), description)
         weights_file = path / TOKENIZER_FILE
-        weights = _read_safetensors(weights_file, weights_bound(lambda: DiscreteVAE(config)), description)
+        skeleton = meta_skeleton(lambda: DiscreteVAE(config), weights_file)
+        weights = _read_safetensors(weights_file, weights_bound(skeleton), description)
     elif os.path.lexists(path / CONFIG_FILE):
         run = RunDir(path)
         info = run.read_config()
@@ -135,6 +139,11 @@ def load_tokenizer(path: Path | str, device: torch.device | str = "cpu") -> Disc
         raise RunError(f"{path}: neither a tokenizer run nor an export directory with a tokenizer")
     window = torch.zeros(1, config.in_chans, config.img_size, config.img_size)  # what the live token overlay runs on
     model, _ = load_checked(
-        lambda: DiscreteVAE(config), weights, weights_file, description, lambda m: m.token_ids(window)
+        lambda: DiscreteVAE(config),
+        weights,
+        weights_file,
+        description,
+        lambda m: m.token_ids(window),
+        skeleton=skeleton,
     )
     return model.to(device).eval().requires_grad_(False)
