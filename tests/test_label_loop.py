@@ -11,6 +11,7 @@ import os
 import time
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import zmq
 from PySide6 import QtCore, QtWidgets
@@ -267,8 +268,23 @@ def test_train_without_a_pretraining_run_says_why_in_the_label_panel_until_the_n
         wait_until(qtbot, lambda: window.accumulation.isVisible(), 30, "the accumulation controls")
         for control in (window.input_box, window.accumulation.reset):
             assert not control.isEnabled() and control.toolTip().startswith("No model")
+        # Space holds the simulated camera's picture to label it (a scene changes every second), Space again goes on
+        wait_until(qtbot, lambda: window.replay.isVisible(), 30, "the camera's controls")
+        assert window.replay.title() == "Camera (simulated)" and not window.replay.seek.isVisible()
+        qtbot.keyClick(window, QtCore.Qt.Key.Key_Space)
+        wait_until(qtbot, lambda: not window.replay.playing, 10, "the pause")
+        held, deadline = None, time.monotonic() + 30
+        while panel.frame != held:  # settles once the windows in flight at the pause are shown
+            assert time.monotonic() < deadline, "the picture went on while paused"
+            held = panel.frame
+            qtbot.wait(500)
+        snapshot(window, "label-held.png")
         qtbot.keyClick(window, "1")
         wait_until(qtbot, lambda: window.flashes == 1, 10, "the capture's flash")
+        captured, shown = Corpus(tmp_path / "labels").events(0), server.labelling.windows.get(held).events
+        np.testing.assert_array_equal(captured[["x", "y", "p"]], shown[["x", "y", "p"]])  # the picture held
+        qtbot.keyClick(window, QtCore.Qt.Key.Key_Space)
+        wait_until(qtbot, lambda: panel.frame != held, 10, "the picture going on")
         qtbot.mouseClick(panel.train, QtCore.Qt.MouseButton.LeftButton)
         wait_until(qtbot, lambda: panel.error.isVisible(), 10, "the refusal")
         assert panel.error.text().startswith("train: no pretraining run to finetune: start mem serve with --pretrain")

@@ -580,6 +580,37 @@ def test_a_seek_while_paused_publishes_the_window_ending_at_the_new_position_and
         assert pred["window"]["position_s"] > 0.2
 
 
+def test_the_simulated_camera_pauses_to_hold_its_picture_and_steps_but_has_no_timeline_to_seek(export):
+    with (
+        serving(export, SimulatorSource(task_config(seed=2), speed=1.0)) as server,
+        subscriber(server.pub_endpoint) as sub,
+    ):
+        assert server.model_loaded.wait(WAIT_S)
+        control = server.control_endpoint
+        reply = request(control, "pause")
+        replay = reply["state"]["source"]["replay"]
+        assert reply["ok"] and replay["playing"] is False and "duration_s" not in replay
+        frame, deadline = -1, time.monotonic() + WAIT_S
+        while server.windows != frame:  # settles once the batches in flight at the pause are inferred
+            assert time.monotonic() < deadline, "windows went on while paused"
+            frame = server.windows
+            time.sleep(0.5)
+        held = request(control, "state")["state"]["source"]["replay"]["position_s"]
+        late = [m for m in of(drain(sub, 0.5), "pred") if m.header["frame"] > frame]
+        assert late == []  # the picture holds: nothing new to look at or capture
+
+        reply = request(control, "seek", position_s=0.0)
+        assert not reply["ok"] and "sim" in reply["error"] and "seek" in reply["error"]
+        reply = request(control, "step")
+        assert reply["ok"] and reply["state"]["source"]["replay"]["playing"] is False
+        _, pred = new_frame(sub, frame)
+        assert pred["window"]["position_s"] > held
+        assert of(drain(sub, 0.5), "pred") == []  # one window, then held again
+
+        assert request(control, "play")["ok"]
+        collect(sub, lambda ms: len(of(ms, "pred")) >= 3)
+
+
 class SlowPredictor(Predictor):
     """The real predictor plus a fixed delay, standing in for a model slower than the event stream."""
 

@@ -93,6 +93,24 @@ def test_simulator_source_runs_in_real_time_when_asked():
     assert time.monotonic() - start >= 0.19
 
 
+def test_a_paused_simulator_holds_its_time_and_a_step_delivers_the_next_window_of_the_same_stream():
+    source = SimulatorSource(SIM, batch_us=5_000, speed=0, duration_us=60_000)
+    stream = iter(source)
+    first = next(stream)
+    source.pause()
+    assert [next(stream).size for _ in range(3)] == [0, 0, 0]  # heartbeats: simulated time stands still
+    assert source.simulator.time_us == 5_000
+    assert source.step(events=10**6, span_us=20_000) == 25_000
+    stepped = next(stream)
+    assert next(stream).size == 0  # still paused after the step
+    source.resume()
+    rest = concat(list(stream))
+    assert_monotonic([first, stepped, rest])
+    expected = EventSimulator(SIM).simulate(60_000)  # pausing and stepping change nothing in what is recorded
+    np.testing.assert_array_equal(concat([first, stepped, rest]), expected)
+    assert int(stepped["t"][0]) >= 5_000 and int(stepped["t"][-1]) < 25_000
+
+
 class FakeClock:
     """``time.monotonic`` / ``time.sleep`` stand-ins: sleeping advances the clock."""
 

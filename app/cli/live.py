@@ -59,7 +59,8 @@ def view(config: ViewConfig) -> None:
     """The live viewer: histogram, token grid, predictions, controls. Starts before or after the server.
 
     Keys: 1-9 capture the window on screen as the label panel's class 1-9 (into mem serve's --labels corpus);
-    Ctrl+Z takes the last capture back.
+    Ctrl+Z takes the last capture back; Space pauses and plays a replay or the simulated camera (to look at or label
+    a picture).
     """
     from app.qt_platform import window_problem
     from mem_core.protocol import endpoint_problem

@@ -1,5 +1,6 @@
 """Replay control for ``mem serve`` on a source that can be steered in time: play, pause, speed, seek and step, and
-where in the replayed events the stream is.
+where in the replayed events the stream is. A source that can pause but has no timeline to seek in (the simulated
+camera, ``Pausable``) takes the same commands but ``seek``: a live picture held still to look at or label.
 
 A command is carried out by the reader thread between two batches, so the first batch after a seek is known and a
 window never mixes events from before and after it; the control thread waits until it was done, so its reply shows
@@ -25,15 +26,13 @@ REPLAY_COMMAND_WAIT_S = 5.0  # the reader thread carries a replay command out wi
 
 
 @runtime_checkable
-class Replayable(Protocol):
-    """A source that can be steered in time (``recorders.replay.Replay``: a file or a corpus): the stream times of its
-    first and last events, ``speed`` (x real time), pausing, ``seek`` to microseconds after its first event, and
-    delivering one window (``preview``: the one ending at the position; ``step``: the next one). Its batches keep
-    coming while paused (empty ones), so commands are carried out between them."""
+class Pausable(Protocol):
+    """A source that can pause (``recorders.simulated.SimulatorSource``): ``speed`` (x real time), pausing, and
+    ``step``, delivering the next window while paused (returns where its last event lies, in us after the stream's
+    start). Its batches keep coming while paused (empty ones), so commands are carried out between them."""
 
-    t_first: int
-    t_last: int
     speed: float
+    metadata: dict[str, Any]
 
     @property
     def paused(self) -> bool: ...
@@ -42,24 +41,35 @@ class Replayable(Protocol):
 
     def resume(self) -> None: ...
 
+    def step(self, events: int, span_us: int | None) -> int | None: ...
+
+
+@runtime_checkable
+class Replayable(Pausable, Protocol):
+    """A pausable source with a timeline (``recorders.replay.Replay``: a file or a corpus): the stream times of its
+    first and last events, ``seek`` to microseconds after its first event, and ``preview``, delivering the window
+    that ends at the position."""
+
+    t_first: int
+    t_last: int
+
     def seek(self, t_us: int) -> None: ...
 
     def preview(self, events: int, span_us: int | None) -> int: ...
 
-    def step(self, events: int, span_us: int | None) -> int | None: ...
-
 
 class ReplayController:
-    """Play, pause, speed, seek and step over ``source``, and the position of the stream in its events.
+    """Play, pause, speed, seek and step over ``source``, and the position of the stream in its events (from its first
+    event; a source without a timeline has no seek and no duration).
 
     Args:
-        source: the replayed source.
+        source: the replayed or paused source.
         forget: drops the events held so far (a window from before a seek would mix two moments).
         window: the served window, as (events, ms or None): what a seek while paused and a step deliver.
     """
 
     def __init__(
-        self, source: Replayable, forget: Callable[[], None], window: Callable[[], tuple[int, float | None]]
+        self, source: Pausable, forget: Callable[[], None], window: Callable[[], tuple[int, float | None]]
     ) -> None:
         self.source = source
         self._forget = forget
@@ -69,6 +79,7 @@ class ReplayController:
         self._ref_us = 0  # the stream time of the source's first event, as the stream continues after loops and seeks
         self.position_us = 0  # where the newest batch ends, from the source's first event (reader thread writes)
         self.reading = False  # a reader thread carries the commands out between batches
+        self.seekable = isinstance(source, Replayable)
 
     @property
     def commands(self) -> dict[str, Command]:
@@ -114,17 +125,19 @@ class ReplayController:
         self.position_us = self.file_position_us(int(batch["t"][-1]))
 
     def file_position_us(self, t_us: int) -> int:
-        """Where in the replayed events the event at stream time ``t_us`` lies (loops continue 1 us after the end)."""
+        """Where in the replayed events the event at stream time ``t_us`` lies (loops continue 1 us after the end);
+        without a timeline, how long after the first event."""
+        if not self.seekable:
+            return max(t_us - self._ref_us, 0)
         return (t_us - self._ref_us) % (self._duration_us() + 1)
 
     def state(self) -> dict[str, Any]:
-        """The ``replay`` entry of the source state: playing, speed, position and duration in seconds."""
-        return {
-            "playing": not self.source.paused,
-            "speed": self.source.speed,
-            "position_s": self.position_us / 1e6,
-            "duration_s": self._duration_us() / 1e6,
-        }
+        """The ``replay`` entry of the source state: playing, speed, position and duration in seconds (no duration:
+        the source cannot seek)."""
+        state = {"playing": not self.source.paused, "speed": self.source.speed, "position_s": self.position_us / 1e6}
+        if self.seekable:
+            state["duration_s"] = self._duration_us() / 1e6
+        return state
 
     def _apply(self, command: str, args: dict[str, Any]) -> None:
         source = self.source
@@ -139,6 +152,8 @@ class ReplayController:
             end = source.step(*self._window_span())
             if end is not None:  # the reply shows where the stepped window ends, before the reader delivers it
                 self.position_us = end
+        elif not self.seekable:
+            raise ControlError(f"{command}: the source ({self.source.metadata.get('kind')}) has no timeline to seek in")
         else:
             position = min(int(args["position_s"] * 1e6), self._duration_us())
             source.seek(position)

@@ -48,7 +48,7 @@ from app.live.labelling import HeldWindow, LabelDesk, latest_export, pretraining
 from app.live.model_slot import ModelSlot
 from app.live.publishing import Publishing
 from app.live.reader import SourceReader
-from app.live.replay_control import REPLAY_COMMANDS, Replayable, ReplayController
+from app.live.replay_control import REPLAY_COMMANDS, Pausable, ReplayController
 from app.live.ring import EventRing
 from app.live.sensor_view import sensor_view
 from app.live.sockets import Publisher, bind, control_endpoint_for
@@ -122,7 +122,7 @@ class LiveServer(ServerState, Publishing):
         self.source = source or open_source(config.source, speed=config.speed, loop=config.loop)
         self.replay = (
             ReplayController(self.source, self.ring.clear, lambda: self.window)
-            if isinstance(self.source, Replayable)
+            if isinstance(self.source, Pausable)
             else None
         )
         kind = self.source.metadata.get("kind")
@@ -357,7 +357,7 @@ class LiveServer(ServerState, Publishing):
         }
 
     def _no_replay(self, command: str, args: dict[str, Any]) -> None:
-        raise ControlError(f"{command}: the source ({self.source.metadata.get('kind')}) is not a replay")
+        raise ControlError(f"{command}: the source ({self.source.metadata.get('kind')}) is live: it cannot pause")
 
     def _choose_window(self, command: str, args: dict[str, Any]) -> None:
         self.accumulation.choose(Window(args["events"], args["ms"]))

@@ -54,8 +54,8 @@ class SeekSlider(QtWidgets.QSlider):
 
 
 class ReplayControls(QtWidgets.QGroupBox):
-    """Play / pause, one window forward, speed and seek for a replayed file or corpus. Emits
-    ``command(name, args)``."""
+    """Play / pause, one window forward, speed and seek for a replayed file or corpus; the same but seek for a source
+    that can pause without a timeline (the simulated camera). Emits ``command(name, args)``."""
 
     command = QtCore.Signal(str, object)
     SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
@@ -63,8 +63,9 @@ class ReplayControls(QtWidgets.QGroupBox):
     def __init__(self, parent: QtWidgets.QWidget | None = None) -> None:
         super().__init__("Replay", parent)
         self.play = QtWidgets.QPushButton("Pause")
+        self.play.setToolTip("Pause or play (Space)")
         self.step = QtWidgets.QPushButton("Step")
-        self.step.setToolTip("Pause and show the next window of the replay")
+        self.step.setToolTip("Pause and show the next window")
         self.speed = QtWidgets.QComboBox()
         self.speed.addItems([f"{s:g}x" for s in self.SPEEDS])
         self.speed.setCurrentIndex(self.SPEEDS.index(1.0))
@@ -97,14 +98,17 @@ class ReplayControls(QtWidgets.QGroupBox):
             self._seeking_until = 0.0
         self.playing = bool(replay.get("playing", True))
         self.play.setText("Pause" if self.playing else "Play")
-        self.duration_s = float(replay.get("duration_s", 0.0))
+        seekable = replay.get("duration_s") is not None
+        self.setTitle("Replay" if seekable else "Camera (simulated)")
+        self.seek.setVisible(seekable)
+        self.duration_s = float(replay.get("duration_s") or 0.0)
         speed = float(replay.get("speed", 1.0))
         if speed in self.SPEEDS and not self.speed.view().isVisible():
             self.speed.setCurrentIndex(self.SPEEDS.index(speed))
         if self.seek.isSliderDown() or time.monotonic() < self._seeking_until:
             return
         position = float(replay.get("position_s", 0.0))
-        self.position.setText(f"{position:.2f} / {self.duration_s:.2f} s")
+        self.position.setText(f"{position:.2f} / {self.duration_s:.2f} s" if seekable else f"{position:.2f} s")
         if self.duration_s > 0:
             self.seek.setValue(round(1000 * min(position / self.duration_s, 1.0)))  # (a huge ratio is inf)
 

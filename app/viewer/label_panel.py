@@ -39,7 +39,10 @@ class LabelPanel(QtWidgets.QGroupBox):
         self.progress = QtWidgets.QProgressBar()
         self.progress.setRange(0, 1)
         self.progress.setTextVisible(True)
-        self.status = QtWidgets.QLabel("capture the window on screen with a class's button or number key")
+        self.status = QtWidgets.QLabel(
+            "capture the window on screen with a class's button or number key "
+            "(Space pauses a replay or a simulated camera)"
+        )
         self.status.setWordWrap(True)
         self.result = QtWidgets.QLabel("")
         self.result.setWordWrap(True)

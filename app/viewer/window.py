@@ -138,6 +138,8 @@ class ViewerWindow(Snapshots, QtWidgets.QMainWindow):
             shortcut.activated.connect(lambda i=i: self.labels.capture(i))
         undo = QtGui.QShortcut(QtGui.QKeySequence.StandardKey.Undo, self)
         undo.activated.connect(self.labels.undo.click)
+        pause = QtGui.QShortcut(QtGui.QKeySequence(QtCore.Qt.Key.Key_Space), self)  # hold a picture to label it
+        pause.activated.connect(lambda: self.replay.isVisibleTo(self) and self.replay.play.click())
         snapshot = QtWidgets.QPushButton("Save snapshot")
         snapshot.clicked.connect(self._snapshot_clicked)
 
