@@ -431,8 +431,11 @@ def run(cfg: DemoConfig) -> Path:
         cfg.out.mkdir()
     t0 = time.perf_counter()
     progress = Progress(planned_seconds(cfg))
+    from mem_core.train.runtime import interruptible
+
     try:
-        report = _run_stages(cfg, progress)
+        with interruptible():  # Ctrl-C stops every stage, also of a demo started in the background with SIGINT ignored
+            report = _run_stages(cfg, progress)
     except KeyboardInterrupt:
         where = f"stage {STAGES.index(progress.stage) + 1} of {len(STAGES)}" if progress.stage else "its first stage"
         say(

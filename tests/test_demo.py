@@ -96,9 +96,10 @@ def test_demo_headless_reports_three_arms_per_label_seed_and_reuses_its_work(tmp
     assert [row["label_seed"] for row in results["held_out"]["test-sensor"]["seeds"]] == [0]
 
 
-def _demo_until(out: Path, line: str) -> tuple[int, str]:
-    """Run the toy demo in a child process, press Ctrl-C as a terminal does (SIGINT to its process group) once it has
-    printed ``line``; its exit status and what it printed on stderr."""
+def _demo_until(out: Path, line: str, sigint=signal.SIG_DFL) -> tuple[int, str]:
+    """Run the toy demo in a child process started with ``sigint`` as its SIGINT action (``SIG_IGN``: a script's
+    background job), press Ctrl-C as a terminal does (SIGINT to its process group) once it has printed ``line``; its
+    exit status and what it printed on stderr."""
     child = subprocess.Popen(
         [sys.executable, str(ROOT / "tests" / "demo_child.py"), "--headless", "--out", str(out), "--jobs", "1"],
         cwd=ROOT,
@@ -106,6 +107,7 @@ def _demo_until(out: Path, line: str) -> tuple[int, str]:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, sigint),  # whatever the process running pytest inherited
     )
     err = []
     try:
@@ -131,7 +133,7 @@ def test_ctrl_c_says_what_was_kept_and_a_rerun_goes_on_from_there(tmp_path):
     assert "Run the same command again to go on from there" in said
     assert "Traceback" not in err
 
-    code, err = _demo_until(out, "stage 3 of 6")
+    code, err = _demo_until(out, "stage 3 of 6", signal.SIG_IGN)  # between two trainings, started by `mem demo &`
     assert code == 130, err
     assert "exists: reusing it" in err  # the corpus is not recorded again
     assert "tokenizer epoch 1/3" not in err and "tokenizer epoch 3/3" in err  # training went on after its epoch
