@@ -83,8 +83,8 @@ GPU = Scale(
 TINY_VIT = ("model.embed_dim=32", "model.depth=2", "model.num_heads=2")
 SMOKE = Scale(
     name="smoke",
-    budget_s=25,
-    reserve_s=6,
+    budget_s=15,
+    reserve_s=5,
     fractions=(0.1, 1.0),
     seeds=(0,),
     overrides={

@@ -171,8 +171,8 @@ def test_pretrain_method_comes_from_the_config_unless_given(tmp_path, monkeypatc
         '[vit]\nabs_pos_emb = true\nrel_pos_bias = false\n[pretrain]\nmethod = "emae"\nemae_decoder = [32, 1, 2]\n'
     )
     args = ["--dataset", "sim", "--preset", "cpu-tiny", "--config", str(config), *sets(*TINY, *TINY_VIT)]
-    r = mem("pretrain", "--out", str(tmp_path / "pre"), *args)  # eMAE needs no tokenizer
-    assert r.returncode == 0, r.stderr[-3000:]
+    code, err = mem_in_process(monkeypatch, capsys, "pretrain", "--out", str(tmp_path / "pre"), *args)
+    assert code == 0, err[-3000:]  # eMAE needs no tokenizer
     assert json.loads((tmp_path / "pre" / "config.json").read_text())["config"]["method"] == "emae"
     code, err = mem_in_process(
         monkeypatch, capsys, "pretrain", "--out", str(tmp_path / "mem"), "--method", "mem", *args
@@ -284,17 +284,19 @@ def test_bench_train_measures_every_stage_and_the_loader(tmp_path, monkeypatch, 
         assert code == 2 and expected in message
 
 
-def test_bench_cnn_reference_trains_on_the_finetuning_label_subset(tmp_path):
+def test_bench_cnn_reference_trains_on_the_finetuning_label_subset(tmp_path, data_dir):
     """The CNN yardstick trains through the finetuning stage: its label fraction, with the steps of a run on all
     labels, validated on the whole val split, into a run directory like any finetuning run's."""
+    data = few_ncars(tmp_path / "ncars", data_dir, {"train": 10, "val": 3})
     out = tmp_path / "cnn.json"
-    args = ["--dataset", "sim", "--preset", "cpu-tiny", "--label-fraction", "0.1"]
+    args = ["--dataset", "ncars", "--data", str(data), "--preset", "cpu-tiny", "--label-fraction", "0.2"]
     args += ["--epochs", "1", "--arch", "resnet10t"]
     r = mem("bench", "cnn-reference", *args, "--json-out", str(out), "--out", str(tmp_path / "run"))
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert (result["train_samples"], result["val_samples"]) == (100, 200)  # 10 % of sim's 1000, all of its val
+    assert (result["train_samples"], result["val_samples"]) == (4, 6)  # 20 % of the 20 train samples, all of val
     assert result["epochs"] == 1  # the epochs of all labels, each drawing as many samples as they hold
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["config"]["data"]["epoch_samples"] == 20
     [row] = result["rows"]  # validated after its last epoch
     assert row["epoch"] == 1 and 0.0 <= row["val_top1"] <= 1.0 and row["train_acc"] > 0.0
     assert json.loads((tmp_path / "run" / "result.json").read_text())["top1"] == result["best_top1"]
