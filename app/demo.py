@@ -234,7 +234,9 @@ def train_all(cfg: DemoConfig, progress: Progress) -> dict[str, Path]:
         if RunDir(path).finished:
             continue
         # the label seed draws which samples are labelled, the same ones for every arm; the run seed follows it
-        ft = demo_stage_config("finetune", "sim", f"data.labels={fraction}", f"data.label_seed={seed}", f"seed={seed}")
+        ft = demo_stage_config(
+            "finetune", "sim", f"data.label_fraction={fraction}", f"data.label_seed={seed}", f"seed={seed}"
+        )
         if arm == YARDSTICK:  # the same labels, epochs and batches; the CNN's own optimiser settings
             ft = yardstick_config(ft, YARDSTICK)
         elif arm == SCRATCH:  # no layer decay from random weights

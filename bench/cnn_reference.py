@@ -43,7 +43,7 @@ def main(
 ) -> dict:
     """Train ``arch`` from scratch on the preset's finetuning input into ``out`` (a temporary folder when None);
     print the validation curve and return the result."""
-    values = {"data.dataset": dataset, "data.labels": labels, "data.label_seed": seed, "seed": seed}
+    values = {"data.dataset": dataset, "data.label_fraction": labels, "data.label_seed": seed, "seed": seed}
     if data is not None:
         values["data.path"] = str(data)
     base = stage_config("finetune", preset=preset, values=values, overrides=[f"epochs={epochs}", "eval_every=2"])

@@ -116,7 +116,13 @@ def _field_types(cls: type) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
+# config keys under their former names -> their names now: refused in a setting, read in a run's stored config
+RENAMED_KEYS = {"data.labels": "data.label_fraction"}
+
+
 def _unknown_key(key: str, known: list[str], where: str) -> ConfigError:
+    if (renamed := RENAMED_KEYS.get(f"{where}{key}")) is not None:
+        return ConfigError(f"config key '{where}{key}' is now '{renamed}'")
     close = difflib.get_close_matches(key, known, n=3)
     hint = f"; did you mean {', '.join(close)}?" if close else f"; known keys: {', '.join(sorted(known))}"
     return ConfigError(f"unknown config key {where}{key!r}{hint}")

@@ -63,7 +63,7 @@ def test_bad_overrides_name_the_key(override, message):
         ("finetune", "lr=nan", "lr must be a number >= 0, got nan"),
         ("finetune", "epochs=-1", "epochs must be a number >= 1, got -1"),
         ("finetune", "betas=[0.9, 1.0]", "betas must be in [0, 1), got (0.9, 1.0)"),
-        ("finetune", "data.labels=0", "data.labels must be in (0, 1], got 0.0"),
+        ("finetune", "data.label_fraction=0", "data.label_fraction must be in (0, 1], got 0.0"),
         ("finetune", "data.num_workers=-2", "data.num_workers must be a number >= -1"),
         ("pretrain", "mask_ratio=1.0", "mask_ratio must be in (0, 1), got 1.0"),
         ("tokenizer", "grad_clip=inf", "grad_clip must be a number >= 0, got inf"),
@@ -82,6 +82,12 @@ def test_values_outside_their_range_are_config_errors(stage, override, message):
     """Caught when the config is built, naming the key: not a traceback, a NaN loss or a missing checkpoint later."""
     with pytest.raises(ConfigError, match=re.escape(message)):
         stage_config(stage, preset="cpu-tiny", overrides=[override])
+
+
+def test_a_config_key_under_its_former_name_is_refused_naming_the_new_one():
+    """``data.labels`` is a fraction no more: ``--labels`` names a folder of captures, ``source.labels`` classes."""
+    with pytest.raises(ConfigError, match=re.escape("config key 'data.labels' is now 'data.label_fraction'")):
+        stage_config("finetune", preset="cpu-tiny", overrides=["data.labels=0.1"])
 
 
 def test_record_and_ingest_options_outside_their_range_are_errors(tmp_path):

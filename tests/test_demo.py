@@ -50,7 +50,7 @@ def test_demo_headless_reports_three_arms_per_label_seed_and_reuses_its_work(tmp
         runs = {arm: demo.finetune_runs(cfg)[arm, seed] for arm in ("mem", "scratch", "resnet18")}
         configs = {arm: json.loads((path / "config.json").read_text())["config"] for arm, path in runs.items()}
         assert {c["data"]["label_seed"] for c in configs.values()} == {seed}
-        assert len({(c["data"]["labels"], c["epochs"], c["batch_size"]) for c in configs.values()}) == 1
+        assert len({(c["data"]["label_fraction"], c["epochs"], c["batch_size"]) for c in configs.values()}) == 1
         assert [configs[arm]["arch"] for arm in runs] == ["vit", "vit", "resnet18"]
         trained = {arm: json.loads((path / "result.json").read_text())["train_samples"] for arm, path in runs.items()}
         assert set(trained.values()) == {10}  # 2 labels for each of the 5 shapes

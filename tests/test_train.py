@@ -159,7 +159,9 @@ def test_a_label_fraction_trains_the_steps_and_validations_of_all_labels():
 
     base = stage_config("finetune", overrides=["epochs=20", "eval_every=4", "warmup_epochs=2", "batch_size=64"])
     for fraction, labelled in ((1.0, 3000), (0.1, 300), (0.01, 30)):
-        cfg = equal_steps(dataclasses.replace(base, data=dataclasses.replace(base.data, labels=fraction)), Labels())
+        cfg = equal_steps(
+            dataclasses.replace(base, data=dataclasses.replace(base.data, label_fraction=fraction)), Labels()
+        )
         assert (cfg.epochs, cfg.eval_every, cfg.warmup_epochs) == (20, 4, 2)
         sampler = EpochBatchSampler(
             labelled, 64, seed=0, shuffle=True, drop_last=True, epoch_samples=cfg.data.epoch_samples
@@ -385,6 +387,7 @@ def test_a_run_started_before_a_setting_existed_resumes_with_its_default(tmp_pat
     stored = json.loads(run.config_path.read_text())
     stored["config"]["epochs"] = 2  # the run was started for 2 epochs and stopped after its first
     del stored["config"]["data"]["epoch_samples"], stored["config"]["time_limit_s"]
+    stored["config"]["data"]["labels"] = stored["config"]["data"].pop("label_fraction")  # its former name
     run.config_path.write_text(json.dumps(stored))
     with pytest.raises(RunError, match=r"differs in data.epoch_samples \(0 -> 7\)"):
         finetune.run(

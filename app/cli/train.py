@@ -29,7 +29,7 @@ from mem_core.train.experiment import STAGE_OVERRIDES, LabelEfficiencyConfig
 
 InitOpt = Annotated[Path | None, typer.Option("--init", help="Pretraining run to start from (default: scratch).")]
 LabelFractionOpt = Annotated[
-    float | None, typer.Option("--label-fraction", help="Fraction of labelled training samples (data.labels).")
+    float | None, typer.Option("--label-fraction", help="Fraction of labelled training samples (data.label_fraction).")
 ]
 OLD_LABELS = Renamed("--labels", "--label-fraction", "--labels names a folder of labelled captures")
 VerifyOpt = Annotated[bool, typer.Option("--verify", help="Corpus: read and check every event before training.")]
@@ -68,7 +68,7 @@ class StageRecipe:
     skip_bad: SkipBadOpt = False
 
     def config_of(self, stage: str, run: StageRun, **values: Any) -> Any:
-        """The stage's config from the options (``values`` use dotted keys: ``data.labels``); ``--verify`` and
+        """The stage's config from the options (``values`` use dotted keys: ``data.label_fraction``); ``--verify`` and
         ``--skip-bad`` count only when given (a preset may set them)."""
         from mem_core.train.configs import stage_config
 
@@ -129,7 +129,7 @@ def finetune(
     if init is None:
         values["layer_decay"] = stage.SCRATCH_LAYER_DECAY
     if label_fraction is not None:
-        values["data.labels"] = label_fraction
+        values["data.label_fraction"] = label_fraction
     result = stage.run(recipe.config_of("finetune", run, **values), run.out, init=init, resume=recipe.resume)
     typer.echo(f"finetune run: {result.path}")
     typer.echo((result.path / "result.json").read_text() if (result.path / "result.json").exists() else "")
@@ -158,7 +158,7 @@ def segment(
     from mem_core.train import segment as stage
     from mem_core.train.finetune import SCRATCH_LAYER_DECAY
 
-    values = {"data.labels": label_fraction} if label_fraction is not None else {}
+    values = {"data.label_fraction": label_fraction} if label_fraction is not None else {}
     if init is None:
         values["layer_decay"] = SCRATCH_LAYER_DECAY
     result = stage.run(recipe.config_of("segment", run, **values), run.out, init=init, resume=recipe.resume)

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from mem_core.configuration import RENAMED_KEYS
 from mem_core.errors import RunError
 from mem_core.files import file_problem, open_bounded, read_bounded, temp_beside
 from mem_core.limits import MAX_CHECKPOINT_BYTES, MAX_JSON_BYTES, MAX_METRICS_BYTES, is_int
@@ -249,6 +250,21 @@ def _check_same_config(
         )
 
 
+def _renamed(stored: dict[str, Any]) -> dict[str, Any]:
+    """A run's config file as it would be written now: its settings under their present names
+    (``configuration.RENAMED_KEYS``)."""
+    config = stored.get("config")
+    if not isinstance(config, dict):
+        return stored
+    config = dict(config)
+    for old, new in RENAMED_KEYS.items():
+        (table, old_name), (_, new_name) = old.split("."), new.split(".")
+        section = config.get(table)
+        if isinstance(section, dict) and old_name in section and new_name not in section:
+            config[table] = {(new_name if k == old_name else k): v for k, v in section.items()}
+    return {**stored, "config": config}
+
+
 def _filled(stored: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
     """``stored`` with the keys it lacks taken from ``defaults``, table by table."""
     out = dict(stored)
@@ -382,7 +398,7 @@ class RunDir:
             raise RunError(f"{self.config_path}: corrupt ({exc})") from None
         if not isinstance(config, dict):
             raise RunError(f"{self.config_path}: corrupt (a JSON {type(config).__name__}, not an object)")
-        return config
+        return _renamed(config)
 
     def note_in_config(self, key: str, value: Any) -> None:
         """Keep ``value`` under ``key`` in the run's config file, beside its stage and config (what the run's data

@@ -54,7 +54,7 @@ class DataConfig:
     path: str = ""
     train_split: str = "train"
     val_split: str = "val"
-    labels: Annotated[float, SHARE] = 1.0  # fraction of labelled training samples (stratified, seeded by label_seed)
+    label_fraction: Annotated[float, SHARE] = 1.0  # of the labelled training samples (stratified, by label_seed)
     label_seed: int = 0
     max_samples: Count = 0  # cap the training set (0 = all), for quick runs
     # samples a training epoch draws (0: one pass over the training samples); more makes several passes, each in its

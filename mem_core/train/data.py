@@ -58,11 +58,11 @@ def open_for_input(dataset: str, path, split: str, spec, *, split_file: str = ""
 
 def train_indices(cfg, source: EventSource) -> np.ndarray:
     """The training samples: a stratified label fraction (when < 1) and an optional cap."""
-    if cfg.data.labels < 1:
+    if cfg.data.label_fraction < 1:
         labelled = source.labels >= 0
         if not labelled.all():
-            raise ValueError(f"{cfg.data.dataset}: labels={cfg.data.labels} needs a labelled dataset")
-        idx = label_subset(source.labels, cfg.data.labels, cfg.data.label_seed)
+            raise ValueError(f"{cfg.data.dataset}: label_fraction={cfg.data.label_fraction} needs a labelled dataset")
+        idx = label_subset(source.labels, cfg.data.label_fraction, cfg.data.label_seed)
     else:
         idx = np.arange(len(source))
     if cfg.data.max_samples > 0 and len(idx) > cfg.data.max_samples:

@@ -155,7 +155,7 @@ def finetune_config(cfg: LabelEfficiencyConfig, arm: str, fraction: float, seed:
         cfg,
         "finetune",
         f"seed={seed}",
-        f"data.labels={fraction}",
+        f"data.label_fraction={fraction}",
         f"data.label_seed={seed}",
         f"data.val_split={cfg.choose_on}",
     )
@@ -178,15 +178,15 @@ def training_split(cfg):
 
 
 def equal_steps(cfg, train_source):
-    """``cfg`` (a finetuning config on ``cfg.data.labels`` of the labels of ``train_source``) made to take the
+    """``cfg`` (a finetuning config on ``cfg.data.label_fraction`` of the labels of ``train_source``) made to take the
     optimisation steps, validations and warm-up of the same run on all labels: each epoch draws as many samples as
     all labels hold (``data.epoch_samples``: several passes over the labelled ones, each in its own order and
     augmentations), so the epochs, the schedule and the validations stay those of the full run."""
     from mem_core.train.data import train_indices
 
-    if cfg.data.labels >= 1:
+    if cfg.data.label_fraction >= 1:
         return cfg
-    everything = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, labels=1.0))
+    everything = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, label_fraction=1.0))
     return dataclasses.replace(
         cfg, data=dataclasses.replace(cfg.data, epoch_samples=len(train_indices(everything, train_source)))
     )
