@@ -15,6 +15,7 @@ from tiers import (  # noqa: F401 (hooks: pytest reads them from this module)
     pytest_runtest_makereport,
     pytest_runtest_protocol,
     pytest_unconfigure,
+    pytest_xdist_auto_num_workers,
 )
 
 from mem_core import shared_data_dir

@@ -271,8 +271,9 @@ def test_bench_train_measures_every_stage_and_the_loader(tmp_path, monkeypatch, 
         assert rows[f"{stage} images/s"]["value"] > 0 and rows[f"{stage} step"]["batch"] == 4
     assert [row["value"] > 0 for name, row in rows.items() if name.startswith("data loader")] == [True]
     assert {(row["sensor"], row["events"]) for row in rows.values()} == {("120x100", 3000)}  # N-Cars-sized windows
-    r = mem("bench", "train", *args, "--stages", "finetune", "--no-loader", "--json-out", str(out))
-    assert r.returncode == 0, r.stderr[-3000:]
+    code, err = mem_in_process(monkeypatch, capsys, "bench", "train", *args, "--stages", "finetune", "--no-loader",
+                               "--json-out", str(out))  # fmt: skip
+    assert code == 0, err[-3000:]
     assert [row["name"] for row in json.loads(out.read_text())] == ["finetune images/s", "finetune step"]
 
     for bad, expected in (
