@@ -144,7 +144,8 @@ TrainEpochs = Annotated[int, Range(1, MAX_TRAIN_EPOCHS)]
 # attention heads, a head's channels).
 Side = Annotated[int, Range(1, MAX_INPUT_SIDE)]
 Channels = Annotated[int, Range(1, MAX_CHANNELS)]
-Width = Annotated[int, Range(1, MAX_WIDTH)]
+WIDTH = Range(1, MAX_WIDTH)
+Width = Annotated[int, WIDTH]
 
 
 # ------------------------------------------------------------------------------------------------ checks

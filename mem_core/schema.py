@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from mem_core.errors import short
+from mem_core.fields import AT_LEAST_0, Range
 from mem_core.limits import MAX_CLASS_NAME, MAX_CLASSES, MAX_LABEL_NAMES, MAX_TEXT
 
 
@@ -42,8 +43,10 @@ def _printable(name: str) -> str:
 
 
 Text = Annotated[StrictStr, Field(max_length=MAX_TEXT)]
-Count = Annotated[StrictInt, Field(ge=0, le=(1 << 63) - 1)]
-NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+# ``fields.Count`` and ``fields.NonNegative`` as JSON carries them: an integer that is no bool or float (and fits
+# int64), a finite number
+Count = Annotated[StrictInt, Range(0, (1 << 63) - 1)]
+NonNegative = Annotated[float, AT_LEAST_0]
 Flag = StrictBool
 ClassName = Annotated[
     Annotated[StrictStr, Field(min_length=1, max_length=MAX_CLASS_NAME)],

@@ -26,15 +26,19 @@ def mem(*args: str) -> subprocess.CompletedProcess:
     return result
 
 
-def mem_in_process(monkeypatch, capsys, *args: str) -> tuple[int, str]:
-    """``mem ARGS`` run in this process (an argument error needs no interpreter of its own): exit status, stderr."""
+def mem_in_process(monkeypatch, capsys, *args: str, stdout: list[str] | None = None) -> tuple[int, str]:
+    """``mem ARGS`` run in this process (an argument error needs no interpreter of its own): exit status, stderr;
+    what it printed on stdout is appended to ``stdout``."""
     from app.cli import main
 
     monkeypatch.setattr(sys, "argv", ["mem", *args])
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:
         main()
-    return exit_info.value.code, capsys.readouterr().err
+    printed = capsys.readouterr()
+    if stdout is not None:
+        stdout.append(printed.out)
+    return exit_info.value.code, printed.err
 
 
 def sets(*settings: str) -> list[str]:
@@ -51,8 +55,9 @@ def few_ncars(root: Path, data_dir: Path, per_class: dict[str, int]) -> Path:
     return root
 
 
-def test_tokenizer_pretrain_finetune_evaluate_export(tmp_path, data_dir):
-    """Each stage command as a user runs it, in a process of its own, on real recordings."""
+def test_tokenizer_pretrain_finetune_evaluate_export(tmp_path, data_dir, monkeypatch, capsys):
+    """Each training command as a user runs it, in a process of its own, on real recordings; evaluate and export in
+    this process (their own processes are started by tests/test_boundaries.py and tests/test_export.py)."""
     data = few_ncars(tmp_path / "ncars", data_dir, {"train": 12, "val": 4, "test": 5})
 
     def stage(name: str, out: str, *args: str) -> None:
@@ -65,13 +70,15 @@ def test_tokenizer_pretrain_finetune_evaluate_export(tmp_path, data_dir):
     stage("pretrain", "pre", "--tokenizer", str(tmp_path / "tok"), *sets(*TINY, *TINY_VIT))
     stage("finetune", "ft", "--init", str(tmp_path / "pre"), "--label-fraction", "0.5", *sets(*TINY, *TINY_VIT))
     assert json.loads((tmp_path / "ft" / "result.json").read_text())["train_samples"] == 12  # half of 24
-    r = mem("evaluate", "--model", str(tmp_path / "ft"), "--dataset", "ncars", "--data", str(data), "--split", "test",
-            "--json")  # fmt: skip
-    assert r.returncode == 0, r.stderr[-3000:]
-    result = json.loads(r.stdout.strip().splitlines()[-1])
+    printed: list[str] = []
+    code, err = mem_in_process(monkeypatch, capsys, "evaluate", "--model", str(tmp_path / "ft"), "--dataset", "ncars",
+                               "--data", str(data), "--split", "test", "--json", stdout=printed)  # fmt: skip
+    assert code == 0, err[-3000:]
+    result = json.loads(printed[0].strip().splitlines()[-1])
     assert 0 <= result["top1"] <= 1 and result["n"] == 10
-    r = mem("export", "--model", str(tmp_path / "ft"), "--out", str(tmp_path / "export"))
-    assert r.returncode == 0, r.stderr[-3000:]
+    export = ["export", "--model", str(tmp_path / "ft"), "--out", str(tmp_path / "export")]
+    code, err = mem_in_process(monkeypatch, capsys, *export)
+    assert code == 0, err[-3000:]
     meta = json.loads((tmp_path / "export" / "model.json").read_text())
     assert meta["task"] == "classification" and meta["classes"] == ["background", "cars"]
     assert (tmp_path / "export" / "model.safetensors").is_file()

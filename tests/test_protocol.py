@@ -139,12 +139,9 @@ def test_control_requests_round_trip_and_are_checked():
         ("speed", {}, "value"),
         ("speed", {"value": -1.0}, "speed: value: must be in [0, 1000], got -1.0"),
         ("speed", {"value": True}, "number"),
-        ("seek", {"position_s": -1.0}, "seek: position_s: must be greater than or equal to 0"),
-        (
-            "seek",
-            {"position_s": 1e308},
-            "seek: position_s: must be less than or equal to",
-        ),  # in microseconds, an int() overflow in the control thread
+        ("seek", {"position_s": -1.0}, "seek: position_s: must be in [0, 1000000000], got -1.0"),
+        # in microseconds an int() overflow in the control thread
+        ("seek", {"position_s": 1e308}, "seek: position_s: must be in [0, 1000000000], got 1e+308"),
         ("record_start", {"name": "a/b"}, "name"),
         ("window", {"ms": 50.0}, "window: events"),
         ("window", {"events": 0}, "window: events"),

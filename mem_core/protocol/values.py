@@ -9,18 +9,19 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field, StrictInt
 
+from mem_core.fields import Range
 from mem_core.limits import MAX_IMAGE_SIDE, MAX_IPC_PATH, MAX_SENSOR_SIDE
 from mem_core.schema import Text
 
 
 def between(lo: float, hi: float) -> Any:
-    """A finite number in [lo, hi]."""
-    return Annotated[float, Field(ge=lo, le=hi, allow_inf_nan=False)]
+    """A finite number in [lo, hi] (``fields.Range``, as the configs bound theirs)."""
+    return Annotated[float, Range(lo, hi)]
 
 
 def ints(lo: int, hi: int) -> Any:
     """An integer (not a bool, not a float) in [lo, hi]."""
-    return Annotated[StrictInt, Field(ge=lo, le=hi)]
+    return Annotated[StrictInt, Range(lo, hi)]
 
 
 def sized(item: Any, n: int) -> Any:

@@ -7,11 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal, NotRequired
 
-from pydantic import Field, StrictInt
+from pydantic import StrictInt
 from typing_extensions import TypedDict  # pydantic reads typing.TypedDict only from Python 3.12
 
 from mem_core.configuration import from_dict
 from mem_core.errors import ConfigError, RunError
+from mem_core.fields import Range
 from mem_core.limits import MAX_EXPORT_WINDOW_EVENTS, MAX_EXPORT_WINDOW_MS
 from mem_core.representation.spec import InputSpec
 from mem_core.schema import ClassNames, SchemaError, Text, check, class_names_problem
@@ -22,8 +23,8 @@ Task = Literal["classification", "segmentation"]
 class TrainingWindow(TypedDict):
     """The window a model was trained on: ``events`` (its ``n_max``) and ``ms``, the span every sample had, or None."""
 
-    events: Annotated[StrictInt, Field(ge=1, le=MAX_EXPORT_WINDOW_EVENTS)]
-    ms: Annotated[float, Field(gt=0, le=MAX_EXPORT_WINDOW_MS, allow_inf_nan=False)] | None
+    events: Annotated[StrictInt, Range(1, MAX_EXPORT_WINDOW_EVENTS)]
+    ms: Annotated[float, Range(0, MAX_EXPORT_WINDOW_MS, lo_open=True)] | None
 
 
 class ServedMeta(TypedDict):

@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, NotRequired
 
 import torch
-from pydantic import Field, StrictInt
+from pydantic import StrictInt
 from typing_extensions import TypedDict  # pydantic reads typing.TypedDict only from Python 3.12
 
 from mem_core.configuration import from_dict
 from mem_core.errors import ConfigError
-from mem_core.limits import MAX_WIDTH
+from mem_core.fields import WIDTH
 from mem_core.models import MEMViT, SegmentationModel, TokenizerConfig, ViTConfig
 from mem_core.models.cnn import VIT, Arch, build_cnn
 from mem_core.models.sizes import check_model_sizes
@@ -38,7 +38,7 @@ class ModelMeta(TypedDict):
     arch: NotRequired[Arch]
     architecture: dict[str, Any]
     input: dict[str, Any]
-    head_channels: Annotated[StrictInt, Field(ge=1, le=MAX_WIDTH)] | None
+    head_channels: Annotated[StrictInt, WIDTH] | None  # as a segmentation config's
     training_window: TrainingWindow
     source_run: NotRequired[Text | None]
 
