@@ -71,8 +71,8 @@ class Range:
     hi_open: bool = False
 
     def __contains__(self, x: Any) -> bool:
-        if not isinstance(x, numbers.Real) or not math.isfinite(x):
-            return False
+        if not isinstance(x, numbers.Real) or (not isinstance(x, numbers.Integral) and not math.isfinite(x)):
+            return False  # (an integer is finite, however large: math.isfinite would overflow on it)
         above = self.lo is None or (x > self.lo if self.lo_open else x >= self.lo)
         below = self.hi is None or (x < self.hi if self.hi_open else x <= self.hi)
         return above and below

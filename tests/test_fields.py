@@ -72,6 +72,10 @@ def test_the_wire_reads_the_same_bound():
         check(TrainEpochs, 0)
     with pytest.raises(SchemaError, match="expected an integer"):  # pydantic's type check still comes first
         check(TrainEpochs, "3")
+    huge = 10**400  # JSON holds it; no float does
+    with pytest.raises(SchemaError, match=re.escape(f"must be in [1, {MAX_TRAIN_EPOCHS}]")):
+        check(TrainEpochs, huge)
+    assert check(Annotated[int, Range(0)], huge) == huge  # an integer is finite, however large
 
 
 def test_an_input_spec_built_directly_meets_the_bound_of_set():
