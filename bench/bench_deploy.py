@@ -2,9 +2,10 @@
 input in numpy), side by side in one run, at the ``cpu-small`` and ViT-B/16 sizes (random weights, with the
 tokenizer the token overlay runs).
 
-1. Start: ``mem serve --model M --source sim --threads 2`` launched as users launch it, ``STARTS`` times per runtime,
-   alternating: seconds from the launch to the first published prediction, the server's CPU seconds by then and its
-   peak memory (``VmHWM``, resident set); the medians.
+1. Start: ``mem serve --model M --source SOURCE --threads 2`` launched as users launch it, ``STARTS`` times per
+   runtime, alternating: seconds from the launch to the first published prediction, the server's CPU seconds by then
+   and its peak memory (``VmHWM``, resident set); the medians. ``SOURCE`` stands for the camera a board serves: it
+   streams events without the simulator, whose compiled kernels (numba: about 1 s and 60 MB) a board does not load.
 2. Per window: the predictor alone (``Predictor``, ``OnnxPredictor``; model, tokenizer and preprocessing) on 30 000-event
    windows of a 640 x 480 sensor, on 1 and 2 threads, in alternating rounds: p50 / p95 of a call, and the ratios.
 3. int8: onnxruntime's dynamic quantization of the model's MatMul and Gemm weights (a quantized convolution,
@@ -48,6 +49,7 @@ from mem_core.train.configs import stage_config
 SIZES = ("cpu-small", "vit-b")
 STARTS = 3
 START_TIMEOUT_S = 300.0  # a loaded machine: torch imports for minutes
+SOURCE = "synthetic:2"  # 2 million events/s: a camera's stand-in (see the module docstring)
 THREADS = (1, 2)
 ROUNDS, WARMUP = 4, 8
 ROUND_WINDOWS = {"cpu-small": 40, "vit-b": 10}  # timed windows per runtime and thread count: 4 alternating rounds
@@ -108,7 +110,7 @@ def proc_status(pid: int) -> tuple[float, float]:
 
 
 def start_once(model: Path) -> dict[str, float]:
-    """One launch of ``mem serve --model model --source sim --threads 2``: seconds to the first ``pred`` message, the
+    """One launch of ``mem serve --model model --source SOURCE --threads 2``: seconds to the first ``pred`` message, the
     server's CPU seconds and peak MB then."""
     import zmq
 
@@ -119,7 +121,7 @@ def start_once(model: Path) -> dict[str, float]:
     sub = context.socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"pred")
     sub.connect(endpoint)  # before the launch: the first prediction is not missed
-    command = [sys.executable, "-m", "app.cli", "serve", "--model", str(model), "--source", "sim", "--threads", "2"]
+    command = [sys.executable, "-m", "app.cli", "serve", "--model", str(model), "--source", SOURCE, "--threads", "2"]
     started = time.monotonic()
     server = subprocess.Popen(
         [*command, "--pub", endpoint, "--stop-after", str(START_TIMEOUT_S)],

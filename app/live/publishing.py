@@ -1,5 +1,5 @@
 """What ``mem serve`` publishes for each window: the fields every message of the window carries, and the model's
-messages (``hist``, ``tokens``, ``pred``); mixed into ``LiveServer``."""
+messages (``hist``, ``tokens``, ``pred``)."""
 
 from __future__ import annotations
 
@@ -11,16 +11,34 @@ import numpy as np
 from mem_core.events import SensorSize
 
 if TYPE_CHECKING:  # torch is imported by the loader thread, not at start
+    from app.live.accumulation import Window
+    from app.live.labelling import RecentWindows
+    from app.live.replay_control import ReplayController
+    from app.live.sockets import Publisher
+    from app.live.stats import LoopStats
     from mem_core.inference import Predictor
     from mem_core.onnx_inference import OnnxPredictor
     from mem_core.prediction import Output
 
 
-class Publishing:
-    """Reads the server's ``publisher``, ``counts``, ``labelling``, ``replay``, ``source``, ``session``, ``window``
-    and ``config``."""
+class WindowPublisher:
+    """Publishes each window of one server session on ``publisher``, counting in ``counts``; ``windows`` hold what a
+    capture may name (their prediction noted here), ``replay`` says where in a replay a window lies (None: no replay),
+    ``top_k`` classes go into a ``pred``."""
 
-    def _frame_fields(self, events: np.ndarray, sensor: SensorSize, arrival: float) -> dict[str, Any]:
+    def __init__(
+        self,
+        publisher: Publisher,
+        counts: LoopStats,
+        windows: RecentWindows,
+        replay: ReplayController | None,
+        session: str,
+        top_k: int,
+    ) -> None:
+        self.publisher, self.counts, self.windows, self.replay = publisher, counts, windows, replay
+        self.session, self.top_k = session, top_k
+
+    def frame_fields(self, events: np.ndarray, sensor: SensorSize, arrival: float) -> dict[str, Any]:
         """The fields every message of one window carries."""
         t = events["t"]
         window = {"events": len(events), "t_first_us": int(t[0]), "t_last_us": int(t[-1])}
@@ -35,18 +53,20 @@ class Publishing:
             "sensor": [sensor.height, sensor.width],
         }
 
-    def _capture_info(self) -> dict[str, Any]:
-        """What a capture of the newest window records besides its events and the prediction: the source and the
-        window (kept for every published window, so it stays cheap; the ground truth is looked up at capture)."""
-        meta = self.source.metadata
-        served = {"events": self.window.events, "ms": self.window.ms}  # what Train's export serves its model on
+    def capture_info(self, source: dict[str, Any], served: Window) -> dict[str, Any]:
+        """What a capture of the newest window records besides its events and the prediction: the ``source``'s
+        metadata and the window (kept for every published window, so it stays cheap; the ground truth is looked up
+        at capture), and the window the model is ``served`` on (what Train's export serves its model on)."""
         return {
-            **{k: meta[k] for k in ("kind", "serial") if k in meta},
+            **{k: source[k] for k in ("kind", "serial") if k in source},
             "window": self.counts.last_window,
-            "served_window": served,
+            "served_window": {"events": served.events, "ms": served.ms},
         }
 
-    def _publish_prediction(
+    def sensor(self, view: np.ndarray, binning: int, input_region: list[float], common: dict[str, Any]) -> None:
+        self.publisher.send("sensor", {"sensor": view}, binning=binning, input_region=input_region, **common)
+
+    def prediction(
         self,
         predictor: Predictor | OnnxPredictor,
         version: int,
@@ -55,20 +75,21 @@ class Publishing:
         arrival: float,
         record_latency: bool,
     ) -> None:
+        """The model's messages of one window: ``hist``, ``tokens`` where it has a tokenizer, and ``pred``."""
         self.counts.frames += 1
         self.publisher.send("hist", {"hist": out.hist}, **common)
         if out.tokens is not None:
             self.publisher.send("tokens", {"tokens": out.tokens}, num_tokens=predictor.num_tokens, **common)
-        arrays, fields = prediction_fields(predictor, out, self.config.top_k)
+        arrays, fields = prediction_fields(predictor, out, self.top_k)
         top1 = {"prediction": fields["top_k"][0]["name"]} if out.probs is not None else {}
-        self.labelling.windows.update(common["frame"], model_version=version, **top1)
+        self.windows.update(common["frame"], model_version=version, **top1)
         now = time.monotonic()
         self.publisher.send("pred", arrays, latency_ms=(now - arrival) * 1e3, model_version=version, **fields, **common)
         if record_latency:  # a refresh of an old window (after a window change) says nothing about latency
             self.counts.latencies.append((now, now - arrival))
 
-    def _publish_stats(self) -> None:
-        self.publisher.send("stats", None, **self.stats())
+    def stats(self, fields: dict[str, Any]) -> None:
+        self.publisher.send("stats", None, **fields)
 
 
 def prediction_fields(

@@ -3,8 +3,8 @@
 The server is a short inference loop (the thread calling ``run``) with its parts beside it, each in its own thread:
 
 - ``reader.SourceReader`` pulls batches from the source into the ring of the newest events
-  (``window.Accumulation``), stamping each with its arrival time, and into a recording while one runs; between
-  batches it carries out the ``replay.ReplayController``'s commands (play, pause, speed, seek, step);
+  (``accumulation.Accumulation``), stamping each with its arrival time, and into a recording while one runs; between
+  batches it carries out the ``replay_control.ReplayController``'s commands (play, pause, speed, seek, step);
 - ``model_slot.ModelSlot`` imports torch and loads the model. The source streams from the start: until the model is
   ready the server publishes the sensor view of every window and ``stats`` saying ``model_state: "loading"``. With
   ``--watch`` it loads a newer export of the model when one appears; a Train run (labelling) loads the model it
@@ -12,7 +12,8 @@ The server is a short inference loop (the thread calling ``run``) with its parts
   connections stay; ``model.version`` counts the models served;
 - ``control.ControlHandler`` answers JSON requests on a REP socket (replay, window, recording, labelling, state).
 
-What each window publishes is ``publishing``'s, the state that ``stats`` and replies carry ``state``'s.
+What each window publishes is ``publishing.WindowPublisher``'s, the state that ``stats`` and replies carry
+``state.ServerState``'s.
 
 The loop takes the newest window whenever new events arrived, publishes its ``sensor`` view and, once the model is
 loaded, runs the ``Predictor`` and publishes ``hist``, ``tokens``, ``pred``; windows that came and went while it was
@@ -28,11 +29,13 @@ The wire format is in ``mem_core.protocol`` and docs/protocol.md.
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
@@ -46,7 +49,7 @@ from app.live.accumulation import Accumulation, Window, describe_window, newest_
 from app.live.control import Command, ControlError, ControlHandler
 from app.live.labelling import HeldWindow, LabelDesk, latest_export, pretraining_run_problem
 from app.live.model_slot import ModelSlot
-from app.live.publishing import Publishing
+from app.live.publishing import WindowPublisher
 from app.live.reader import SourceReader
 from app.live.replay_control import REPLAY_COMMANDS, Pausable, ReplayController
 from app.live.ring import EventRing
@@ -69,7 +72,7 @@ PREVIEW_INTERVAL_S = 0.2  # sensor views while the model loads: 5 a second leave
 NO_MODEL_INTERVAL_S = 1 / 30  # sensor views a second without a model
 
 
-class LiveServer(ServerState, Publishing):
+class LiveServer(ServerState):
     """The live inference server. ``run()`` blocks; ``start()`` runs it in a thread, ``stop()`` ends it.
 
     Args:
@@ -141,6 +144,9 @@ class LiveServer(ServerState, Publishing):
             self.publisher.socket.close(0)
             raise
         self.pub_endpoint = self.publisher.socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.publishing = WindowPublisher(
+            self.publisher, self.counts, self.labelling.windows, self.replay, self.session, config.top_k
+        )
         self.control_endpoint = self._control_socket.getsockopt_string(zmq.LAST_ENDPOINT)
 
     # ---- what tests, benchmarks and ``mem serve`` read -----------------------------------------------------
@@ -203,6 +209,11 @@ class LiveServer(ServerState, Publishing):
         self._runner = threading.Thread(target=self.run, name="mem-serve", daemon=True)
         self._runner.start()
         return self
+
+    @property
+    def stopping(self) -> bool:
+        """``stop()`` was asked for."""
+        return self._stop.is_set()
 
     def stop(self, timeout: float = 10.0) -> None:
         """Ask every thread to finish and wait for them; sockets are closed by ``run``."""
@@ -287,7 +298,7 @@ class LiveServer(ServerState, Publishing):
             if end is not None and now >= end:
                 break
             if now >= next_stats:
-                self._publish_stats()
+                self.publishing.stats(self.stats())
                 next_stats = max(next_stats + interval, now)
             wait = max((next_stats if end is None else min(next_stats, end)) - now, 0.0)
             if self.model.predictor is None:
@@ -307,7 +318,7 @@ class LiveServer(ServerState, Publishing):
                     self._infer_and_publish()
             if self.reader.done and self.ring.total == self._seen_total and not self._refresh:
                 break  # a file played to its end, and its last window was inferred
-        self._publish_stats()
+        self.publishing.stats(self.stats())
 
     def _request_refresh(self) -> None:
         self._refresh = True
@@ -328,14 +339,15 @@ class LiveServer(ServerState, Publishing):
         stages = {"sensor": (time.perf_counter() - start) * 1e3}
         out = predictor(events, sensor) if predictor is not None else None
         self.counts.windows += 1
-        common = self._frame_fields(events, sensor, snap.arrival)
-        self.labelling.windows.add(HeldWindow(self.counts.windows, events, sensor, self._capture_info()))
+        common = self.publishing.frame_fields(events, sensor, snap.arrival)
+        info = self.publishing.capture_info(self.source.metadata, window)
+        self.labelling.windows.add(HeldWindow(self.counts.windows, events, sensor, info))
         start = time.perf_counter()
         region = out.region if out is not None else (0, 0, sensor.height, sensor.width)
         input_region = [v / binning for v in region]
-        self.publisher.send("sensor", {"sensor": view}, binning=binning, input_region=input_region, **common)
+        self.publishing.sensor(view, binning, input_region, common)
         if out is not None:
-            self._publish_prediction(predictor, version, out, common, snap.arrival, record_latency=new_events > 0)
+            self.publishing.prediction(predictor, version, out, common, snap.arrival, record_latency=new_events > 0)
             stages.update(out.stages_ms)
         self.counts.last_stages = {**stages, "publish": (time.perf_counter() - start) * 1e3}
 
@@ -401,6 +413,28 @@ def source_truth(source: Any, events: np.ndarray) -> dict[str, Any]:
     return {"truth": last if first == last else None}
 
 
+@contextlib.contextmanager
+def stopped_by_signals(server: LiveServer) -> Iterator[None]:
+    """Ctrl-C (SIGINT) and SIGTERM stop ``server`` between two windows; a second one raises ``KeyboardInterrupt``.
+    Raised at the first, it could land in a library's C callback (pyzmq's frame deallocation) that prints it and
+    goes on, and the server went on serving. In the main thread only (elsewhere the handlers stay as they are)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        if server.stopping:
+            raise KeyboardInterrupt
+        server.stop(timeout=0)
+
+    previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def serve_live(config: ServeConfig) -> None:
     """Serve until Ctrl-C (or ``config.duration_s``), printing the endpoints, when the model is ready, and a
     final summary."""
@@ -421,7 +455,8 @@ def serve_live(config: ServeConfig) -> None:
     )
     started = time.monotonic()
     try:
-        server.run()
+        with stopped_by_signals(server):
+            server.run()
     except KeyboardInterrupt:
         server.stop()
     if server.model.loading:  # stopped (Ctrl-C, --duration) while the model was still loading: say so
