@@ -105,8 +105,8 @@ def fit(run: RunDir, cfg, runtime: Runtime, training: Training, *, resume: bool 
             scheduler.step(start_epoch)
         else:
             scheduler.step_update(start_epoch * steps_per_epoch)
-    last_plot = last_checkpoint = -math.inf
-    started = time.monotonic()
+    last_checkpoint = -math.inf
+    started = last_plot = time.monotonic()  # a run shorter than PLOT_EVERY_S draws its curves once, at the end
     for epoch in range(start_epoch, cfg.epochs):
         seed_everything(cfg.seed, epoch)
         t.sampler.set_epoch(epoch)
