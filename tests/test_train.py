@@ -286,12 +286,17 @@ class Interrupted(Exception):
 
 def interrupted_after_first_epoch(monkeypatch, train) -> None:
     """Call ``train()`` as a process that dies right after epoch 0's checkpoint was written."""
-    import mem_core.train.fit as fit_module
+    from mem_core.runs import rundir
 
-    def crash_after_first_epoch(run):
-        raise Interrupted
+    save_checkpoint = rundir.RunDir.save_checkpoint
 
-    monkeypatch.setattr(fit_module, "plot_curves", crash_after_first_epoch)
+    def crash_after_first_epoch(self, state, best=False):
+        save_checkpoint(self, state, best=best)
+        if not best:
+            assert state["epoch"] == 0  # (the test's run has more epochs)
+            raise Interrupted
+
+    monkeypatch.setattr(rundir.RunDir, "save_checkpoint", crash_after_first_epoch)
     with pytest.raises(Interrupted):
         train()
     monkeypatch.undo()
