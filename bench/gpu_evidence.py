@@ -134,8 +134,9 @@ class Call:
         return time.monotonic() - self.started
 
     def left(self) -> float:
-        """Seconds left before the reserve for the report."""
-        return self.scale.budget_s - self.scale.reserve_s - self.elapsed()
+        """Seconds left before the reserve for the report (0 once setup and calibration overran: every stage then
+        trains its one epoch, and what does not fit after it is left out and named)."""
+        return max(self.scale.budget_s - self.scale.reserve_s - self.elapsed(), 0.0)
 
 
 def run(scale: Scale, out: Path, data_zip: Path, work: Path | None = None) -> dict[str, Any]:
@@ -244,7 +245,7 @@ def train_stages(call: Call, experiment, rates: dict[str, float]) -> None:
         stage.images_per_s = rates[name]
         stage.epochs = max(1, math.floor(stage.budget_s * stage.images_per_s * efficiency / samples))
         cfg = stage_config_of(experiment, name)
-        cfg = dataclasses.replace(cfg, epochs=stage.epochs, time_limit_s=1.33 * stage.budget_s)
+        cfg = dataclasses.replace(cfg, epochs=stage.epochs, time_limit_s=max(1.33 * stage.budget_s, 1.0))
         log(f"{name}: {stage.epochs} epochs in a budget of {stage.budget_s:.0f} s")
         t0 = time.monotonic()
         inputs = {"tokenizer": out / "tokenizer"} if name == "pretrain" else {}

@@ -64,3 +64,13 @@ def test_the_gpu_call_runs_as_its_cpu_smoke_and_its_model_comes_back(tmp_path, d
     tuned = finetune.run(cfg, tmp_path / "ft", init=run)
     scored = evaluate_run(tuned.path, "ncars", few, "test")
     assert scored["n"] == 16 and 0 <= scored["top1"] <= 1
+
+
+def test_a_call_whose_setup_overran_its_budget_plans_no_negative_time(tmp_path, monkeypatch):
+    """On a busy machine the smoke's packing and calibration took 13 s of its 15: the stages were planned with a
+    negative budget and a negative time limit, and the call stopped on the config's bound."""
+    from bench.gpu_evidence import Call
+
+    call = Call(SMOKE, tmp_path / "out", tmp_path / "work")
+    monkeypatch.setattr(call, "started", call.started - 2 * SMOKE.budget_s)
+    assert call.left() == 0.0

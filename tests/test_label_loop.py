@@ -225,7 +225,12 @@ def test_label_windows_in_the_viewer_train_and_the_new_model_takes_over(qtbot, t
             60,
             "the trained model served again",
         )
-        assert panel.result.text().endswith("trained before this server started")  # not the last server's news
+        wait_until(  # not the last server's news (the new server's state may come a message after its model's)
+            qtbot,
+            lambda: panel.result.text().endswith("trained before this server started"),
+            30,
+            "the panel saying the model was trained before this server",
+        )
         # on the span of its captures, as the live swap served it: not 30,000 events over most of a second
         assert server.window.ms == served.ms == 50.0, (server.window, served)
         for _ in range(3):  # every capture is stored (none named as an earlier one)
