@@ -88,6 +88,37 @@ class Pacer:
             time.sleep(delay)
 
 
+class PausableSource(LiveSource):
+    """A source that paces its batches at ``speed`` times real time and can pause (a replay, the simulator):
+    ``pause()``, ``resume()`` and ``speed`` are for the thread iterating, between two batches
+    (``app.live.replay_control.ReplayController`` hands them to it); subclasses read ``_paused`` and pace with
+    ``_pacer``, and deliver heartbeats while paused."""
+
+    def __init__(self, speed: float) -> None:
+        self._pacer = Pacer(speed)
+        self._paused = False
+
+    @property
+    def speed(self) -> float:
+        return self._pacer.speed
+
+    @speed.setter
+    def speed(self, value: float) -> None:
+        self._pacer.speed = value  # checked there
+        self._pacer.reset()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def pause(self) -> None:
+        self._paused = True
+
+    def resume(self) -> None:
+        self._paused = False
+        self._pacer.reset()
+
+
 def empty_batch() -> np.ndarray:
     """A heartbeat batch (no events)."""
     return np.empty(0, dtype=EVENT_DTYPE)

@@ -22,7 +22,7 @@ import numpy as np
 
 from mem_core.events import EVENT_DTYPE, MAX_ABS_TIME_US, SensorSize
 from mem_core.io import read_events
-from recorders.base import HEARTBEAT_S, LiveSource, Pacer, RecorderError, empty_batch
+from recorders.base import HEARTBEAT_S, PausableSource, RecorderError, empty_batch
 
 
 class Segment(NamedTuple):
@@ -36,7 +36,7 @@ class Segment(NamedTuple):
     continues: bool = False
 
 
-class Replay(LiveSource):
+class Replay(PausableSource):
     """``segments`` replayed one after another at ``speed`` times real time (0 = as fast as possible), over and over
     with ``loop``, in batches spanning ``batch_us``. Subclasses say where the events are (``_read``, ``_block``,
     ``_index``) and may follow the segment being replayed (``_entered``).
@@ -52,8 +52,7 @@ class Replay(LiveSource):
             raise ValueError(f"batch_us must be > 0, got {batch_us}")
         self.segments, self.loop, self.batch_us = segments, loop, batch_us
         self._where = where  # names the replayed events in errors
-        self._pacer = Pacer(speed)
-        self._paused = False
+        super().__init__(speed)
         # a segment's event at time t is at position t + shift - t_first on the timeline (positions are us after the
         # first event); the stream time is the timeline time plus the offset loops and backward seeks add
         self.t_first = segments[0].t_min
@@ -89,26 +88,6 @@ class Replay(LiveSource):
         """Segment ``k`` is the one replayed from now on."""
 
     # ---- controls ------------------------------------------------------------------------------------------
-
-    @property
-    def speed(self) -> float:
-        return self._pacer.speed
-
-    @speed.setter
-    def speed(self, value: float) -> None:
-        self._pacer.speed = value  # checked there
-        self._pacer.reset()
-
-    @property
-    def paused(self) -> bool:
-        return self._paused
-
-    def pause(self) -> None:
-        self._paused = True
-
-    def resume(self) -> None:
-        self._paused = False
-        self._pacer.reset()
 
     def seek(self, t_us: int) -> None:
         """Continue from ``t_us`` microseconds after the first event (clipped to the timeline)."""

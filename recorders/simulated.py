@@ -12,12 +12,12 @@ import numpy as np
 
 from mem_core.simulator import EventSimulator, SimulatorConfig
 from mem_core.simulator.camera import concatenate
-from recorders.base import HEARTBEAT_S, LiveSource, Pacer, empty_batch
+from recorders.base import HEARTBEAT_S, PausableSource, empty_batch
 
 STEP_LIMIT_US = 10_000_000  # a step without a time span simulates at most this long for its events (an empty scene)
 
 
-class SimulatorSource(LiveSource):
+class SimulatorSource(PausableSource):
     """The simulated event camera (``mem_core.simulator``) as a live source, in real time or faster.
 
     ``speed`` 1.0 delivers each ``batch_us`` batch when its end time is due, like a camera; 0 delivers as fast as
@@ -41,8 +41,7 @@ class SimulatorSource(LiveSource):
         self.simulator = EventSimulator(config, object_classes=object_classes)
         self.sensor = self.simulator.sensor
         self.batch_us, self.duration_us = batch_us, duration_us
-        self._pacer = Pacer(speed)
-        self._paused = False
+        super().__init__(speed)
         self._shots: collections.deque[np.ndarray] = collections.deque()  # stepped windows to deliver next
         self._ahead: np.ndarray | None = None  # the next batch, simulated before it is due
         cfg = self.simulator.config
@@ -67,26 +66,6 @@ class SimulatorSource(LiveSource):
         return scenes[i][1]
 
     # ---- controls ------------------------------------------------------------------------------------------
-
-    @property
-    def speed(self) -> float:
-        return self._pacer.speed
-
-    @speed.setter
-    def speed(self, value: float) -> None:
-        self._pacer.speed = value  # checked there
-        self._pacer.reset()
-
-    @property
-    def paused(self) -> bool:
-        return self._paused
-
-    def pause(self) -> None:
-        self._paused = True
-
-    def resume(self) -> None:
-        self._paused = False
-        self._pacer.reset()
 
     def step(self, events: int, span_us: int | None) -> int | None:
         """Simulate the next window at once, paused or not: ``span_us`` of time (None: until it holds ``events``
