@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -56,6 +57,7 @@ def imports(path: Path, name: str) -> list[tuple[str, str]]:
     return found
 
 
+@functools.cache  # one parse of the tree per test run (the checks below read it dozens of times)
 def graph(root: Path) -> tuple[dict[str, set[str]], dict[str, set[str]], list[str]]:
     """Per project module: the project modules it imports, every module name it imports, and private imports."""
     modules = project_modules(root)

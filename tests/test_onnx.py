@@ -42,6 +42,8 @@ ARCH = ViTConfig(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, 
 SPEC = InputSpec(n_max=3000, size=(32, 32), scale="log", crop="extent")  # the N-Cars recipe's input, small
 TOKENIZER = TokenizerConfig(img_size=32, num_layers=3, num_tokens=64, hidden_dim=16)
 START_S = 90.0
+# An export through torch.onnx's dynamo tracer takes seconds a model: the tests of one are in the full tier only
+EXPORTS = pytest.mark.slow
 
 
 def ncars_files(data_dir: Path, n: int) -> list[Path]:
@@ -111,6 +113,7 @@ def test_the_numpy_histogram_refuses_what_the_torch_one_refuses(events_factory):
 # ----------------------------------------------------------------------------------------------- the export
 
 
+@EXPORTS
 def test_mem_export_onnx_writes_a_self_contained_model_checked_against_torch(exports):
     _, folder, output = exports
     assert sorted(p.name for p in folder.iterdir()) == ["model.json", ONNX_MODEL_FILE, ONNX_TOKENIZER_FILE]
@@ -135,6 +138,7 @@ def test_mem_export_onnx_writes_a_self_contained_model_checked_against_torch(exp
     assert [o.name for o in tokenizer.graph.output] == ["tokens"]
 
 
+@EXPORTS
 def test_the_onnx_predictor_gives_what_the_torch_predictor_gives_on_real_windows(exports, segmenter, data_dir):
     torch_export, folder, _ = exports
     pairs = [(Predictor(torch_export), OnnxPredictor(folder / ONNX_MODEL_FILE, threads=1))]
@@ -159,6 +163,7 @@ def test_the_onnx_predictor_gives_what_the_torch_predictor_gives_on_real_windows
     np.testing.assert_allclose(logits, expected, atol=1e-5)
 
 
+@EXPORTS
 def test_an_onnx_model_that_differs_from_torch_is_not_written(exports, tmp_path, monkeypatch):
     monkeypatch.setattr(onnx_export, "MAX_LOGIT_DIFFERENCE", 0.0)
     with pytest.raises(RunError, match=r"model\.onnx: onnxruntime's logits differ from torch's by .* not written"):
@@ -166,6 +171,7 @@ def test_an_onnx_model_that_differs_from_torch_is_not_written(exports, tmp_path,
     assert list((tmp_path / "out").iterdir()) == []
 
 
+@EXPORTS
 def test_the_two_export_formats_keep_to_their_own_folders(exports, tmp_path):
     torch_export, folder, _ = exports
     with pytest.raises(RunError, match="holds a safetensors export"):
@@ -189,6 +195,7 @@ def edited(source: Path, out: Path, **metadata) -> Path:
     return out
 
 
+@EXPORTS
 def test_a_bad_onnx_file_is_refused_in_one_line_naming_it(exports, tmp_path):
     good = exports[1] / ONNX_MODEL_FILE
     (tmp_path / "notes.onnx").write_text("not a model\n")
@@ -299,6 +306,7 @@ def wait_until(condition, timeout_s: float, what: str) -> None:
         time.sleep(0.05)
 
 
+@EXPORTS
 def test_watch_serves_an_onnx_file_written_again(exports, tmp_path, data_dir):
     model = tmp_path / ONNX_MODEL_FILE
     shutil.copy(exports[1] / ONNX_MODEL_FILE, model)
@@ -314,6 +322,7 @@ def test_watch_serves_an_onnx_file_written_again(exports, tmp_path, data_dir):
         server.stop()
 
 
+@EXPORTS
 def test_a_segmenter_in_onnx_draws_its_mask_in_the_viewer(segmenter, data_dir, qtbot):
     server = serve(segmenter[1] / ONNX_MODEL_FILE, data_dir)
     client = LiveClient(server.pub_endpoint)
