@@ -72,7 +72,7 @@ PREVIEW_INTERVAL_S = 0.2  # sensor views while the model loads: 5 a second leave
 NO_MODEL_INTERVAL_S = 1 / 30  # sensor views a second without a model
 
 
-class LiveServer(ServerState):
+class LiveServer:
     """The live inference server. ``run()`` blocks; ``start()`` runs it in a thread, ``stop()`` ends it.
 
     Args:
@@ -132,7 +132,7 @@ class LiveServer(ServerState):
         self.recorder = LiveRecorder(config.record_dir, config.min_free_bytes) if kind in RECORDABLE_KINDS else None
         self.reader = SourceReader(self.source, self.ring, self._wake, recorder=self.recorder, replay=self.replay)
         self.counts = LoopStats()
-        self.control = ControlHandler(self._commands(), self.control_state)
+        self.control = ControlHandler(self._commands(), lambda: self.state.control_state())
         self.session = uuid.uuid4().hex[:12]
         self._seen_total = 0  # ring events the loop has taken a window of
         context = context or zmq.Context.instance()
@@ -148,6 +148,18 @@ class LiveServer(ServerState):
             self.publisher, self.counts, self.labelling.windows, self.replay, self.session, config.top_k
         )
         self.control_endpoint = self._control_socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.state = ServerState(
+            session=self.session,
+            counts=self.counts,
+            accumulation=self.accumulation,
+            control=self.control,
+            model=self.model,
+            labelling=self.labelling,
+            source=self.source,
+            replay=self.replay,
+            recorder=self.recorder,
+            control_endpoint=self.control_endpoint,
+        )
 
     # ---- what tests, benchmarks and ``mem serve`` read -----------------------------------------------------
 
@@ -188,6 +200,14 @@ class LiveServer(ServerState):
     def latencies(self) -> deque[tuple[float, float]]:
         """(publish time, latency) in monotonic seconds."""
         return self.counts.latencies
+
+    def stats(self) -> dict[str, Any]:
+        """The ``stats`` message's fields (``ServerState.stats``)."""
+        return self.state.stats()
+
+    def control_state(self) -> dict[str, Any]:
+        """The ``state`` control reply (``ServerState.control_state``)."""
+        return self.state.control_state()
 
     def reply_frames(self, frames: list[bytes], seq: int) -> list[bytes]:
         """The encoded reply to one control request (never raises)."""

@@ -1,21 +1,48 @@
 """The server's state as ``stats`` messages and control replies carry it (``mem_core.protocol.state`` checks it
 on the other side): the loop's counts, the window, the source and its replay, the recording, labelling and the
-served model; mixed into ``LiveServer``."""
+served model."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from app.live.accumulation import Accumulation
+    from app.live.control import ControlHandler
+    from app.live.labelling import LabelDesk
+    from app.live.model_slot import ModelSlot
+    from app.live.replay_control import ReplayController
+    from app.live.stats import LoopStats
+    from recorders.base import LiveSource
+    from recorders.live_recorder import LiveRecorder
 
 
 class ServerState:
-    """Reads the server's ``counts``, ``ring``, ``control``, ``model``, ``accumulation``, ``labelling``, ``source``,
-    ``replay``, ``recorder``, ``session`` and ``control_endpoint``."""
+    """The server's report, read from the parts it is made of (each read when a report is asked for)."""
+
+    def __init__(
+        self,
+        *,
+        session: str,
+        counts: LoopStats,
+        accumulation: Accumulation,
+        control: ControlHandler,
+        model: ModelSlot,
+        labelling: LabelDesk,
+        source: LiveSource,
+        replay: ReplayController | None,
+        recorder: LiveRecorder | None,
+        control_endpoint: str,
+    ) -> None:
+        self.session, self.counts, self.accumulation, self.control = session, counts, accumulation, control
+        self.model, self.labelling, self.source, self.replay = model, labelling, source, replay
+        self.recorder, self.control_endpoint = recorder, control_endpoint
 
     def stats(self) -> dict[str, Any]:
         """The ``stats`` message fields (rates over the time since the previous call)."""
         return {
             "session": self.session,
-            **self.counts.report(self.ring.total),
+            **self.counts.report(self.accumulation.ring.total),
             "malformed": self.control.malformed + getattr(self.source, "malformed", 0),
             **self._settings(),
             "source": self.source_state(),
