@@ -25,8 +25,6 @@ def serve(config: ServeConfig) -> None:
 
     Ctrl-C (SIGINT) or SIGTERM stops it cleanly, also when it was started in the background (`mem serve ... &`).
     """
-    import signal
-
     import zmq
 
     from app.live.model_slot import WARM_UP_THREAD
@@ -38,10 +36,6 @@ def serve(config: ServeConfig) -> None:
         if endpoint is not None and (problem := bind_problem(endpoint)) is not None:  # before a model or source opens
             raise fail(f"{flag} {endpoint!r}: {problem}")
 
-    # a shell starts a background job with SIGINT ignored, and Python then leaves it ignored; SIGTERM would end the
-    # process without closing the source, the recording and the sockets
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, signal.default_int_handler)
     try:
         serve_live(config)
     except (RecorderError, zmq.ZMQError) as exc:  # no camera, a source that failed, an endpoint in use

@@ -434,6 +434,22 @@ def source_truth(source: Any, events: np.ndarray) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
+def interrupted_by_signals() -> Iterator[None]:
+    """SIGINT and SIGTERM raise ``KeyboardInterrupt`` (while the server is built and its model starts loading): a
+    shell starts a background job (``mem serve ... &``) with SIGINT ignored, and Python leaves it ignored; SIGTERM
+    would end the process without closing the source, the recording and the sockets. In the main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.signal(signum, signal.default_int_handler) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+@contextlib.contextmanager
 def stopped_by_signals(server: LiveServer) -> Iterator[None]:
     """Ctrl-C (SIGINT) and SIGTERM stop ``server`` between two windows; a second one raises ``KeyboardInterrupt``.
     Raised at the first, it could land in a library's C callback (pyzmq's frame deallocation) that prints it and
@@ -457,7 +473,12 @@ def stopped_by_signals(server: LiveServer) -> Iterator[None]:
 
 def serve_live(config: ServeConfig) -> None:
     """Serve until Ctrl-C (or ``config.duration_s``), printing the endpoints, when the model is ready, and a
-    final summary."""
+    final summary. Ctrl-C and SIGTERM stop it: raised while it starts, between two windows once it runs."""
+    with interrupted_by_signals():
+        _serve(config)
+
+
+def _serve(config: ServeConfig) -> None:
     server = LiveServer(config, torch_threads=config.threads, announce=lambda line: print(line, flush=True))
     config = server.config
     if server.labelling.resumed is not None:
