@@ -149,7 +149,9 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 
 # The files that hold the longest tests, longest first: they run first. Each worker takes whole files
-# (``--dist loadfile``), and a long file handed out last leaves the other workers idle while it runs.
+# (``--dist loadfile``), and a long file handed out last leaves the other workers idle while it runs. pytest-xdist
+# would order the files by their number of tests instead (a file of two long tests last): pyproject's addopts turn
+# that off (``--no-loadscope-reorder``).
 LONGEST_FIRST = (
     "test_label_loop.py",
     "test_demo.py",
