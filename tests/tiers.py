@@ -152,15 +152,21 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 # (``--dist loadfile``), and a long file handed out last leaves the other workers idle while it runs. pytest-xdist
 # would order the files by their number of tests instead (a file of two long tests last): pyproject's addopts turn
 # that off (``--no-loadscope-reorder``).
-LONGEST_FIRST = (
-    "test_label_loop.py",
-    "test_demo.py",
+LONGEST_FIRST = (  # by the time their tests took in a full run on 2 cores (--durations=0, summed per file)
     "test_train.py",
-    "test_cli_stages.py",
-    "test_ddp.py",
-    "test_gpu_evidence.py",
+    "test_demo.py",
+    "test_label_loop.py",
     "test_onnx.py",
+    "test_cli_stages.py",
+    "test_boundaries.py",
     "test_live_e2e.py",
+    "test_record.py",
+    "test_scale.py",
+    "test_ddp.py",
+    "test_serve.py",
+    "test_fuzz_live.py",
+    "test_fuzz_files.py",
+    "test_models.py",
 )
 
 
