@@ -31,9 +31,7 @@ from recorders.simulated import SimulatorSource
 pytestmark = pytest.mark.slow  # labelling, training and a model switch in the live loop
 
 CLASSES = ("disc", "cross", "triangle")  # a 3-class camera: chance is 33 %
-# rendered every 2 ms (the simulator's own default is 1 ms): the same scenes at half the CPU, which the server streaming
-# at twice real time spends for the whole test
-CAMERA = replace(task_config(seed=21), classes=CLASSES, scene_us=1_000_000, step_us=2000)
+CAMERA = replace(task_config(seed=21), classes=CLASSES, scene_us=1_000_000)
 # Checked exactly: every capture holds what was on screen under the class the user pressed (the simulator's ground
 # truth), the model trained on them is the one served, and it learned from its captures: it classifies them above
 # chance. Not more: which scenes a capture catches depends on the machine's pace (a busy machine streams fewer
