@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import builtins
 import dis
+import hashlib
 import multiprocessing.process
 import os
 import platform
@@ -142,11 +143,25 @@ class _Scan:
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto``: a worker more than the cores this process may use. The long tests wait a good part of their time
-    on the processes, servers and windows they start (a fresh clone on 2 cores: 447 s with 2 workers, 381 s with 3);
-    ``--maxprocesses`` caps it."""
-    return len(os.sched_getaffinity(0)) + 1
+    """``-n auto``: for the whole suite a worker more than the cores this process may use (its long tests wait a good
+    part of their time on the processes, servers and windows they start: a fresh clone on 2 cores, 447 s with 2
+    workers, 381 s with 3); for the quick tier (``-m "not slow"``), which starts none, a worker per core (each worker
+    spends about 15 s of CPU importing and collecting). ``--maxprocesses`` caps it."""
+    cores = len(os.sched_getaffinity(0))
+    return cores if "not slow" in (config.option.markexpr or "") else cores + 1
 
+
+def _sources_digest(folders: set[Path]) -> str:
+    """What the tier of every test follows from: the sources in ``folders`` and the Python reading them."""
+    digest = hashlib.sha256(sys.version.encode())
+    for folder in sorted(folders):
+        for path in sorted(folder.rglob("*.py")):
+            digest.update(str(path).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+_CACHE_KEY = "mem/test-tiers"
+PACKAGES = ("app", "mem_core", "recorders", "bench")  # what the tests call: the scan reads names defined there
 
 # The two longest files run first, the rest in name order. Each worker takes whole files (``--dist loadfile``): a long
 # file handed out last leaves the other workers idle while it runs, and long files run beside each other take more
@@ -159,11 +174,24 @@ LONGEST_FIRST = ("test_train.py", "test_demo.py")
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by mark
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    scan = _Scan({Path(item.path).resolve().parent for item in items})
+    # The scan reads the bytecode of every test and fixture (about 5 s a process); its verdicts are kept in pytest's
+    # cache for sources that did not change since (every file under tests/ and the packages, digested)
+    tests = {Path(item.path).resolve().parent for item in items}
+    cache = getattr(config, "cache", None)
+    digest = _sources_digest(tests | {config.rootpath / name for name in PACKAGES})
+    kept = cache.get(_CACHE_KEY, {}) if cache is not None else {}
+    known: dict[str, str | None] = kept.get("reasons", {}) if kept.get("digest") == digest else {}
+    scan = _Scan(tests)
+    reasons: dict[str, str | None] = {}
     for item in items:
-        quick = isinstance(item, pytest.Function) and item.get_closest_marker("slow") is None
-        if quick and (reason := scan.item(item)) is not None:
+        if not isinstance(item, pytest.Function) or item.get_closest_marker("slow") is not None:
+            continue
+        reason = known[item.nodeid] if item.nodeid in known else scan.item(item)
+        reasons[item.nodeid] = reason
+        if reason is not None:
             item.add_marker(pytest.mark.slow(reason=reason))
+    if cache is not None and reasons != known:
+        cache.set(_CACHE_KEY, {"digest": digest, "reasons": reasons})
     first = {name: rank for rank, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: first.get(Path(item.path).name, len(first)))  # stable: the rest keep their order
 
