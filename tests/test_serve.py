@@ -164,6 +164,7 @@ def test_ring_clear_forgets_events_but_total_keeps_counting(events_factory):
 def test_control_endpoint_defaults_to_the_next_port():
     assert control_endpoint_for("tcp://127.0.0.1:5557") == "tcp://127.0.0.1:5558"
     assert control_endpoint_for("tcp://127.0.0.1:*") == "tcp://127.0.0.1:*"
+    assert control_endpoint_for("tcp://127.0.0.1:0") == "tcp://127.0.0.1:0"  # any port, not port 1 (two servers)
     assert control_endpoint_for("ipc:///tmp/mem") == "ipc:///tmp/mem-control"
     with pytest.raises(ConfigError, match="port"):  # a MemError: `mem serve --pub` says so in one line
         control_endpoint_for("tcp://127.0.0.1")

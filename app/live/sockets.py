@@ -16,13 +16,14 @@ TOPICS = ("sensor", "hist", "tokens", "pred", "stats")
 
 
 def control_endpoint_for(pub: str) -> str:
-    """The default control endpoint: same host, port + 1 (``*`` stays ``*``); ``ipc://X`` -> ``ipc://X-control``."""
+    """The default control endpoint: same host, port + 1 (any port, ``*`` or ``0``, stays any port: port 1 is a
+    privileged port, and every server given port 0 would want it); ``ipc://X`` -> ``ipc://X-control``."""
     if not pub.startswith("tcp://"):
         return pub + "-control"
     host, sep, port = pub.rpartition(":")
     if not sep or host == "tcp":
         raise ConfigError(f"endpoint {pub!r} has no port (expected tcp://HOST:PORT)")
-    if port == "*":
+    if port == "*" or set(port) == {"0"}:
         return pub
     if not port.isdigit():
         raise ConfigError(f"endpoint {pub!r} has a bad port {port!r}")
