@@ -163,13 +163,11 @@ def _sources_digest(folders: set[Path]) -> str:
 _CACHE_KEY = "mem/test-tiers"
 PACKAGES = ("app", "mem_core", "recorders", "bench")  # what the tests call: the scan reads names defined there
 
-# The two longest files run first, the rest in name order. Each worker takes whole files (``--dist loadfile``): a long
-# file handed out last leaves the other workers idle while it runs, and long files run beside each other take more
-# CPU each (torch's steps compete for the cores and caches: the demo's and the training tests' files took 20-35 % more
-# CPU when the five longest ran first); name order puts short files between the other long ones. pytest-xdist would
-# order the files by their number of tests (a file of two long tests last): pyproject's addopts turn that off
-# (``--no-loadscope-reorder``).
-LONGEST_FIRST = ("test_train.py", "test_demo.py")
+# The order of the files is pytest-xdist's (``--dist loadfile``: whole files, the ones with most tests first), which
+# leaves the long end-to-end files (few tests each) for last, mostly beside short ones. Measured on 2 cores against
+# running the longest files first: long files side by side take 20-35 % more CPU each (torch's steps compete for the
+# cores and caches), more than the idle tail costs (whole runs: 419 s in this order; 431, 444 and 500 s with the
+# longest first).
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by mark
@@ -192,8 +190,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow(reason=reason))
     if cache is not None and reasons != known:
         cache.set(_CACHE_KEY, {"digest": digest, "reasons": reasons})
-    first = {name: rank for rank, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: first.get(Path(item.path).name, len(first)))  # stable: the rest keep their order
 
 
 # ------------------------------------------------------------------------------------------ the quick tier's guard
