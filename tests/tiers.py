@@ -178,9 +178,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     cache = getattr(config, "cache", None)
     digest = _sources_digest(tests | {config.rootpath / name for name in PACKAGES})
     kept = cache.get(_CACHE_KEY, {}) if cache is not None else {}
-    known: dict[str, str | None] = kept.get("reasons", {}) if kept.get("digest") == digest else {}
+    fresh = isinstance(kept, dict) and kept.get("digest") == digest and isinstance(kept.get("reasons"), dict)
+    known: dict[str, str | None] = kept["reasons"] if fresh else {}
     scan = _Scan(tests)
-    reasons: dict[str, str | None] = {}
+    reasons = dict(known)  # a run of some files keeps the verdicts on the others
     for item in items:
         if not isinstance(item, pytest.Function) or item.get_closest_marker("slow") is not None:
             continue
