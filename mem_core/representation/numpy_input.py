@@ -71,11 +71,11 @@ def remove_hot_pixels(hist: np.ndarray, num_std: float, count_channels: int) -> 
 
 
 def normalize(hist: np.ndarray, count_channels: int) -> np.ndarray:
-    """The count channels divided by their peak (an empty window stays zeros); later channels as they are."""
+    """The count channels divided by their peak, in place (an empty window stays zeros); later channels as they
+    are. Returns ``hist``."""
     peak = max(float(hist[:count_channels].max(initial=0.0)), float(np.finfo(np.float32).tiny))
-    out = hist.copy()
-    out[:count_channels] /= np.float32(peak)
-    return out
+    hist[:count_channels] /= np.float32(peak)
+    return hist
 
 
 def extent_box(hist: np.ndarray, count_channels: int) -> tuple[int, int, int]:
@@ -181,8 +181,9 @@ def window_input(counts: np.ndarray, spec: InputSpec) -> tuple[np.ndarray, tuple
     """A window's sensor histogram (C, h, w) -> model input float32 (C, *spec.size), at evaluation; and the square
     it showed with ``crop="extent"`` (else None)."""
     n = spec.count_channels
-    hist = counts if spec.hot_pixel_std is None else remove_hot_pixels(counts, spec.hot_pixel_std, n)
-    hist = normalize(hist, n)
+    # one copy of the sensor-sized histogram, which the steps up to the resize then change in place
+    hist = counts.copy() if spec.hot_pixel_std is None else remove_hot_pixels(counts, spec.hot_pixel_std, n)
+    normalize(hist, n)
     box = None
     target = spec.resize_to or spec.size
     if spec.crop == "extent":
