@@ -434,41 +434,38 @@ def source_truth(source: Any, events: np.ndarray) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def interrupted_by_signals() -> Iterator[None]:
-    """SIGINT and SIGTERM raise ``KeyboardInterrupt`` (while the server is built and its model starts loading): a
-    shell starts a background job (``mem serve ... &``) with SIGINT ignored, and Python leaves it ignored; SIGTERM
-    would end the process without closing the source, the recording and the sockets. In the main thread only."""
+def _signals_handled_by(handler: Callable[[int, Any], None] | int) -> Iterator[None]:
+    """SIGINT and SIGTERM go to ``handler`` inside, to what they went to before after. In the main thread only
+    (Python sets handlers there; elsewhere they stay as they are)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {signum: signal.signal(signum, signal.default_int_handler) for signum in (signal.SIGINT, signal.SIGTERM)}
+    previous = {signum: signal.signal(signum, handler) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        for signum, before in previous.items():
+            signal.signal(signum, before)
 
 
-@contextlib.contextmanager
-def stopped_by_signals(server: LiveServer) -> Iterator[None]:
+def interrupted_by_signals() -> contextlib.AbstractContextManager[None]:
+    """SIGINT and SIGTERM raise ``KeyboardInterrupt`` (while the server is built and its model starts loading): a
+    shell starts a background job (``mem serve ... &``) with SIGINT ignored, and Python leaves it ignored; SIGTERM
+    would end the process without closing the source, the recording and the sockets."""
+    return _signals_handled_by(signal.default_int_handler)
+
+
+def stopped_by_signals(server: LiveServer) -> contextlib.AbstractContextManager[None]:
     """Ctrl-C (SIGINT) and SIGTERM stop ``server`` between two windows; a second one raises ``KeyboardInterrupt``.
     Raised at the first, it could land in a library's C callback (pyzmq's frame deallocation) that prints it and
-    goes on, and the server went on serving. In the main thread only (elsewhere the handlers stay as they are)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+    goes on, and the server went on serving."""
 
     def stop(signum: int, frame: Any) -> None:
         if server.stopping:
             raise KeyboardInterrupt
         server.stop(timeout=0)
 
-    previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+    return _signals_handled_by(stop)
 
 
 def serve_live(config: ServeConfig) -> None:
