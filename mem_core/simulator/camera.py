@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
+import numba
 import numpy as np
 
 from mem_core.events import EVENT_DTYPE, SensorSize
@@ -95,8 +96,7 @@ class EventSimulator:
         while self._t < end:
             if self._next_cut is not None and self._t >= self._next_cut:
                 self._cut()
-            step_end = end if self._next_cut is None else min(end, self._next_cut)
-            parts.append(self._step(min(self.config.step_us, step_end - self._t)))
+            parts.append(self._advance(end if self._next_cut is None else min(end, self._next_cut)))
         return concatenate(parts)
 
     def stream(self, duration_us: int | None = None, batch_us: int = 10_000) -> Iterator[np.ndarray]:
@@ -109,40 +109,48 @@ class EventSimulator:
         while end is None or self._t < end:
             yield self.simulate(batch_us if end is None else min(batch_us, end - self._t))
 
-    def _step(self, dt: int) -> np.ndarray:
-        """Move the scene by ``dt`` us, render it and return the events of the interval."""
-        cfg = self.config
-        self._move(dt * 1e-6)
-        self._render(self._log_next)
-        noise_pix, noise_t, noise_p = self._draw_noise(dt)
-        events = dvs_events(
+    def _advance(self, end: int) -> np.ndarray:
+        """Move the scene, render it and fire the pixels up to ``end`` in steps of ``step_us`` (the last may be
+        shorter): the noise is drawn here, step by step, and the rest runs in one compiled loop."""
+        cfg, obj = self.config, self._objects
+        starts = np.arange(self._t, end, cfg.step_us, dtype=np.int64)
+        dts = np.minimum(starts + cfg.step_us, end) - starts
+        noise = [self._draw_noise(int(t0), int(dt)) for t0, dt in zip(starts, dts, strict=True)]
+        bounds = np.zeros(len(noise) + 1, dtype=np.int64)
+        np.cumsum([pix.size for pix, _, _ in noise], out=bounds[1:])
+        pix, t, p = (np.concatenate(column) for column in zip(*noise, strict=True))
+        lo, hi = center_bounds(obj.radius, self.sensor)
+        events = advance(
+            self._log_bg,
+            obj.shape_id,
+            (obj.class_id + 1).astype(np.uint8),
+            obj.center,
+            obj.velocity,
+            obj.angle,
+            obj.angular_speed,
+            np.stack([obj.radius, obj.log_brightness, obj.stripe_freq, obj.stripe_phase], axis=1),
+            lo,
+            hi,
+            float(cfg.texture),
             self._log,
             self._log_next,
+            self._labels,
             self._ref,
             self._last_t,
             self._c_on,
             self._c_off,
-            self._t,
-            dt,
+            starts,
+            dts,
             cfg.refractory_us,
-            noise_pix,
-            noise_t,
-            noise_p,
+            pix,
+            t,
+            p,
+            bounds,
         )
-        self._log, self._log_next = self._log_next, self._log
-        self._t += dt
+        if starts.size % 2:  # the last frame rendered is in the other buffer
+            self._log, self._log_next = self._log_next, self._log
+        self._t = end
         return events
-
-    def _move(self, seconds: float) -> None:
-        """Translate with reflection at the borders, and rotate."""
-        obj = self._objects
-        lo, hi = center_bounds(obj.radius, self.sensor)
-        pos = obj.center + obj.velocity * seconds
-        for beyond, wall in ((pos > hi, hi), (pos < lo, lo)):
-            pos[beyond] = 2 * wall[beyond] - pos[beyond]
-            obj.velocity[beyond] *= -1
-        obj.center = np.clip(pos, lo, hi)  # an overshoot of more than one sensor width cannot leave the frame
-        obj.angle = obj.angle + obj.angular_speed * seconds
 
     def _render(self, out_log: np.ndarray) -> None:
         obj = self._objects
@@ -161,13 +169,15 @@ class EventSimulator:
         label = (obj.class_id + 1).astype(np.uint8)
         render_scene(self._log_bg, obj.shape_id, label, params, float(self.config.texture), out_log, self._labels)
 
-    def _draw_noise(self, dt: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Poisson background-noise candidates in [t, t + dt), sorted by pixel then time."""
+    def _draw_noise(self, t0: int, dt: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Poisson background-noise candidates in [t0, t0 + dt), sorted by pixel then time."""
         h, w = self.sensor
         n = self._noise_rng.poisson(self.config.noise_rate_hz * h * w * dt * 1e-6)
-        pix = self._noise_rng.integers(0, h * w, n)
-        t = self._t + self._noise_rng.integers(0, dt, n)
+        pix = self._noise_rng.integers(0, h * w, n)  # (no draws at all for n = 0)
+        t = t0 + self._noise_rng.integers(0, dt, n)
         p = self._noise_rng.integers(0, 2, n).astype(np.uint8)
+        if n < 2:
+            return pix, t, p
         order = np.lexsort((t, pix))
         return pix[order], t[order], p[order]
 
@@ -177,3 +187,48 @@ def concatenate(parts: list[np.ndarray]) -> np.ndarray:
     if len(parts) == 1:
         return parts[0]
     return np.concatenate([np.empty(0, dtype=np.uint8), *(part.view(np.uint8) for part in parts)]).view(EVENT_DTYPE)
+
+
+@numba.njit(cache=True)
+def advance(
+    log_bg, shape_id, label, center, velocity, angle, angular_speed, looks, lo, hi, texture,
+    log, log_next, labels, ref, last_t, c_on, c_off, starts, dts, refractory, noise_pix, noise_t, noise_p, bounds,
+):  # fmt: skip
+    """The steps ``starts``/``dts`` of one scene: per step, move the objects (``center``, ``velocity`` and ``angle``
+    in place; translation reflects at ``lo``/``hi``, an overshoot of more than one sensor width is clipped), render
+    them over ``log_bg`` into the next frame and ``labels``, and fire the pixels between the two frames with the
+    step's noise candidates ``bounds[k]:bounds[k + 1]``. ``looks`` is (n, 4): radius, log brightness, stripe
+    frequency and phase. The frames alternate between ``log`` and ``log_next``; returns the events, sorted."""
+    n = shape_id.size
+    params = np.empty((n, 7))
+    params[:, 3:] = looks
+    out = np.empty(1024, EVENT_DTYPE)
+    m = 0
+    for k in range(starts.size):
+        seconds = dts[k] * 1e-6
+        for j in range(n):
+            for axis in range(2):
+                pos = center[j, axis] + velocity[j, axis] * seconds
+                if pos > hi[j, axis]:
+                    pos = 2 * hi[j, axis] - pos
+                    velocity[j, axis] = -velocity[j, axis]
+                if pos < lo[j, axis]:
+                    pos = 2 * lo[j, axis] - pos
+                    velocity[j, axis] = -velocity[j, axis]
+                center[j, axis] = min(max(pos, lo[j, axis]), hi[j, axis])
+            angle[j] = angle[j] + angular_speed[j] * seconds
+            params[j, 0], params[j, 1], params[j, 2] = center[j, 0], center[j, 1], angle[j]
+        render_scene(log_bg, shape_id, label, params, texture, log_next, labels)
+        a, b = bounds[k], bounds[k + 1]
+        events = dvs_events(
+            log, log_next, ref, last_t, c_on, c_off, starts[k], dts[k], refractory,
+            noise_pix[a:b], noise_t[a:b], noise_p[a:b],
+        )  # fmt: skip
+        if m + events.size > out.size:
+            grown = np.empty(max(2 * out.size, m + events.size), EVENT_DTYPE)
+            grown[:m] = out[:m]
+            out = grown
+        out[m : m + events.size] = events
+        m += events.size
+        log, log_next = log_next, log
+    return out[:m]

@@ -15,6 +15,13 @@ NEVER_US = -(2**62)  # the last event time of a pixel that never fired
 
 
 @numba.njit(cache=True)
+def _grown(values, size):
+    grown = np.empty(size, values.dtype)
+    grown[: values.size] = values
+    return grown
+
+
+@numba.njit(cache=True)
 def dvs_events(l0, l1, ref, last_t, c_on, c_off, t0, dt, refractory, noise_pix, noise_t, noise_p):
     """Events of one interval [t0, t0 + dt) between log frames ``l0`` and ``l1`` (H, W), sorted by time.
 
@@ -26,15 +33,7 @@ def dvs_events(l0, l1, ref, last_t, c_on, c_off, t0, dt, refractory, noise_pix, 
     """
     h, w = l0.shape
     n_noise = noise_pix.size
-    # Upper bound on events: crossings of a monotone segment, plus one extra per noise reset.
-    cap = 2 * n_noise
-    for y in range(h):
-        for x in range(w):
-            d = float(l1[y, x]) - float(l0[y, x])
-            if d > 0.0:
-                cap += int(d / c_on[y * w + x]) + 1
-            elif d < 0.0:
-                cap += int(-d / c_off[y * w + x]) + 1
+    cap = 64 + 2 * n_noise  # grown below as events come (most pixels of a step fire none)
     ev_t = np.empty(cap, np.int64)
     ev_x = np.empty(cap, np.uint16)
     ev_y = np.empty(cap, np.uint16)
@@ -42,18 +41,29 @@ def dvs_events(l0, l1, ref, last_t, c_on, c_off, t0, dt, refractory, noise_pix, 
     m = 0
     j = 0
     t_end = t0 + dt - 1
+    next_noise = noise_pix[0] if n_noise else -1  # the pixel of the next noise candidate
     for y in range(h):
         for x in range(w):
             i = y * w + x
+            if l0[y, x] == l1[y, x] and i != next_noise:
+                continue
             a = float(l0[y, x])
             b = float(l1[y, x])
-            if a == b and not (j < n_noise and noise_pix[j] == i):
-                continue
             step = c_on[i] if b > a else -c_off[i]  # signed distance between crossing levels
             polarity = 1 if b > a else 0
             scale = dt / (b - a) if b != a else 0.0  # us per unit of log intensity
             r = ref[i]
             lt = last_t[i]
+            # room for every event this pixel can fire: its crossings, plus one per noise candidate and the crossing
+            # each noise reset can add
+            room = m + int(abs(b - a) / abs(step)) + 1
+            for k in range(j, n_noise):
+                if noise_pix[k] != i:
+                    break
+                room += 2
+            if room > cap:
+                cap = max(2 * cap, room)
+                ev_t, ev_x, ev_y, ev_p = _grown(ev_t, cap), _grown(ev_x, cap), _grown(ev_y, cap), _grown(ev_p, cap)
             while True:
                 level = r + step
                 crossing = b != a and (level - b) * step <= 0.0
@@ -81,6 +91,7 @@ def dvs_events(l0, l1, ref, last_t, c_on, c_off, t0, dt, refractory, noise_pix, 
                 lt = te
             ref[i] = r
             last_t[i] = lt
+            next_noise = noise_pix[j] if j < n_noise else -1
     # Counting sort on the time offset (stable, O(m + dt)).
     start = np.zeros(dt + 1, np.int64)
     for k in range(m):
