@@ -11,7 +11,9 @@ product code the scan does not read) fails, naming itself.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import dis
+import fcntl
 import hashlib
 import multiprocessing.process
 import os
@@ -19,6 +21,7 @@ import platform
 import subprocess
 import sys
 import types
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -173,24 +176,37 @@ PACKAGES = ("app", "mem_core", "recorders", "bench")  # what the tests call: the
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by mark
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # The scan reads the bytecode of every test and fixture (about 5 s a process); its verdicts are kept in pytest's
-    # cache for sources that did not change since (every file under tests/ and the packages, digested)
+    # cache for sources that did not change since (every file under tests/ and the packages, digested). One process
+    # scans at a time: the workers of a run wait for the first one's verdicts instead of each reading the same bytecode
     tests = {Path(item.path).resolve().parent for item in items}
     cache = getattr(config, "cache", None)
     digest = _sources_digest(tests | {config.rootpath / name for name in PACKAGES})
-    kept = cache.get(_CACHE_KEY, {}) if cache is not None else {}
-    fresh = isinstance(kept, dict) and kept.get("digest") == digest and isinstance(kept.get("reasons"), dict)
-    known: dict[str, str | None] = kept["reasons"] if fresh else {}
-    scan = _Scan(tests)
-    reasons = dict(known)  # a run of some files keeps the verdicts on the others
-    for item in items:
-        if not isinstance(item, pytest.Function) or item.get_closest_marker("slow") is not None:
-            continue
-        reason = known[item.nodeid] if item.nodeid in known else scan.item(item)
-        reasons[item.nodeid] = reason
-        if reason is not None:
-            item.add_marker(pytest.mark.slow(reason=reason))
-    if cache is not None and reasons != known:
-        cache.set(_CACHE_KEY, {"digest": digest, "reasons": reasons})
+    with _one_scan_at_a_time(cache):
+        kept = cache.get(_CACHE_KEY, {}) if cache is not None else {}
+        fresh = isinstance(kept, dict) and kept.get("digest") == digest and isinstance(kept.get("reasons"), dict)
+        known: dict[str, str | None] = kept["reasons"] if fresh else {}
+        scan = _Scan(tests)
+        reasons = dict(known)  # a run of some files keeps the verdicts on the others
+        for item in items:
+            if not isinstance(item, pytest.Function) or item.get_closest_marker("slow") is not None:
+                continue
+            reason = known[item.nodeid] if item.nodeid in known else scan.item(item)
+            reasons[item.nodeid] = reason
+            if reason is not None:
+                item.add_marker(pytest.mark.slow(reason=reason))
+        if cache is not None and reasons != known:
+            cache.set(_CACHE_KEY, {"digest": digest, "reasons": reasons})
+
+
+@contextlib.contextmanager
+def _one_scan_at_a_time(cache) -> Iterator[None]:
+    """Hold a lock in pytest's cache folder (none without a cache: ``-p no:cacheprovider``)."""
+    if cache is None:
+        yield
+        return
+    with open(cache.mkdir("mem-test-tiers") / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 # ------------------------------------------------------------------------------------------ the quick tier's guard
