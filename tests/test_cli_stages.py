@@ -292,15 +292,19 @@ def test_bench_train_measures_every_stage_and_the_loader(tmp_path, monkeypatch, 
         assert code == 2 and expected in message
 
 
-def test_bench_cnn_reference_trains_on_the_finetuning_label_subset(tmp_path, data_dir):
+@pytest.mark.slow  # trains, with loader processes (through main(), where the tier scan does not read)
+def test_bench_cnn_reference_trains_on_the_finetuning_label_subset(tmp_path, data_dir, monkeypatch, capsys):
     """The CNN yardstick trains through the finetuning stage: its label fraction, with the steps of a run on all
-    labels, validated on the whole val split, into a run directory like any finetuning run's."""
+    labels, validated on the whole val split, into a run directory like any finetuning run's (in this process: `mem
+    bench train` above starts a bench command in a process of its own)."""
     data = few_ncars(tmp_path / "ncars", data_dir, {"train": 10, "val": 3})
     out = tmp_path / "cnn.json"
     args = ["--dataset", "ncars", "--data", str(data), "--preset", "cpu-tiny", "--label-fraction", "0.2"]
     args += ["--epochs", "1", "--arch", "resnet10t"]
-    r = mem("bench", "cnn-reference", *args, "--json-out", str(out), "--out", str(tmp_path / "run"))
-    assert r.returncode == 0, r.stderr[-3000:]
+    code, err = mem_in_process(
+        monkeypatch, capsys, "bench", "cnn-reference", *args, "--json-out", str(out), "--out", str(tmp_path / "run")
+    )
+    assert code == 0, err[-3000:]
     result = json.loads(out.read_text())
     assert (result["train_samples"], result["val_samples"]) == (4, 6)  # 20 % of the 20 train samples, all of val
     assert result["epochs"] == 1  # the epochs of all labels, each drawing as many samples as they hold
