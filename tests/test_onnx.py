@@ -26,7 +26,7 @@ from app.live.server import LiveServer
 from app.viewer.client import LiveClient
 from app.viewer.window import ViewerWindow
 from mem_core.errors import RunError
-from mem_core.events import center_window
+from mem_core.events import SensorSize, center_window
 from mem_core.inference import Predictor
 from mem_core.io import read_events
 from mem_core.models import TokenizerConfig, ViTConfig
@@ -101,6 +101,15 @@ def test_the_numpy_input_is_torchs_on_real_recordings(data_dir, spec):
         got, _ = window_input(counts, spec)
         assert got.dtype == np.float32 and got.shape == expected.shape
         np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6, err_msg=str(file))  # float32 rounding
+
+
+@pytest.mark.parametrize("spec", [InputSpec(size=(64, 64)), InputSpec(size=(96, 96), resize_to=(112, 140))])
+def test_the_numpy_input_is_torchs_on_a_vga_window(events_factory, spec):
+    """A 640 x 480 camera's window: the resize's banded products reach every tap of torch's kernel."""
+    sensor = SensorSize(480, 640)
+    counts = input_histogram(events_factory(30_000, sensor, seed=3), sensor, spec.channels, spec.temporal_bins)
+    expected = histograms_to_input(torch.from_numpy(counts)[None], spec, train=False)[0].numpy()
+    np.testing.assert_allclose(window_input(counts, spec)[0], expected, rtol=0, atol=1e-6)
 
 
 def test_the_numpy_histogram_refuses_what_the_torch_one_refuses(events_factory):

