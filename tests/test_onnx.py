@@ -157,7 +157,9 @@ def test_the_onnx_predictor_gives_what_the_torch_predictor_gives_on_real_windows
         events = center_window(events, SPEC.n_max)
         for reference, deployed in pairs:
             want, got = reference(events, sensor), deployed(events, sensor)
-            assert np.array_equal(got.hist, want.hist) and np.allclose(got.region, want.region)
+            # the published picture is float16: the inputs' float32 rounding may land a value one float16 step apart
+            np.testing.assert_allclose(got.hist.astype(np.float32), want.hist.astype(np.float32), rtol=2**-10, atol=0)
+            assert np.allclose(got.region, want.region)
             if want.probs is not None:
                 np.testing.assert_allclose(got.probs, want.probs, atol=1e-5)
                 assert np.array_equal(got.tokens, want.tokens) and got.tokens.dtype == np.int32
