@@ -120,7 +120,7 @@ def plot_curve(result: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fractions = sorted({p["labels"] for p in result["points"]})
-    fig, axes = plt.subplots(1, len(fractions), figsize=(5.2 * len(fractions), 4.0), squeeze=False, sharey=False)
+    fig, axes = plt.subplots(1, len(fractions), figsize=(5.2 * len(fractions), 4.8), squeeze=False, sharey=False)
     xs_all = sorted({p["recordings"] for p in result["points"]})
     for ax, fraction in zip(axes[0], fractions, strict=True):
         for budget, style in (("epochs", "-"), ("steps", "--")):
@@ -156,7 +156,7 @@ def plot_curve(result: dict[str, Any], path: Path) -> None:
             ylabel=f"{result['metric'].removesuffix('_top1').replace('_', '-')} top-1 (%)",
         )
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="lower right")
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.17), ncol=2)  # below: off the points
     fig.suptitle("More unlabeled recordings: mean ± std over seeds")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
