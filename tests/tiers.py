@@ -166,22 +166,11 @@ def _sources_digest(folders: set[Path]) -> str:
 _CACHE_KEY = "mem/test-tiers"
 PACKAGES = ("app", "mem_core", "recorders", "bench")  # what the tests call: the scan reads names defined there
 
-# The order of the files is pytest-xdist's (``--dist loadfile``: whole files, the ones with most tests first), but for
-# ``FIRST``: the label loop streams a camera in real time for about a minute at about one core, and as one of the last
-# files (two tests) it ran alone at the end of every run while the other workers were done (30-50 s of idle cores).
-# Measured on 2 cores against running all the longest files first: long files side by side take 20-35 % more CPU each
-# (torch's steps compete for the cores and caches), more than the idle tail costs (whole runs: 419 s in xdist's order;
-# 431, 444 and 500 s with the longest first).
-FIRST = ("test_label_loop.py",)
-
-
-def _xdist_order(items: list[pytest.Item]) -> None:
-    """Files by number of tests, most first (pytest-xdist's ``--loadscope-reorder``), ``FIRST`` before them."""
-    files: dict[Path, list[pytest.Item]] = {}
-    for item in items:
-        files.setdefault(Path(item.path), []).append(item)
-    order = sorted(files, key=lambda path: (path.name not in FIRST, -len(files[path])))
-    items[:] = [item for path in order for item in files[path]]
+# The order of the files is pytest-xdist's (``--dist loadfile``: whole files, the ones with most tests first), which
+# leaves the long end-to-end files (few tests each) for last, mostly beside short ones. Measured on 2 cores against
+# running the longest files first: long files side by side take 20-35 % more CPU each (torch's steps compete for the
+# cores and caches), more than the idle tail costs (whole runs: 419 s in this order; 431, 444 and 500 s with the
+# longest first).
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by mark
@@ -207,7 +196,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.slow(reason=reason))
         if cache is not None and reasons != known:
             cache.set(_CACHE_KEY, {"digest": digest, "reasons": reasons})
-    _xdist_order(items)  # the workers report this order; the controller keeps it (``pytest_configure``)
 
 
 @contextlib.contextmanager
@@ -249,8 +237,6 @@ def pytest_configure(config: pytest.Config) -> None:
     # platform.processor() runs `uname -p` the first time it is asked (h5py asks on import) and keeps the answer:
     # asked here, before the guard, no quick test starts that process
     platform.processor()
-    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist's scheduler takes the order ``_xdist_order`` gives
-        config.option.loadscopereorder = False
     config.stash[_saved] = [(owner, name, getattr(owner, name)) for owner, name in _STARTS]
     for owner, name, start in config.stash[_saved]:
         setattr(owner, name, _refusing(f"{getattr(owner, '__name__', owner)}.{name}", start))
