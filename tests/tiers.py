@@ -170,7 +170,8 @@ PACKAGES = ("app", "mem_core", "recorders", "bench")  # what the tests call: the
 # leaves the long end-to-end files (few tests each) for last, mostly beside short ones. Measured on 2 cores against
 # running the longest files first: long files side by side take 20-35 % more CPU each (torch's steps compete for the
 # cores and caches), more than the idle tail costs (whole runs: 419 s in this order; 431, 444 and 500 s with the
-# longest first).
+# longest first). The label loop alone first (it streams a camera in real time): the workers ended within 21 s of each
+# other, but its pretraining ran beside the others' first tests with cold kernel caches (41 s against 14): 421 s.
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by mark
