@@ -123,12 +123,12 @@ class EventSimulator:
         events = advance(
             self._log_bg,
             obj.shape_id,
-            (obj.class_id + 1).astype(np.uint8),
+            self._labels_drawn(),
             obj.center,
             obj.velocity,
             obj.angle,
             obj.angular_speed,
-            np.stack([obj.radius, obj.log_brightness, obj.stripe_freq, obj.stripe_phase], axis=1),
+            self._looks(),
             lo,
             hi,
             float(cfg.texture),
@@ -153,21 +153,21 @@ class EventSimulator:
         return events
 
     def _render(self, out_log: np.ndarray) -> None:
+        """The scene as it stands into ``out_log`` and the label mask (``render_scene``'s (n, 7) parameters: the
+        pose, then ``_looks``)."""
         obj = self._objects
-        params = np.stack(
-            [
-                obj.center[:, 0],
-                obj.center[:, 1],
-                obj.angle,
-                obj.radius,
-                obj.log_brightness,
-                obj.stripe_freq,
-                obj.stripe_phase,
-            ],
-            axis=1,
-        )  # (n, 7)
-        label = (obj.class_id + 1).astype(np.uint8)
-        render_scene(self._log_bg, obj.shape_id, label, params, float(self.config.texture), out_log, self._labels)
+        params = np.concatenate([obj.center, obj.angle[:, None], self._looks()], axis=1)
+        render_scene(self._log_bg, obj.shape_id, self._labels_drawn(), params, float(self.config.texture), out_log,
+                     self._labels)  # fmt: skip
+
+    def _looks(self) -> np.ndarray:
+        """(n, 4) what a step does not change: radius, log brightness, stripe frequency and phase."""
+        obj = self._objects
+        return np.stack([obj.radius, obj.log_brightness, obj.stripe_freq, obj.stripe_phase], axis=1)
+
+    def _labels_drawn(self) -> np.ndarray:
+        """(n,) uint8 the label each object draws in the mask: its class id + 1 (0 is the background)."""
+        return (self._objects.class_id + 1).astype(np.uint8)
 
     def _draw_noise(self, t0: int, dt: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Poisson background-noise candidates in [t0, t0 + dt), sorted by pixel then time."""
