@@ -24,6 +24,7 @@ from app.viewer.client import LiveClient
 from app.viewer.theme import dark_palette
 from app.viewer.window import ViewerWindow
 from mem_core.corpus import Corpus
+from mem_core.runs.rundir import RunDir
 from mem_core.simulator import task_config
 from mem_core.train.evaluate import evaluate_run
 from recorders.simulated import SimulatorSource
@@ -33,10 +34,12 @@ pytestmark = pytest.mark.slow  # labelling, training and a model switch in the l
 CLASSES = ("disc", "cross", "triangle")  # a 3-class camera: chance is 33 %
 CAMERA = replace(task_config(seed=21), classes=CLASSES, scene_us=1_000_000)
 # Checked exactly: every capture holds what was on screen under the class the user pressed (the simulator's ground
-# truth), the model trained on them is the one served, and it learned from its captures: it classifies them above
-# chance. Not more: which scenes a capture catches depends on the machine's pace (a busy machine streams fewer
-# windows a second), and a fit of 57 % against a bar of 60 % was a busy machine, not a broken loop.
-MIN_FIT = 1 / len(CLASSES)
+# truth), the model trained on them is the one served, and it learned from its captures: its training loss, averaged
+# over the first and the last LOSS_EPOCHS epochs, fell by more than MIN_LOSS_FALL (nats). Not its accuracy on the
+# captures: which scenes a capture catches depends on the machine's pace, and on 21 captures of three classes 15 runs
+# of the same code read 38 % to 90 % (one more missed a bar at chance, 33 %); their loss fell by 0.26 to 0.61.
+LOSS_EPOCHS = 10
+MIN_LOSS_FALL = 0.1
 PER_CLASS = 6
 # Guards against a hang, not expectations of speed: on 2 idle cores the captures take about 20 s and Train about 30;
 # a machine busy with other work streams fewer windows a second and trains slower, and the loop waits for them.
@@ -253,13 +256,17 @@ def test_label_windows_in_the_viewer_train_and_the_new_model_takes_over(qtbot, t
     captured = collections.defaultdict(list)
     for stored in corpus.recordings:
         captured[stored.label].append(stored.n_events)
-    fit = evaluate_run(tmp_path / "label-runs" / "label-001" / "export", "corpus", tmp_path / "labels", "all")
+    run = tmp_path / "label-runs" / "label-001"
+    fit = evaluate_run(run / "export", "corpus", tmp_path / "labels", "all")
     print(f"the model trained on {PER_CLASS * 3 - 1} captures classifies {fit['top1']:.0%} of its {fit['n']} captures")
     assert fit["n"] == PER_CLASS * 3 + 3  # every capture, the ones taken after the restart too
-    assert fit["top1"] > MIN_FIT, (  # what a failure needs to be understood
-        f"the model classifies {fit['top1']:.0%} of its captures, confusion {fit.get('confusion')}; live "
-        f"{sum(live)}/{len(live)}; training {panel.training}; events per capture {dict(captured)}; served {served}, "
-        f"held-out captures {val_top1:.0%}"
+    losses = [row["train_loss"] for row in RunDir(run).metrics()]
+    first, last = (float(np.mean(part)) for part in (losses[:LOSS_EPOCHS], losses[-LOSS_EPOCHS:]))
+    assert len(losses) == 150 and last < first - MIN_LOSS_FALL, (  # what a failure needs to be understood
+        f"training loss {first:.3f} over the first {LOSS_EPOCHS} epochs, {last:.3f} over the last; the model "
+        f"classifies {fit['top1']:.0%} of its captures, confusion {fit.get('confusion')}; live {sum(live)}/{len(live)}; "
+        f"training {panel.training}; events per capture {dict(captured)}; served {served}, held-out captures "
+        f"{val_top1:.0%}"
     )
 
 
