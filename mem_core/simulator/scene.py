@@ -67,7 +67,9 @@ def background(sensor: SensorSize, texture: float, rng: np.random.Generator) -> 
     if texture == 0:
         return np.zeros(sensor, dtype=np.float32)
     field_ = 0.75 * _smooth_noise(sensor, 16, rng) + 0.25 * _smooth_noise(sensor, 4, rng)
-    return (texture * (field_ - field_.mean()) / max(field_.std(), 1e-12)).astype(np.float32)
+    # C order, as the flat background's: the fancy indexing of the noise leaves a column-major array, and the compiled
+    # steps would be compiled again for that layout
+    return np.ascontiguousarray(texture * (field_ - field_.mean()) / max(field_.std(), 1e-12), dtype=np.float32)
 
 
 def _smooth_noise(sensor: SensorSize, cell: int, rng: np.random.Generator) -> np.ndarray:
