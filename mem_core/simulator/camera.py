@@ -201,7 +201,9 @@ def advance(
     frequency and phase. The frames alternate between ``log`` and ``log_next``; returns the events, sorted."""
     n = shape_id.size
     params = np.empty((n, 7))
-    params[:, 3:] = looks
+    for j in range(n):  # a loop, not a slice assignment: that compiles numba's shape checks
+        for c in range(4):
+            params[j, 3 + c] = looks[j, c]
     out = np.empty(1024, EVENT_DTYPE)
     m = 0
     for k in range(starts.size):

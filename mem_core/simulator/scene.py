@@ -112,8 +112,10 @@ def render_scene(log_bg, shape_id, label, params, texture, out_log, out_label):
     intensity; a pixel takes an object's label where that object covers at least half of it.
     """
     h, w = log_bg.shape
-    out_log[:, :] = log_bg
-    out_label[:, :] = 0
+    for y in range(h):  # loops, not slice assignments: those compile numba's shape checks (seconds per process)
+        for x in range(w):
+            out_log[y, x] = log_bg[y, x]
+            out_label[y, x] = 0
     for k in range(shape_id.size):
         cx, cy, angle, r = params[k, 0], params[k, 1], params[k, 2], params[k, 3]
         log_brightness, freq, phase = params[k, 4], params[k, 5], params[k, 6]
