@@ -270,28 +270,32 @@ def test_block_mask_is_reproducible_with_a_seed():
         generator(7)
 
 
-def beit_mask(generator: BlockMaskGenerator, rng: np.random.Generator) -> np.ndarray:
+def beit_mask(generator: BlockMaskGenerator, rng: np.random.Generator, cells: np.ndarray | None = None) -> np.ndarray:
     """One mask by BEiT's rule (microsoft/unilm beit/masking_generator.py) in plain Python and numpy, drawing from
-    ``rng`` block by block: the reference the compiled generator must reproduce."""
+    ``rng`` block by block: the reference the compiled generator must reproduce. ``cells`` (h, w): only those patches
+    count, ``round(mask_ratio * cells.sum())`` of them masked."""
     height, width = generator.grid
+    cells = np.ones(generator.grid, dtype=bool) if cells is None else cells
+    target = round(generator.mask_ratio * int(cells.sum()))
     mask = np.zeros(generator.grid, dtype=bool)
     count = 0
-    while count < generator.num_masked:
-        budget = min(generator.num_masked - count, generator.max_block)
+    while count < target:
+        budget = min(target - count, generator.max_block)
         for _ in range(10):
             area = rng.uniform(*sorted((generator.min_block, budget)))
             aspect = math.exp(rng.uniform(*generator.log_aspect))
             h, w = round(math.sqrt(area * aspect)), round(math.sqrt(area / aspect))
             if 1 <= h <= height and 1 <= w <= width:
                 top, left = int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1))
-                new = h * w - int(mask[top : top + h, left : left + w].sum())
+                block = (slice(top, top + h), slice(left, left + w))
+                new = int((cells[block] & ~mask[block]).sum())
                 if 0 < new <= budget:
-                    mask[top : top + h, left : left + w] = True
+                    mask[block] = True
                     count += new
                     break
         else:
-            free = np.flatnonzero(~mask)
-            mask.flat[rng.choice(free, generator.num_masked - count, replace=False)] = True
+            free = np.flatnonzero(cells & ~mask)
+            mask.flat[rng.choice(free, target - count, replace=False)] = True
             break
     return mask
 
@@ -316,6 +320,27 @@ def test_a_batch_of_block_masks_is_beits_rule_drawn_mask_after_mask(grid, ratio,
         rng = np.random.default_rng([seed, 1])
         expected = np.stack([beit_mask(generator, rng) for _ in range(64)]).reshape(64, -1)
         np.testing.assert_array_equal(generator.batch(64, np.random.default_rng([seed, 1])).numpy(), expected)
+
+
+def test_masks_over_the_patches_with_events_follow_the_same_rule_on_those_patches():
+    """With ``occupied`` (``mask_empty=false``), each mask holds ``round(ratio * occupied)`` of its sample's occupied
+    patches, drawn by BEiT's rule counting those only (blocks may also cover empty patches); a sample without events
+    gets no mask, and every patch occupied is the plain rule."""
+    generator = BlockMaskGenerator((8, 8), 0.4)
+    rng = np.random.default_rng(5)
+    occupied = rng.random((64, 8, 8)) < rng.uniform(0.0, 1.0, (64, 1, 1))  # from empty to full samples
+    occupied[0] = False
+    masks = generator.batch(64, np.random.default_rng(9), torch.from_numpy(occupied.reshape(64, -1))).numpy()
+    masks = masks.reshape(64, 8, 8)
+    reference = np.random.default_rng(9)
+    for mask, cells in zip(masks, occupied, strict=True):
+        np.testing.assert_array_equal(mask, beit_mask(generator, reference, cells))
+        assert (mask & cells).sum() == round(0.4 * cells.sum())
+    assert not masks[0].any()
+    full = torch.ones(64, 64, dtype=torch.bool)
+    assert torch.equal(
+        generator.batch(64, np.random.default_rng(3), full), generator.batch(64, np.random.default_rng(3))
+    )
 
 
 # ---------------------------------------------------------------- pretraining (MEM)

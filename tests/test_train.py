@@ -68,6 +68,36 @@ def test_pretrain_predicts_masked_tokens(pretrain_run):
     assert "lm_head.weight" in state and state["lm_head.weight"].shape[0] == 64
 
 
+def test_pretraining_on_the_patches_with_events_predicts_those_only(tmp_path, tokenizer_run, monkeypatch, data_dir):
+    """``mask_empty=false``: in every step and validation, the predicted patches are the masked patches with events,
+    ``mask_ratio`` of each window's patches with events; the run says so in its config. On N-Cars windows, where
+    most patches are empty (the simulated camera's noise reaches nearly every patch)."""
+    from mem_core.models.vit import MEMPretrainModel
+
+    ncars = f"data.path={data_dir / 'ncars-dev'}"
+    cfg = config("pretrain", "mask_empty=false", "mask_ratio=0.5", ncars, dataset="ncars")
+    calls, forward = [], MEMPretrainModel.forward
+
+    def spy(model, x, mask, targets, masked=None):
+        calls.append((x.detach(), mask.cpu(), masked.cpu()))
+        return forward(model, x, mask, targets, masked)
+
+    monkeypatch.setattr(MEMPretrainModel, "forward", spy)
+    run = pretrain.run(cfg, tmp_path / "pre", tokenizer=tokenizer_run)
+    assert len(calls) > 5 and all(np.isfinite(r["train_loss"]) for r in RunDir(run.path).metrics())
+    grid = pretrain.PretrainStage.configure(cfg).model.grid_size  # the ViT's grid, made to fit the input
+    empty = []
+    for x, mask, masked in calls:
+        occupied = pretrain.patch_occupancy(x, grid)
+        assert torch.equal(masked, (mask & occupied).flatten().nonzero()[:, 0])
+        assert torch.equal((mask & occupied).sum(1), (0.5 * occupied.sum(1)).round().long())
+        empty.append(float((~occupied).float().mean()))
+    assert 0.1 < np.mean(empty) < 0.9, empty  # the sim windows leave patches empty
+    assert json.loads((run.path / "config.json").read_text())["config"]["mask_empty"] is False
+    with pytest.raises(ConfigError, match="mask_empty=false is MEM's"):
+        config("pretrain", "method=emae", "mask_empty=false")
+
+
 def test_finetune_from_pretraining_starts_from_its_weights(tmp_path, pretrain_run):
     pre = load_checkpoint(pretrain_run / "checkpoint.pt")["model"]
     run = finetune.run(config("finetune", "lr=0", "min_lr=0", "warmup_epochs=0"), tmp_path / "ft0", init=pretrain_run)

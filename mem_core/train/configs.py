@@ -140,6 +140,9 @@ class PretrainStageConfig(StageConfig):
     mask_ratio: Annotated[float, Range(0, 1, lo_open=True, hi_open=True)] = 0.5
     # smallest masked block in patches; None: BEiT's 16 of 196, scaled to the grid
     mask_min_block: PositiveCount | None = None
+    # true: the mask ratio counts every patch and every masked patch is predicted (BEiT); false (MEM only): only the
+    # patches with events count, mask_ratio of them masked and predicted in each window (blocks may hide empty ones)
+    mask_empty: bool = True
     lr: float = 3e-4
     betas: tuple[float, float] = (0.9, 0.95)
     warmup_steps: int = 1000
@@ -147,6 +150,8 @@ class PretrainStageConfig(StageConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if not self.mask_empty and self.method != "mem":
+            raise ConfigConflict("mask_empty=false is MEM's: eMAE masks uniformly random patches and predicts pixels")
         width, depth, heads = self.emae_decoder
         if not (1 <= width <= MAX_WIDTH and 1 <= depth <= MAX_DEPTH and 1 <= heads <= width):
             raise ConfigError(

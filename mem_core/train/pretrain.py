@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from mem_core.models import (
     BlockMaskGenerator,
@@ -103,10 +104,13 @@ class PretrainStage(Stage):
 
         The masks are made on the CPU, and so are MEM's masked positions: no step waits for the GPU to count them,
         and a compiled model gets them as an input instead of searching for them in its graph."""
-        mask = self.masks.batch(x.shape[0], mask_rng)  # (B, N) on the CPU
+        occupied = None if self.cfg.mask_empty else patch_occupancy(x, self.masks.grid)
+        mask = None if occupied is None else self.masks.batch(x.shape[0], mask_rng, occupied)  # (B, N) on the CPU
+        if mask is None or not (mask & occupied).any():  # every patch counts (also where too few have events)
+            occupied, mask = None, self.masks.batch(x.shape[0], mask_rng)
         if self.tokenizer is None:  # eMAE finds its visible patches on the CPU
             return model(x, mask.pin_memory() if x.device.type == "cuda" else mask)
-        masked = masked_positions(mask)  # (M,)
+        masked = masked_positions(mask if occupied is None else mask & occupied)  # (M,) the patches predicted
         targets = self.targets(x)
         return model(x, to_device(mask, x.device), targets, to_device(masked, x.device))
 
@@ -146,6 +150,13 @@ class PretrainStage(Stage):
 
     def after_validation(self, model: torch.nn.Module, batch) -> None:
         save_predictions(model, self.tokenizer, batch[0], self.cfg, self.runtime, self.run.path / "predictions.png")
+
+
+def patch_occupancy(x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    """``(B, h * w)`` bool on the CPU: the patches of the grid ``grid`` over ``x`` (B, C, H, W) where any channel is
+    nonzero (a window's events). On a GPU the step waits for it: ``mask_empty=false`` pays that."""
+    cells = F.adaptive_max_pool2d(x.detach().abs().amax(1, keepdim=True).float(), grid) > 0  # (B, 1, h, w)
+    return cells.reshape(x.shape[0], -1).cpu()
 
 
 def run(cfg: PretrainStageConfig, out: Path | str, *, tokenizer: Path | str | None, resume: bool = False) -> RunDir:
