@@ -17,7 +17,7 @@ import zmq
 from PySide6 import QtCore, QtWidgets
 
 from app import demo
-from app.config import ServeConfig
+from app.config import LABEL_EPOCHS, ServeConfig
 from app.live.labelling import LabelError
 from app.live.server import LiveServer
 from app.viewer.client import LiveClient
@@ -144,7 +144,7 @@ def test_label_windows_in_the_viewer_train_and_the_new_model_takes_over(qtbot, t
     source = SimulatorSource(camera, speed=2.0)  # a scene lasts half a second: time enough to look and press
     server, client, window = serve_and_view(
         qtbot, tmp_path, source, torch_threads=1, pretrain=pretrain_run, train_out=tmp_path / "label-runs",
-        train_epochs=150,
+        train_epochs=LABEL_EPOCHS,
     )  # fmt: skip
     try:
         panel = window.labels
@@ -262,7 +262,7 @@ def test_label_windows_in_the_viewer_train_and_the_new_model_takes_over(qtbot, t
     assert fit["n"] == PER_CLASS * 3 + 3  # every capture, the ones taken after the restart too
     losses = [row["train_loss"] for row in RunDir(run).metrics()]
     first, last = (float(np.mean(part)) for part in (losses[:LOSS_EPOCHS], losses[-LOSS_EPOCHS:]))
-    assert len(losses) == 150 and last < first - MIN_LOSS_FALL, (  # what a failure needs to be understood
+    assert len(losses) == LABEL_EPOCHS and last < first - MIN_LOSS_FALL, (  # what a failure needs to be understood
         f"training loss {first:.3f} over the first {LOSS_EPOCHS} epochs, {last:.3f} over the last; the model "
         f"classifies {fit['top1']:.0%} of its captures, confusion {fit.get('confusion')}; live {sum(live)}/{len(live)}; "
         f"training {panel.training}; events per capture {dict(captured)}; served {served}, held-out captures "

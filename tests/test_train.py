@@ -92,7 +92,7 @@ def test_pretraining_on_the_patches_with_events_predicts_those_only(tmp_path, to
         assert torch.equal(masked, (mask & occupied).flatten().nonzero()[:, 0])
         assert torch.equal((mask & occupied).sum(1), (0.5 * occupied.sum(1)).round().long())
         empty.append(float((~occupied).float().mean()))
-    assert 0.1 < np.mean(empty) < 0.9, empty  # the sim windows leave patches empty
+    assert 0.1 < np.mean(empty) < 0.9, empty  # N-Cars windows leave many patches empty
     assert json.loads((run.path / "config.json").read_text())["config"]["mask_empty"] is False
     with pytest.raises(ConfigError, match="mask_empty=false is MEM's"):
         config("pretrain", "method=emae", "mask_empty=false")

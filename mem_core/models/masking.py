@@ -158,7 +158,6 @@ class RandomMaskGenerator:
         if not 0.0 <= mask_ratio <= 1.0:
             raise ValueError(f"mask_ratio must be in [0, 1], got {mask_ratio}")
         self.grid = (int(grid[0]), int(grid[1]))
-        self.mask_ratio = mask_ratio
         self.num_masked = round(mask_ratio * self.grid[0] * self.grid[1])
 
     def batch(self, batch_size: int, generator: torch.Generator | np.random.Generator) -> torch.Tensor:
