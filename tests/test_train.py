@@ -173,6 +173,25 @@ def test_each_arm_of_the_experiment_takes_its_own_overrides_after_the_shared_one
     assert finetune_config(decayed, "scratch", 1.0, 0).layer_decay == 0.75  # an earlier recipe, asked for
 
 
+def test_the_distilled_arm_learns_from_the_mem_run_of_its_labels_on_every_recording_with_the_same_steps(tmp_path):
+    """``--distill``: the student of (fraction, seed) is taught by MEM's run of the same fraction and seed, reads the
+    training split without labels and the unlabeled recordings, takes MEM's recipe then its own overrides, and draws
+    as many samples an epoch as the training split holds, so it takes the other arms' steps."""
+    from mem_core.train.experiment import LabelEfficiencyConfig, finetune_config, training_split
+
+    overrides = {"finetune": ["epochs=7"], "mem": ["layer_decay=0.5", "lr=0.01"], "mem-distilled": ["lr=0.02"]}
+    cfg = LabelEfficiencyConfig(
+        dataset="sim", preset="cpu-tiny", out=str(tmp_path), overrides=overrides, distill=True, unlabeled=("rec",)
+    )
+    assert cfg.arms == ("mem", "scratch", "resnet18", "mem-distilled")
+    student = finetune_config(cfg, "mem-distilled", 0.1, 2)
+    assert student.teacher == str((tmp_path / "finetune-mem-labels0.1-seed2").resolve())
+    assert (student.layer_decay, student.lr, student.epochs, student.seed) == (0.5, 0.02, 7, 2)
+    assert student.data.label_fraction == 1.0 and student.data.unlabeled == ("rec",)
+    mem = finetune_config(cfg, "mem", 0.1, 2)
+    assert student.data.epoch_samples == mem.data.epoch_samples == len(training_split(mem)) > 0
+
+
 def test_a_label_fraction_trains_the_steps_and_validations_of_all_labels():
     """A run on a fraction of the labels takes the epochs, steps and validations of the run on all of them: an epoch
     of 300 or 30 labelled samples draws 3,000 (46 steps of 64, as all labels make), in passes over the labelled
@@ -254,6 +273,55 @@ def test_a_malformed_lineage_link_is_an_error_naming_it(tmp_path):
     (run / "init.json").write_text("{truncated")
     with pytest.raises(RunError, match=r"ft/init\.json: not valid JSON"):
         tokenizer_of(run)
+
+
+def test_distillation_leaves_a_student_that_matches_its_teacher_alone_and_pulls_another_toward_it(tmp_path):
+    """A distillation step's loss is the student's tempered cross-entropy against the teacher's probabilities on the
+    same input: a student that predicts what the teacher does gets no gradient and agrees everywhere, and a step
+    down the gradient of another student brings its predictions nearer the teacher's."""
+    import copy
+
+    import torch.nn.functional as F
+
+    from mem_core.datasets import WindowDataset, collate_windows, open_source
+    from mem_core.train.finetune import FinetuneStage
+    from mem_core.train.runtime import Runtime
+
+    t = 2.0
+    cfg = FinetuneStage.configure(
+        config("finetune", "teacher=teacher", f"distill_temperature={t}", "model.drop_path=0")
+    )
+    source = open_source("sim", None, "train")
+    windows = WindowDataset(source, cfg.input, train=True, seed=0)
+    events, _, _ = collate_windows([windows[(i, 0)] for i in range(8)], source.sensor)
+    stage = FinetuneStage(cfg, Runtime(torch.device("cpu")), RunDir(tmp_path / "run"))
+    stage.classes = source.classes
+    torch.manual_seed(0)
+    stage.teacher = stage.build_model().eval().requires_grad_(False)
+    x = stage.train_inputs(events, 0, 0)[0]  # what the step builds from the batch, the teacher and student alike
+
+    def distance(student) -> float:  # KL(teacher || student) at the temperature, over the batch
+        with torch.no_grad():
+            p, q = (F.log_softmax(m(x) / t, -1) for m in (stage.teacher, student))
+        return F.kl_div(q, p, log_target=True, reduction="batchmean").item()
+
+    same = copy.deepcopy(stage.teacher).requires_grad_(True)
+    result = stage.distil_step(same, (events, None, None), 0, 0)
+    result.loss.backward()
+    assert result.metrics["agree"].item() == 1.0
+    grads = [p.grad for p in same.parameters() if p.grad is not None]
+    assert len(grads) > 10 and max(g.abs().max().item() for g in grads) < 1e-6
+
+    torch.manual_seed(1)
+    other = stage.build_model().eval()
+    before = distance(other)
+    result = stage.distil_step(other, (events, None, None), 0, 0)
+    result.loss.backward()
+    with torch.no_grad():
+        for p in other.parameters():
+            if p.grad is not None:
+                p -= 1e-2 * p.grad
+    assert before > 1e-3 and distance(other) < before
 
 
 def test_linear_probe_trains_only_the_head(tmp_path, pretrain_run):
@@ -624,9 +692,10 @@ def test_every_paper_preset_runs_its_code_paths_at_tiny_size(tmp_path, preset, d
 def test_label_efficiency_experiment_scores_three_arms_on_test_and_runs_in_parallel(
     tmp_path, monkeypatch, capsys, request
 ):
-    """MEM, the same ViT from scratch and a CNN yardstick get the same labelled samples and steps; validation picks
-    each run's epoch and the data's test split scores the kept models, which is the headline of the table, the
-    plot and results.json; a user's `mem evaluate` of any run, the CNN's included, reads the same test figure."""
+    """MEM, the same ViT from scratch and a CNN yardstick get the same labelled samples and steps, and a student
+    distilled from each MEM run the same steps too; validation picks each run's epoch and the data's test split
+    scores the kept models, which is the headline of the table, the plot and results.json; a user's `mem evaluate`
+    of any run, the CNN's included, reads the same test figure."""
     import shutil
 
     from mem_core.train.experiment import TEST_SCORES, LabelEfficiencyConfig
@@ -640,13 +709,22 @@ def test_label_efficiency_experiment_scores_three_arms_on_test_and_runs_in_paral
     tok = ["model.num_layers=3", "model.num_tokens=64", "model.hidden_dim=16", "model.codebook_dim=8"]
     overrides = {"all": tiny, "tokenizer": tok, "pretrain": TINY_VIT, "finetune": TINY_VIT}
     cfg = LabelEfficiencyConfig(
-        dataset="sim", out=str(tmp_path), fractions=(0.5, 1.0), seeds=(0,), overrides=overrides, yardstick="resnet10t"
+        dataset="sim",
+        out=str(tmp_path),
+        fractions=(0.5, 1.0),
+        seeds=(0,),
+        overrides=overrides,
+        yardstick="resnet10t",
+        distill=True,
     )
     report = run_experiment(cfg)
     assert report["headline"] == "test_top1" and report["test_samples"] == 300  # sim's test split, every sample
     assert [(r["labels"], r["arm"]) for r in report["rows"]] == [
-        (f, arm) for f in (0.5, 1.0) for arm in ("mem", "scratch", "resnet10t")
+        (f, arm) for f in (0.5, 1.0) for arm in ("mem", "scratch", "resnet10t", "mem-distilled")
     ]
+    for student in (r for r in report["rows"] if r["arm"] == "mem-distilled"):
+        teacher = next(r["run"] for r in report["rows"] if (r["labels"], r["arm"]) == (student["labels"], "mem"))
+        assert json.loads((Path(student["run"]) / "result.json").read_text())["teacher"] == str(Path(teacher).resolve())
     for row in report["rows"]:  # equal steps: the epochs and validations of all labels at every fraction
         assert row["epochs"] == 2 and len(row["val_curve"]) == 2
         assert row["train_samples"] == 24 and not row["cut_short"]  # data.max_samples caps both fractions
@@ -657,11 +735,14 @@ def test_label_efficiency_experiment_scores_three_arms_on_test_and_runs_in_paral
     cnn = next(r for r in report["rows"] if r["arm"] == "resnet10t")
     assert json.loads((Path(cnn["run"]) / "config.json").read_text())["config"]["arch"] == "resnet10t"
     arms = report["arms"]
-    assert set(arms) == {"mem", "scratch", "resnet10t"}
+    assert set(arms) == {"mem", "scratch", "resnet10t", "mem-distilled"}
     assert arms["mem"]["parameters"] == arms["scratch"]["parameters"] != arms["resnet10t"]["parameters"]
     assert all(0 < a["cpu_ms_p50"] <= a["cpu_ms_p95"] for a in arms.values())
-    assert {(lead["labels"], lead["over"]) for lead in report["leads"]} == {
-        (f, arm) for f in (0.5, 1.0) for arm in ("scratch", "resnet10t")
+    assert {(lead["labels"], lead["of"], lead["over"]) for lead in report["leads"]} == {
+        (f, of, arm)
+        for f in (0.5, 1.0)
+        for of, over in (("mem", ("scratch", "resnet10t")), ("mem-distilled", ("mem", "scratch", "resnet10t")))
+        for arm in over
     }
     summary = {(s["labels"], s["arm"]): s for s in report["summary"]}
     assert summary[1.0, "mem"]["test_top1"]["mean"] == next(
@@ -671,7 +752,7 @@ def test_label_efficiency_experiment_scores_three_arms_on_test_and_runs_in_paral
     for expected in (
         "**test top-1 (kept model)**",
         "val top-1 (kept model, chose it)",
-        "MEM's lead",
+        "Leads in top-1 points",
         "CPU ms per live window",
     ):
         assert expected in table
@@ -686,6 +767,7 @@ def test_label_efficiency_experiment_scores_three_arms_on_test_and_runs_in_paral
         "0",
         "--yardstick",
         "resnet10t",
+        "--distill",
         *(a for stage, items in overrides.items() for item in items for a in ("--set", f"{stage}:{item}")),
     ]
     monkeypatch.setattr(sys, "argv", ["mem", *args])
@@ -707,7 +789,7 @@ def test_label_efficiency_experiment_scores_three_arms_on_test_and_runs_in_paral
 
     # --jobs 2: MEM's and the CNN's runs of one fraction train again, side by side, to the same curves (the
     # tokenizer, the pretraining and the other runs reused)
-    again = [row for row in report["rows"] if row["labels"] == 0.5 and row["arm"] != "scratch"]
+    again = [row for row in report["rows"] if row["labels"] == 0.5 and row["arm"] in ("mem", "resnet10t")]
     for row in again:
         shutil.rmtree(row["run"])
     in_parallel = run_experiment(dataclasses.replace(cfg, jobs=2))

@@ -107,6 +107,54 @@ def test_unlabeled_recordings_of_another_sensor_or_for_a_stage_that_learns_label
     assert status == 2 and f"{one_file}: unlabeled recordings must be a corpus or a folder of event files" in err
 
 
+def test_a_finetuned_model_distils_into_a_student_on_unlabeled_recordings_and_the_student_names_its_teacher(
+    tmp_path, recordings, monkeypatch, capsys
+):
+    """``mem finetune --teacher RUN --unlabeled FOLDER``: the student reads the training split without its labels and
+    the unlabeled recordings, learns the teacher's predictions, is judged on the labelled validation split, says
+    what taught it, and is a classifier like any other; a teacher it cannot learn from is refused in one line."""
+    from mem_core.runs.rundir import RunDir
+
+    stage = ["--dataset", "ncars", "--data", str(recordings["ncars"]), "--preset", "cpu-tiny"]
+    teacher, student = tmp_path / "teacher", tmp_path / "student"
+    status, err = mem_in_process(
+        monkeypatch, capsys, "finetune", *stage, "--out", str(teacher), *sets(*TINY, *TINY_VIT)
+    )
+    assert status == 0, err
+    distil = ["--teacher", str(teacher), "--unlabeled", str(recordings["folder"])]
+    status, err = mem_in_process(monkeypatch, capsys, "finetune", *stage, "--out", str(student), *distil,
+                                 *sets(*TINY, *TINY_VIT, "data.max_samples=0", "epochs=2"))  # fmt: skip
+    assert status == 0, err
+    info = json.loads((student / "config.json").read_text())
+    assert info["config"]["teacher"] == str(teacher.resolve())
+    read = info["distillation_data"]
+    assert read["samples"] == 20 + 12 and [(u["kind"], u["recordings"]) for u in read["unlabeled"]] == [("folder", 12)]
+    result = json.loads((student / "result.json").read_text())
+    assert result["teacher"] == str(teacher.resolve()) and result["train_samples"] == 32
+    assert result["classes"] == json.loads((teacher / "result.json").read_text())["classes"]
+    records = RunDir(student).metrics()
+    assert len(records) == 2 and all(0 <= r["train_agree"] <= 1 for r in records)
+    out: list[str] = []
+    status, err = mem_in_process(monkeypatch, capsys, "evaluate", "--model", str(student), "--dataset", "ncars",
+                                 "--data", str(recordings["ncars"]), "--json", stdout=out)  # fmt: skip
+    assert status == 0, err
+    assert json.loads(out[-1].strip().splitlines()[-1])["top1"] == result["top1"]  # what the run reported on val
+
+    refused = [
+        (
+            ["--set", "input.size=[40, 40]"],
+            f"{teacher.resolve()}: the teacher's input is built otherwise (size=(32, 32))",
+        ),
+        (["--label-fraction", "0.5"], "data.label_fraction=0.5: a student distilled from a teacher reads every"),
+        (["--teacher", str(recordings["folder"])], f"{recordings['folder']}: not a MEM run directory"),
+    ]
+    for extra, said in refused:
+        status, err = mem_in_process(monkeypatch, capsys, "finetune", *stage, "--out", str(tmp_path / "no"), *distil,
+                                     *sets(*TINY, *TINY_VIT), *extra)  # fmt: skip
+        assert status == 2 and said in err and len(err.strip().splitlines()) == 1, err
+        assert not (tmp_path / "no").exists()
+
+
 def test_the_experiment_scales_pretraining_to_the_same_steps_or_the_same_epochs(recordings):
     """``--pretrain-budget steps``: the tokenizer's and the pretraining's epochs shrink by the training split's share
     of what they read; ``epochs`` (the default) keeps the preset's epochs over every recording."""

@@ -118,14 +118,27 @@ def finetune(
     init: InitOpt = None,
     label_fraction: LabelFractionOpt = None,
     probe: Annotated[bool, typer.Option("--probe", help="Linear probing: train only the head.")] = False,
+    teacher: Annotated[
+        Path | None,
+        typer.Option(
+            "--teacher",
+            help="Distil: learn this finetune run's (or export's) predictions instead of labels, on the training "
+            "split's recordings and --unlabeled ones.",
+        ),
+    ] = None,
+    unlabeled: UnlabeledOpt = None,
     *,
     recipe: StageRecipe,
 ) -> None:
     """Stage 3: finetune a classifier (or --probe linearly), from --init or from scratch (then without layer decay,
-    as the experiment's ViT from scratch, unless --set layer_decay=...)."""
+    as the experiment's ViT from scratch, unless --set layer_decay=...); with --teacher, distil a finetuned model
+    into it on unlabeled recordings."""
     from mem_core.train import finetune as stage
 
     values = {"probe": probe} if probe else {}
+    if teacher is not None:
+        values["teacher"] = str(teacher)
+    values |= _unlabeled(unlabeled)
     if init is None:
         values["layer_decay"] = stage.SCRATCH_LAYER_DECAY
     if label_fraction is not None:
@@ -282,6 +295,14 @@ def label_efficiency(
             "steps of the training split alone).",
         ),
     ] = _LE.pretrain_budget,
+    distill: Annotated[
+        bool,
+        typer.Option(
+            "--distill",
+            help="A fourth arm: each MEM run teaches a student from the same pretraining on the unlabeled recordings "
+            "(SimCLRv2), with the same steps.",
+        ),
+    ] = _LE.distill,
 ) -> None:
     """Pretrain without labels, then finetune MEM, the same ViT from scratch and a CNN yardstick per label fraction
     and seed; the --choose-on split picks each run's epoch, and every kept model is scored on the data's val,
@@ -309,6 +330,7 @@ def label_efficiency(
             choose_on=choose_on,
             unlabeled=tuple(str(p) for p in unlabeled or ()),
             pretrain_budget=pretrain_budget,
+            distill=distill,
         )
     except ValueError as exc:
         raise fail(f"--fractions/--seeds/--jobs/--yardstick/--choose-on/--pretrain-budget: {exc}") from None

@@ -30,6 +30,17 @@ Crop = Literal["sensor", "extent"]
 CROPS: tuple[str, ...] = ("sensor", "extent")
 LOG_GAIN = 50.0  # default gain of the log scale (``log_scale``)
 Probability = Annotated[float, PROBABILITY]
+# the fields that only training reads: what it draws from a window, not how a window becomes the input
+AUGMENTATIONS = (
+    "shift_px",
+    "flip_polarity_p",
+    "hflip_p",
+    "event_drop_p",
+    "scale_jitter",
+    "noise_events",
+    "randaug_ops",
+    "randaug_magnitude",
+)
 
 
 def n_channels(channels: str, bins: int) -> int:
@@ -100,6 +111,15 @@ class InputSpec:
     def to_dict(self) -> dict:
         """Plain dict for JSON/TOML (``InputSpec(**d)`` restores it)."""
         return dataclasses.asdict(self)
+
+    def input_differences(self, other: InputSpec) -> list[str]:
+        """The fields in which ``other`` builds another model input from the same window, each as ``name=value``
+        of ``other`` (the training augmentations aside: they change only what training draws)."""
+        return [
+            f"{f.name}={getattr(other, f.name)!r}"
+            for f in dataclasses.fields(self)
+            if f.name not in AUGMENTATIONS and getattr(self, f.name) != getattr(other, f.name)
+        ]
 
 
 def _size_pair(name: str, value: Sequence[int]) -> tuple[int, int]:

@@ -183,9 +183,21 @@ class FinetuneStageConfig(StageConfig):
     # L2-SP (Li et al., ICML 2018): l2_sp / 2 x the squared distance of the weights from where finetuning started (the
     # pretrained ones; from scratch, the initial ones), the head aside: what few labels change stays near pretraining
     l2_sp: NonNegative = 0.0
+    # distillation (SimCLRv2's second use of the unlabeled recordings): a finetune run or export whose class
+    # probabilities on each training input (at ``distill_temperature``) the model learns in place of labels (no label
+    # smoothing); it reads the training split with its labels ignored, and ``data.unlabeled`` beside it
+    teacher: str = ""
+    distill_temperature: Annotated[float, POSITIVE] = 1.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.teacher and (self.mixup > 0 or self.cutmix > 0):
+            raise ConfigConflict("mixup and cutmix mix labels; a student distilled from a teacher learns no labels")
+        if self.teacher and self.data.label_fraction < 1:
+            raise ConfigConflict(
+                f"data.label_fraction={self.data.label_fraction}: a student distilled from a teacher reads every "
+                "training recording without its label (the fraction is the teacher's finetuning's)"
+            )
         if self.probe and self.arch != VIT:
             raise ConfigConflict(
                 f"probe: a linear probe reads a pretrained ViT's features, arch={self.arch!r} has none"

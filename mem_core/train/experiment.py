@@ -37,11 +37,21 @@ from mem_core.fields import AT_LEAST_1, SHARE, check_fields
 
 # This module is imported by the command line for the defaults of ``LabelEfficiencyConfig``: torch and the stages
 # are imported by ``run`` (every ``mem`` command would pay seconds for them otherwise).
-from mem_core.train.experiment_report import MEM, SCRATCH, leads, markdown_report, plot, plot_curves, summarize
+from mem_core.train.experiment_report import (
+    DISTILLED,
+    MEM,
+    SCRATCH,
+    leads,
+    markdown_report,
+    plot,
+    plot_curves,
+    summarize,
+)
 
 # the STAGE of --set STAGE:key=value; "mem", "scratch" and "yardstick" apply to that arm's finetuning config after
-# "finetune" (each arm's recipe may be chosen on the validation split, as the yardstick's optimiser is its own)
-ARM_OVERRIDES = (MEM, SCRATCH, "yardstick")
+# "finetune" (each arm's recipe may be chosen on the validation split, as the yardstick's optimiser is its own), and
+# "mem-distilled" to the distilled student's after "mem"'s
+ARM_OVERRIDES = (MEM, SCRATCH, "yardstick", DISTILLED)
 STAGE_OVERRIDES = ("tokenizer", "pretrain", "finetune", *ARM_OVERRIDES, "all")
 NO_YARDSTICK = "none"
 # the splits every kept model is scored on when the data has them: the validation split carved from the training
@@ -89,6 +99,10 @@ class LabelEfficiencyConfig:
     # steps) or "steps" (the tokenizer's and the pretraining's epochs scaled so they take the steps of the training
     # split alone)
     pretrain_budget: str = "epochs"
+    # a fourth arm, SimCLRv2's second use of the unlabeled recordings: each MEM run (fraction, seed) is the teacher of
+    # a student started from the same pretraining, which learns its predictions on the training split's recordings
+    # and the unlabeled ones (no labels), with the steps of the other arms
+    distill: bool = False
 
     def __post_init__(self) -> None:
         from mem_core.configuration import ConfigError
@@ -115,8 +129,14 @@ class LabelEfficiencyConfig:
 
     @property
     def arms(self) -> tuple[str, ...]:
-        """The arms of every (fraction, seed): MEM, scratch and the yardstick CNN (if any)."""
-        return (MEM, SCRATCH) if self.yardstick == NO_YARDSTICK else (MEM, SCRATCH, self.yardstick)
+        """The arms of every (fraction, seed): MEM, scratch, the yardstick CNN (if any), the distilled MEM (if any)."""
+        arms = (MEM, SCRATCH) if self.yardstick == NO_YARDSTICK else (MEM, SCRATCH, self.yardstick)
+        return (*arms, DISTILLED) if self.distill else arms
+
+
+def run_path(cfg: LabelEfficiencyConfig, arm: str, fraction: float, seed: int) -> Path:
+    """The run directory of one finetuning run of the experiment."""
+    return Path(cfg.out) / f"finetune-{arm}-labels{fraction:g}-seed{seed}"
 
 
 def stage_config_of(cfg: LabelEfficiencyConfig, stage: str, *extra: str):
@@ -147,8 +167,10 @@ def finetune_config(cfg: LabelEfficiencyConfig, arm: str, fraction: float, seed:
     """The finetuning config of one run: the preset's with the label fraction and seed, the from-scratch recipe for
     the ViT from scratch and the yardstick's for the CNN arm, then the arm's own overrides (``mem:``, ``scratch:``,
     ``yardstick:``), stretched to the steps of a run on all labels (``equal_steps``, counted on ``train_source``, the
-    training split, opened here when None)."""
-    from mem_core.configuration import apply_overrides
+    training split, opened here when None). The distilled arm: MEM's config, then its overrides (``mem-distilled:``),
+    taught by MEM's run of the same fraction and seed on every training recording without its label and the
+    unlabeled ones, an epoch drawing as many of them as the training split holds (the same steps)."""
+    from mem_core.configuration import apply_overrides, merge
     from mem_core.train.finetune import scratch_config, yardstick_config
 
     ft = stage_config_of(
@@ -159,6 +181,16 @@ def finetune_config(cfg: LabelEfficiencyConfig, arm: str, fraction: float, seed:
         f"data.label_seed={seed}",
         f"data.val_split={cfg.choose_on}",
     )
+    if arm == DISTILLED:
+        ft = apply_overrides(ft, [*cfg.overrides.get(MEM, []), *cfg.overrides.get(DISTILLED, [])])
+        source = train_source if train_source is not None else training_split(ft)
+        distilled = {
+            "teacher": str(run_path(cfg, MEM, fraction, seed).resolve()),
+            "data.label_fraction": 1.0,
+            "data.unlabeled": list(cfg.unlabeled),
+            "data.epoch_samples": all_labels(ft, source) if cfg.equal_steps else 0,
+        }
+        return merge(ft, distilled)
     if arm == MEM:
         ft = apply_overrides(ft, cfg.overrides.get(arm, []))
     elif arm == SCRATCH:
@@ -182,14 +214,17 @@ def equal_steps(cfg, train_source):
     optimisation steps, validations and warm-up of the same run on all labels: each epoch draws as many samples as
     all labels hold (``data.epoch_samples``: several passes over the labelled ones, each in its own order and
     augmentations), so the epochs, the schedule and the validations stay those of the full run."""
-    from mem_core.train.data import train_indices
-
     if cfg.data.label_fraction >= 1:
         return cfg
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, epoch_samples=all_labels(cfg, train_source)))
+
+
+def all_labels(cfg, train_source) -> int:
+    """The training samples of ``cfg`` (a finetuning config) on all labels of ``train_source``."""
+    from mem_core.train.data import train_indices
+
     everything = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, label_fraction=1.0))
-    return dataclasses.replace(
-        cfg, data=dataclasses.replace(cfg.data, epoch_samples=len(train_indices(everything, train_source)))
-    )
+    return len(train_indices(everything, train_source))
 
 
 def run(cfg: LabelEfficiencyConfig) -> dict[str, Any]:
@@ -215,19 +250,22 @@ def run(cfg: LabelEfficiencyConfig) -> dict[str, Any]:
         pre_cfg = pretraining_config(cfg, "pretrain")
         timed("pretrain", lambda: pretrain.run(pre_cfg, pre_path, tokenizer=tok_path, resume=pre_path.exists()))
     runs = [
-        (out / f"finetune-{arm}-labels{fraction:g}-seed{seed}", arm, fraction, seed)
+        (run_path(cfg, arm, fraction, seed), arm, fraction, seed)
         for fraction in cfg.fractions
         for seed in cfg.seeds
         for arm in cfg.arms
     ]
     todo = [(path, arm, fraction, seed) for path, arm, fraction, seed in runs if not RunDir(path).finished]
     train_source = training_split(stage_config_of(cfg, "finetune")) if todo else None
+    pretrained = (MEM, DISTILLED)  # the arms that start from the pretraining
     pending = [
-        (path, arm, finetune_config(cfg, arm, fraction, seed, train_source), pre_path if arm == MEM else None)
+        (path, arm, finetune_config(cfg, arm, fraction, seed, train_source), pre_path if arm in pretrained else None)
         for path, arm, fraction, seed in todo
     ]
-    if pending:
-        timed("finetune (all runs, wall clock)", lambda: finetune_all(pending, cfg.jobs, out / "logs"))
+    # the distilled students after every other run: their teachers are MEM's runs
+    for phase in ([p for p in pending if p[1] != DISTILLED], [p for p in pending if p[1] == DISTILLED]):
+        if phase:
+            timed("finetune (all runs, wall clock)", lambda phase=phase: finetune_all(phase, cfg.jobs, out / "logs"))
     paths = [path for path, *_ in runs]
     scored = timed("scoring", lambda: score_on_splits(cfg, paths))
     test = scored.get("test", {})

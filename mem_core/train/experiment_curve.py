@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mem_core.errors import MemError
-from mem_core.train.experiment_report import COLOURS, MEM, YARDSTICK_COLOUR, arm_label, mean_std
+from mem_core.train.experiment_report import COLOURS, DISTILLED, MEM, YARDSTICK_COLOUR, arm_label, mean_std
 
 RESULTS = "results.json"
 
@@ -83,7 +83,7 @@ def curve(outs: list[Path]) -> dict[str, Any]:
     baselines: dict[tuple[str, float], dict[int, float]] = {}
     for e in experiments:
         for r in e["rows"]:
-            if r["arm"] != MEM:
+            if r["arm"] not in (MEM, DISTILLED):  # the arms that see no unlabeled recordings
                 baselines.setdefault((r["arm"], r["labels"]), {})[r["seed"]] = r[metric]
     bands = [
         {"arm": arm, "labels": fraction, "seeds": len(v), **mean_std(list(v.values()))}

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 MEM, SCRATCH = "mem", "scratch"
+DISTILLED = "mem-distilled"  # a student that learnt MEM's predictions on the unlabeled recordings (SimCLRv2)
 
 
 def mean_std(values: list[float]) -> dict[str, float]:
@@ -33,17 +34,20 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def leads(rows: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
-    """MEM's lead over every other arm in ``metric`` per label fraction: per seed (the same labelled samples in both
-    runs), and its mean and std."""
+    """The lead in ``metric`` per label fraction of MEM over every arm without pretraining, and of the distilled MEM
+    (where there is one) over every other arm: per seed (the same labelled samples in both runs), mean and std."""
     out = []
+    arms = list(dict.fromkeys(r["arm"] for r in rows))
     for fraction in sorted({r["labels"] for r in rows}):
-        mine = {r["seed"]: r[metric] for r in rows if r["labels"] == fraction and r["arm"] == MEM}
-        for arm in dict.fromkeys(r["arm"] for r in rows if r["arm"] != MEM):
-            theirs = {r["seed"]: r[metric] for r in rows if r["labels"] == fraction and r["arm"] == arm}
-            seeds = sorted(mine.keys() & theirs.keys())
-            if seeds:
-                per_seed = [mine[s] - theirs[s] for s in seeds]
-                out.append({"labels": fraction, "over": arm, "per_seed": per_seed, **mean_std(per_seed)})
+        for ours in (MEM, DISTILLED):
+            mine = {r["seed"]: r[metric] for r in rows if r["labels"] == fraction and r["arm"] == ours}
+            for arm in (a for a in arms if a not in (ours, DISTILLED)):
+                theirs = {r["seed"]: r[metric] for r in rows if r["labels"] == fraction and r["arm"] == arm}
+                seeds = sorted(mine.keys() & theirs.keys())
+                if seeds:
+                    per_seed = [mine[s] - theirs[s] for s in seeds]
+                    entry = {"labels": fraction, "of": ours, "over": arm, "per_seed": per_seed}
+                    out.append(entry | mean_std(per_seed))
     return out
 
 
@@ -81,13 +85,13 @@ def markdown_report(report: dict[str, Any]) -> str:
             f"{_pct(s['final_top1'])} | {per_seed} |"
         )
     where = f"the test split ({report['test_samples']} samples)" if on_test else f"{chosen}, final epoch"
-    lines += ["", f"MEM's lead in top-1 points on {where}, per seed:", "", "| labels | over | lead | per seed |"]
-    lines.append("|---|---|---|---|")
+    lines += ["", f"Leads in top-1 points on {where}, per seed:", "", "| labels | of | over | lead | per seed |"]
+    lines.append("|---|---|---|---|---|")
     for lead in report["leads"]:
         per_seed = " / ".join(f"{100 * d:+.1f}" for d in lead["per_seed"])
         lines.append(
-            f"| {lead['labels']:.0%} | {lead['over']} | {100 * lead['mean']:+.1f} ± {100 * lead['std']:.1f} | "
-            f"{per_seed} |"
+            f"| {lead['labels']:.0%} | {lead.get('of', MEM)} | {lead['over']} | "
+            f"{100 * lead['mean']:+.1f} ± {100 * lead['std']:.1f} | {per_seed} |"
         )
     lines += ["", "| arm | parameters | CPU ms per live window, median / p95 |", "|---|---|---|"]
     for arm, info in report["arms"].items():
@@ -101,12 +105,13 @@ def markdown_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-COLOURS = {MEM: "tab:red", SCRATCH: "tab:blue"}
+COLOURS = {MEM: "tab:red", SCRATCH: "tab:blue", DISTILLED: "tab:purple"}
 YARDSTICK_COLOUR = "tab:green"
 
 
 def arm_label(arm: str) -> str:
-    return {MEM: "MEM pretrained", SCRATCH: "same ViT from scratch"}.get(arm, f"{arm} from scratch")
+    labels = {MEM: "MEM pretrained", SCRATCH: "same ViT from scratch", DISTILLED: "MEM, distilled on the unlabeled"}
+    return labels.get(arm, f"{arm} from scratch")
 
 
 def plot(report: dict[str, Any], path: Path) -> None:

@@ -4,6 +4,11 @@ Recipe: mean-pooled patch tokens -> LayerNorm -> Linear; AdamW with layer-wise l
 smoothing, optional mixup / CutMix (timm's ``Mixup``) and an optional EMA of the weights. The best epoch is chosen
 on the *validation* split (never the test split); evaluation windows are deterministic. Outputs: ``best.pt``,
 ``result.json``, ``confusion.png`` and the curves.
+
+With a ``teacher`` (a finetuned classifier) the model learns the teacher's class probabilities instead of labels,
+on the training split's recordings with their labels ignored and on ``data.unlabeled`` (SimCLRv2's distillation,
+Chen et al. 2020: a finetuned model labels the unlabeled recordings for a student, strongest with 1-10 % labels).
+Teacher and student see the same augmented input; the student is judged on the labelled validation split.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from mem_core.schema import class_names_problem
 from mem_core.train.configs import FinetuneStageConfig
 from mem_core.train.engine import StepResult, eval_batches
 from mem_core.train.runtime import Runtime, all_reduce_sum
-from mem_core.train.stage import TaskStage, run_stage
+from mem_core.train.stage import DISTILLATION_DATA, TaskStage, run_stage
 
 FRESH = ("head.", "fc_norm.", "fc.")  # a classifier's new layers (ViT head and its norm, timm CNN head): no L2-SP
 
@@ -35,32 +40,67 @@ class FinetuneStage(TaskStage):
 
     name = "finetune"
     select = "top1"
+    read_unlabeled = DISTILLATION_DATA
+    teacher: torch.nn.Module | None = None  # the frozen classifier a distilled model learns from
+
+    @classmethod
+    def learns_without_labels(cls, cfg: FinetuneStageConfig) -> bool:
+        return bool(cfg.teacher)
 
     @classmethod
     def configure(cls, cfg: FinetuneStageConfig, init: Path | str | None = None):
         if init is not None and cfg.arch != VIT:
             raise RunError(f"{init}: a pretraining run initialises a ViT; arch={cfg.arch!r} trains from scratch")
+        if cfg.teacher:  # the config names the teacher wherever the run is read from
+            cfg = dataclasses.replace(cfg, teacher=str(Path(cfg.teacher).resolve()))
         return super().configure(cfg, init=init)
 
     @property
     def description(self) -> str:
         if self.cfg.arch != VIT:
             return self.cfg.arch
-        return "probe" if self.cfg.probe else "finetune"
+        return "probe" if self.cfg.probe else "distil" if self.cfg.teacher else "finetune"
 
     def prepare(self, train_src, val_src, indices) -> None:
         cfg = self.cfg
-        if (train_src.labels < 0).any():
-            raise RunError(f"{cfg.data.dataset} {cfg.data.train_split}: finetuning needs labels on every sample")
-        if (problem := class_names_problem(train_src.classes)) is not None:
-            raise RunError(f"{cfg.data.dataset} {cfg.data.train_split}: the dataset's {problem}")
-        self.classes = train_src.classes
+        if cfg.teacher:
+            self.classes = self.load_teacher(val_src)
+        else:
+            if (train_src.labels < 0).any():
+                raise RunError(f"{cfg.data.dataset} {cfg.data.train_split}: finetuning needs labels on every sample")
+            if (problem := class_names_problem(train_src.classes)) is not None:
+                raise RunError(f"{cfg.data.dataset} {cfg.data.train_split}: the dataset's {problem}")
+            self.classes = train_src.classes
         self.run.write_json("classes.json", {"classes": self.classes, "train_samples": len(indices)})
         if self.mixup is not None and (cfg.batch_size // self.runtime.world_size) % (2 * cfg.accum_steps):
             raise RunError(
                 f"mixup and cutmix pair each sample with another of its batch: batch_size {cfg.batch_size} over "
                 f"{self.runtime.world_size} process(es) and accum_steps {cfg.accum_steps} must give even micro-batches"
             )
+
+    def load_teacher(self, val_src) -> list[str]:
+        """Load the config's teacher, frozen on the device, once it is shown to classify the validation split's
+        classes from the input this run builds; its class names."""
+        from mem_core.representation import InputSpec
+        from mem_core.runs.export import load_model
+
+        cfg = self.cfg
+        teacher, meta = load_model(cfg.teacher, self.runtime.device)
+        if meta["task"] != "classification":
+            raise RunError(f"{cfg.teacher}: a {meta['task']} model; a teacher classifies")
+        differ = cfg.input.input_differences(InputSpec(**meta["input"]))
+        if differ:
+            raise RunError(
+                f"{cfg.teacher}: the teacher's input is built otherwise ({', '.join(differ)}); the student must see "
+                "the same input: use the teacher's input settings"
+            )
+        if meta["classes"] != val_src.classes:
+            raise RunError(
+                f"{cfg.teacher}: the teacher's classes {meta['classes']} are not the classes of "
+                f"{cfg.data.dataset} {cfg.data.val_split} {val_src.classes}"
+            )
+        self.teacher = teacher.requires_grad_(False)
+        return list(meta["classes"])
 
     @functools.cached_property
     def mixup(self):
@@ -117,6 +157,8 @@ class FinetuneStage(TaskStage):
         return ModelEmaV3(model, decay=self.cfg.ema_decay) if self.cfg.ema_decay > 0 else None
 
     def step(self, model: torch.nn.Module, batch, epoch: int, step: int) -> StepResult:
+        if self.teacher is not None:
+            return self.distil_step(model, batch, epoch, step)
         events, labels, _ = batch
         labels = labels.to(self.runtime.device, non_blocking=True)  # pinned by the loader: no wait for the device
         x, _, g = self.train_inputs(events, epoch, step)
@@ -133,12 +175,25 @@ class FinetuneStage(TaskStage):
         acc = (logits.argmax(-1) == labels).float().mean()
         return StepResult(loss, {"acc": acc}, x.shape[0])
 
+    def distil_step(self, model: torch.nn.Module, batch, epoch: int, step: int) -> StepResult:
+        """The cross-entropy of the student's tempered class probabilities against the teacher's on the same input
+        (x T^2, Hinton et al.'s gradient scale); ``agree``: the share of inputs where both pick the same class."""
+        x, _, _ = self.train_inputs(batch[0], epoch, step)
+        t = self.cfg.distill_temperature
+        with torch.no_grad():
+            targets = F.softmax(self.teacher(x).float() / t, dim=-1)
+        logits = model(x)
+        loss = F.cross_entropy(logits.float() / t, targets) * t**2
+        agree = (logits.argmax(-1) == targets.argmax(-1)).float().mean()
+        return StepResult(loss, {"agree": agree}, x.shape[0])
+
     def evaluate(self, model: torch.nn.Module, loader) -> dict:
         return evaluate_classifier(model, loader, self.cfg.input, self.runtime, len(self.classes))
 
     def finish(self, result: dict) -> dict:
         save_confusion(result["confusion"], self.classes, self.run.path / "confusion.png")
-        return {"init": str(self.init) if self.init else None, "probe": self.cfg.probe}
+        teacher = {"teacher": self.cfg.teacher} if self.cfg.teacher else {}
+        return {"init": str(self.init) if self.init else None, "probe": self.cfg.probe, **teacher}
 
 
 def yardstick_config(cfg: FinetuneStageConfig, arch: str) -> FinetuneStageConfig:

@@ -31,8 +31,9 @@ from mem_core.train.fit import Training, fit
 from mem_core.train.runtime import Runtime, interruptible, teardown_runtime
 
 # in the config file of a run that read unlabeled recordings (``data.unlabeled``): what it was trained on; in a run
-# finetuned from such a run, under ``PRETRAINED_ON``, the same with the pretraining run's path
-PRETRAINING_DATA, PRETRAINED_ON = "pretraining_data", "pretrained_on"
+# finetuned from such a run, under ``PRETRAINED_ON``, the same with the pretraining run's path; in a student distilled
+# on unlabeled recordings, under ``DISTILLATION_DATA``, what it read
+PRETRAINING_DATA, PRETRAINED_ON, DISTILLATION_DATA = "pretraining_data", "pretrained_on", "distillation_data"
 
 
 class Stage(ABC):
@@ -47,6 +48,7 @@ class Stage(ABC):
 
     name: ClassVar[str]
     select: ClassVar[str | None] = None
+    read_unlabeled: ClassVar[str] = PRETRAINING_DATA  # the config entry that names the unlabeled recordings read
 
     def __init__(self, cfg, runtime: Runtime, run: RunDir) -> None:
         self.cfg, self.runtime, self.run = cfg, runtime, run
@@ -160,7 +162,7 @@ def _run_stage(stage_cls: type[Stage], cfg, out: Path | str, resume: bool, input
     train_src, pretraining_data = open_training(cfg)
     val_src = open_split(cfg, cfg.data.val_split)
     if pretraining_data is not None and runtime.is_main:
-        run.note_in_config(PRETRAINING_DATA, pretraining_data)
+        run.note_in_config(stage.read_unlabeled, pretraining_data)
     indices = train_indices(cfg, train_src)
     stage.prepare(train_src, val_src, indices)
     loader, sampler, val_loader = build_stage_loaders(cfg, runtime, train_src, val_src, indices)
@@ -261,11 +263,17 @@ class TaskStage(Stage):
                 run.note_in_config(PRETRAINED_ON, {"run": str(Path(init).resolve()), **pretrained})
 
     @classmethod
+    def learns_without_labels(cls, cfg) -> bool:
+        """Whether the config's run learns from something other than labels (a teacher), and so may read
+        ``data.unlabeled``."""
+        return False
+
+    @classmethod
     def configure(cls, cfg, init: Path | str | None = None):
-        if cfg.data.unlabeled:
+        if cfg.data.unlabeled and not cls.learns_without_labels(cfg):
             raise ConfigError(
                 f"data.unlabeled: {cls.name} learns from labels; pretrain on unlabeled recordings (mem pretrain "
-                "--unlabeled PATH), then finetune from that run (--init)"
+                "--unlabeled PATH), then finetune from that run (--init) or distil a finetune run on them (--teacher)"
             )
         cfg = fit_input(cfg)
         if init is not None:
