@@ -32,7 +32,6 @@ from mem_core.runs.lineage import TOKENIZER_LINK
 from mem_core.runs.rundir import RunDir, RunError
 from mem_core.train.configs import PretrainStageConfig
 from mem_core.train.engine import MetricMeter, StepResult
-from mem_core.train.runtime import Runtime
 from mem_core.train.stage import Stage, run_stage
 from mem_core.visualize import histogram_rgb, save_labelled_png, tile, upscale
 
@@ -104,15 +103,24 @@ class PretrainStage(Stage):
 
         The masks are made on the CPU, and so are MEM's masked positions: no step waits for the GPU to count them,
         and a compiled model gets them as an input instead of searching for them in its graph."""
-        occupied = None if self.cfg.mask_empty else patch_occupancy(x, self.masks.grid)
-        mask = None if occupied is None else self.masks.batch(x.shape[0], mask_rng, occupied)  # (B, N) on the CPU
-        if mask is None or not (mask & occupied).any():  # every patch counts (also where too few have events)
-            occupied, mask = None, self.masks.batch(x.shape[0], mask_rng)
+        mask, predicted = self.draw_masks(x, mask_rng)
         if self.tokenizer is None:  # eMAE finds its visible patches on the CPU
             return model(x, mask.pin_memory() if x.device.type == "cuda" else mask)
-        masked = masked_positions(mask if occupied is None else mask & occupied)  # (M,) the patches predicted
+        masked = masked_positions(predicted)  # (M,) the patches predicted
         targets = self.targets(x)
         return model(x, to_device(mask, x.device), targets, to_device(masked, x.device))
+
+    def draw_masks(self, x: torch.Tensor, mask_rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """The masks of inputs ``x`` (B, C, H, W) drawn from ``mask_rng`` and the masked patches MEM predicts, both
+        ``(B, N)`` bool on the CPU: every masked patch, or with ``mask_empty`` false the masked patches with events
+        (every masked patch where no window of the batch has a masked patch with events)."""
+        occupied = None if self.cfg.mask_empty else patch_occupancy(x, self.masks.grid)
+        if occupied is not None:
+            mask = self.masks.batch(x.shape[0], mask_rng, occupied)
+            if (mask & occupied).any():
+                return mask, mask & occupied
+        mask = self.masks.batch(x.shape[0], mask_rng)  # every patch counts (also where too few have events)
+        return mask, mask
 
     def targets(self, x: torch.Tensor) -> torch.Tensor:
         """The tokenizer's ids of ``x`` (B, N), computed in fp32 inside a bf16 training step too: in bf16 the argmax
@@ -149,7 +157,7 @@ class PretrainStage(Stage):
         return meter.reduce(self.runtime)
 
     def after_validation(self, model: torch.nn.Module, batch) -> None:
-        save_predictions(model, self.tokenizer, batch[0], self.cfg, self.runtime, self.run.path / "predictions.png")
+        save_predictions(self, model, batch[0], self.run.path / "predictions.png")
 
 
 def patch_occupancy(x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
@@ -167,23 +175,21 @@ def run(cfg: PretrainStageConfig, out: Path | str, *, tokenizer: Path | str | No
 
 
 @torch.no_grad()
-def save_predictions(model, tok, events, cfg: PretrainStageConfig, runtime: Runtime, path: Path, n: int = 6) -> None:
-    """Rows: input, masked input, decoded prediction (visible patches keep their target), decoded target."""
+def save_predictions(stage: PretrainStage, model, events, path: Path, n: int = 6) -> None:
+    """Rows: input, masked input, decoded prediction (the patches not predicted keep their target), decoded target;
+    the masks drawn as the stage draws them."""
     model.eval()
-    x = batch_preprocess(events, cfg.input, train=False, device=runtime.device)[:n]
+    cfg, tok = stage.cfg, stage.tokenizer
+    x = batch_preprocess(events, cfg.input, train=False, device=stage.runtime.device)[:n]
     grid = cfg.model.grid_size
     p = cfg.model.patch_size
-    mask = (
-        BlockMaskGenerator(grid, cfg.mask_ratio, min_block=cfg.mask_min_block)
-        .batch(x.shape[0], np.random.default_rng(0))
-        .to(x.device)
-    )
+    mask, shown = (m.to(x.device) for m in stage.draw_masks(x, np.random.default_rng(0)))
     pixel_mask = mask.view(-1, 1, *grid).repeat_interleave(p, 2).repeat_interleave(p, 3)  # (B, 1, H, W)
     masked_input = x * ~pixel_mask
     if tok is not None:
         target = tok.token_ids(x).reshape(x.shape[0], -1)  # (B, N)
         logits = model.lm_head(model.backbone.forward_tokens(x, mask))  # (B, N, V)
-        predicted = torch.where(mask, logits.argmax(-1), target)
+        predicted = torch.where(shown, logits.argmax(-1), target)
         pred_img = tok.decode_ids(predicted.view(-1, *grid)).clamp(0, 1)
         target_img = tok.decode_ids(target.view(-1, *grid)).clamp(0, 1)
     else:
