@@ -170,16 +170,23 @@ def test_the_experiment_scales_pretraining_to_the_same_steps_or_the_same_epochs(
         LabelEfficiencyConfig(pretrain_budget="time")
 
 
-def experiment_out(root: Path, name: str, recordings: int, budget: str, unlabeled: int, mem: list[float]) -> Path:
+def experiment_out(
+    root: Path, name: str, recordings: int, budget: str, unlabeled: int, mem: list[float], distilled: list[float] = ()
+) -> Path:
     """A finished experiment's files as `mem experiment label-efficiency` leaves them (results.json, the pretraining
-    run's config and result), with MEM's and two baselines' test top-1 per seed at 10 % labels."""
+    run's config and result), with MEM's, two baselines' and the distilled MEM's test top-1 per seed at 10 %."""
     out = root / name
     (out / "pretrain").mkdir(parents=True)
     (out / "pretrain" / "result.json").write_text(json.dumps({"stage": "pretrain", "train_samples": recordings}))
     (out / "pretrain" / "config.json").write_text(json.dumps({"stage": "pretrain", "config": {"epochs": 200}}))
     rows = [
         {"arm": arm, "labels": 0.1, "seed": seed, "test_top1": value}
-        for arm, values in (("mem", mem), ("scratch", [0.80, 0.82, 0.84]), ("resnet18", [0.85, 0.85, 0.85]))
+        for arm, values in (
+            ("mem", mem),
+            ("scratch", [0.80, 0.82, 0.84]),
+            ("resnet18", [0.85, 0.85, 0.85]),
+            ("mem-distilled", distilled),
+        )
         for seed, value in enumerate(values)
     ]
     described = (
@@ -198,19 +205,28 @@ def test_experiments_on_more_unlabeled_recordings_read_as_one_curve_beside_the_b
     outs = [
         experiment_out(tmp_path, "u3000", 3000, "epochs", 0, [0.86, 0.86, 0.86]),
         experiment_out(tmp_path, "u9000e", 9000, "epochs", 6000, [0.88, 0.90, 0.92]),
-        experiment_out(tmp_path, "u9000s", 9000, "steps", 6000, [0.87, 0.87, 0.87]),
+        experiment_out(tmp_path, "u9000s", 9000, "steps", 6000, [0.87, 0.87, 0.87], [0.88, 0.89, 0.90]),
     ]
     status, err = mem_in_process(monkeypatch, capsys, "experiment", "unlabeled-curve", *map(str, outs), "--out",
                                  str(tmp_path / "curve"))  # fmt: skip
     assert status == 0, err
     result = json.loads((tmp_path / "curve" / "unlabeled_curve.json").read_text())
-    points = {(p["recordings"], p["budget"]): p for p in result["points"]}
-    assert set(points) == {(3000, "both"), (9000, "epochs"), (9000, "steps")}  # the recipe belongs to both lines
-    assert points[9000, "epochs"]["mean"] == pytest.approx(0.90) and points[9000, "steps"]["pretrain_epochs"] == 67
-    bands = {b["arm"]: b for b in result["bands"]}
+    points = {(p["arm"], p["recordings"], p["budget"]): p for p in result["points"]}
+    assert set(points) == {  # the recipe belongs to both lines
+        ("mem", 3000, "both"),
+        ("mem", 9000, "epochs"),
+        ("mem", 9000, "steps"),
+        ("mem-distilled", 9000, "steps"),
+    }
+    assert points["mem", 9000, "epochs"]["mean"] == pytest.approx(0.90)
+    assert points["mem", 9000, "steps"]["pretrain_epochs"] == 67
+    assert points["mem-distilled", 9000, "steps"]["mean"] == pytest.approx(0.89)
+    bands = {b["arm"]: b for b in result["bands"]}  # the distilled MEM saw unlabeled recordings: no band
+    assert set(bands) == {"scratch", "resnet18"}
     assert bands["scratch"]["mean"] == pytest.approx(0.82) and bands["scratch"]["seeds"] == 3  # each seed once
     table = (tmp_path / "curve" / "unlabeled_curve.md").read_text()
-    assert "| 10% | 9,000 | same epochs (200 epochs) | 90.0 ± 1.6 | 88.0 / 90.0 / 92.0 |" in table
+    assert "| 10% | 9,000 | same epochs (200 epochs) | MEM pretrained | 90.0 ± 1.6 | 88.0 / 90.0 / 92.0 |" in table
+    assert "| 10% | 9,000 | same steps (67 epochs) | MEM, distilled on the unlabeled | 89.0 ± 0.8 |" in table
     assert (tmp_path / "curve" / "unlabeled_curve.png").stat().st_size > 10_000
 
     status, err = mem_in_process(monkeypatch, capsys, "experiment", "unlabeled-curve", str(tmp_path), "--out",

@@ -1,6 +1,7 @@
 """Accuracy against unlabeled recordings: several label-efficiency experiments that differ only in what MEM was
 pretrained on (``--unlabeled``, ``--pretrain-budget``) read as one curve, with the arms that see no unlabeled data
-(the ViT from scratch, the CNN) as bands.
+(the ViT from scratch, the CNN) as bands, and the students distilled from MEM on the same recordings (``--distill``)
+as points of their own.
 
 ``mem experiment unlabeled-curve OUT...`` reads each experiment's ``results.json``: the recordings its pretraining
 read (the pretraining run's training samples: the labelled training split and every unlabeled corpus or folder),
@@ -55,9 +56,9 @@ def read_experiment(out: Path) -> dict[str, Any]:
 
 
 def curve(outs: list[Path]) -> dict[str, Any]:
-    """The experiments ``outs`` as points: per pretraining budget and label fraction, MEM's headline top-1 (mean and
-    std over seeds) at each count of recordings; per label fraction, every other arm (pooled over the experiments
-    that trained it on the same runs, each seed once)."""
+    """The experiments ``outs`` as points: per pretraining budget and label fraction, MEM's and the distilled MEM's
+    headline top-1 (mean and std over seeds) at each count of recordings; per label fraction, every arm that sees no
+    unlabeled recordings (pooled over the experiments that trained it on the same runs, each seed once)."""
     experiments = sorted((read_experiment(o) for o in outs), key=lambda e: e["recordings"])
     headlines = {e["headline"] for e in experiments}
     if len(headlines) != 1:
@@ -65,11 +66,12 @@ def curve(outs: list[Path]) -> dict[str, Any]:
     metric = headlines.pop()
     points = []
     for e in experiments:
-        for fraction in sorted({r["labels"] for r in e["rows"]}):
-            values = [r[metric] for r in e["rows"] if r["arm"] == MEM and r["labels"] == fraction]
+        for fraction, arm in ((f, a) for f in sorted({r["labels"] for r in e["rows"]}) for a in (MEM, DISTILLED)):
+            values = [r[metric] for r in e["rows"] if r["arm"] == arm and r["labels"] == fraction]
             if values:
                 points.append(
                     {
+                        "arm": arm,
                         "recordings": e["recordings"],
                         "budget": e["budget"],
                         "pretrain_epochs": e["pretrain_epochs"],
@@ -95,25 +97,28 @@ def curve(outs: list[Path]) -> dict[str, Any]:
 def markdown_curve(result: dict[str, Any]) -> str:
     """The curve as a table: one row per label fraction and pretraining (recordings, budget), the bands below."""
     lines = [
-        f"| labels | unlabeled recordings pretrained on | pretraining | MEM {result['metric']} | per seed |",
-        "|---|---|---|---|---|",
+        f"| labels | unlabeled recordings pretrained on | pretraining | arm | {result['metric']} | per seed |",
+        "|---|---|---|---|---|---|",
     ]
-    for p in sorted(result["points"], key=lambda p: (p["labels"], p["recordings"], p["budget"])):
+    order = (MEM, DISTILLED)
+    for p in sorted(result["points"], key=lambda p: (p["labels"], p["recordings"], p["budget"], order.index(p["arm"]))):
         budget = {"both": "the recipe", "epochs": "same epochs", "steps": "same steps"}[p["budget"]]
         lines.append(
             f"| {p['labels']:.0%} | {p['recordings']:,} | {budget} ({p['pretrain_epochs']} epochs) | "
-            f"{100 * p['mean']:.1f} ± {100 * p['std']:.1f} | {' / '.join(f'{100 * v:.1f}' for v in p['per_seed'])} |"
+            f"{arm_label(p['arm'])} | {100 * p['mean']:.1f} ± {100 * p['std']:.1f} | "
+            f"{' / '.join(f'{100 * v:.1f}' for v in p['per_seed'])} |"
         )
     for b in result["bands"]:
         lines.append(
-            f"| {b['labels']:.0%} | none | {arm_label(b['arm'])} | {100 * b['mean']:.1f} ± {100 * b['std']:.1f} | |"
+            f"| {b['labels']:.0%} | none | | {arm_label(b['arm'])} | {100 * b['mean']:.1f} ± {100 * b['std']:.1f} | |"
         )
     return "\n".join(lines)
 
 
 def plot_curve(result: dict[str, Any], path: Path) -> None:
     """One panel per label fraction: MEM's top-1 against the recordings it was pretrained on (log x), a line per
-    pretraining budget (mean ± std over seeds), the arms without pretraining as bands (mean ± std)."""
+    pretraining budget (mean ± std over seeds), the distilled MEM likewise, the arms without pretraining as bands
+    (mean ± std)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -123,24 +128,27 @@ def plot_curve(result: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(1, len(fractions), figsize=(5.2 * len(fractions), 4.8), squeeze=False, sharey=False)
     xs_all = sorted({p["recordings"] for p in result["points"]})
     for ax, fraction in zip(axes[0], fractions, strict=True):
-        for budget, style in (("epochs", "-"), ("steps", "--")):
+        for arm, budget, style in ((a, b, s) for a in (MEM, DISTILLED) for b, s in (("epochs", "-"), ("steps", "--"))):
             pts = sorted(
-                (p for p in result["points"] if p["labels"] == fraction and p["budget"] in (budget, "both")),
+                (
+                    p
+                    for p in result["points"]
+                    if p["arm"] == arm and p["labels"] == fraction and p["budget"] in (budget, "both")
+                ),
                 key=lambda p: p["recordings"],
             )
-            if len(pts) < 2 and all(p["budget"] == "both" for p in pts) and budget == "steps":
+            if not pts or (len(pts) < 2 and all(p["budget"] == "both" for p in pts) and budget == "steps"):
                 continue
-            label = {"epochs": "MEM, pretrained the same epochs", "steps": "MEM, pretrained the same steps"}[budget]
             ax.errorbar(
                 [p["recordings"] for p in pts],
                 [100 * p["mean"] for p in pts],
                 yerr=[100 * p["std"] for p in pts],
-                marker="o",
+                marker="o" if arm == MEM else "D",
                 capsize=4,
                 linestyle=style,
-                color=COLOURS[MEM],
+                color=COLOURS[arm],
                 alpha=1.0 if budget == "epochs" else 0.6,
-                label=label,
+                label=f"{'MEM' if arm == MEM else 'MEM distilled'}, pretrained the same {budget}",
             )
         for band in (b for b in result["bands"] if b["labels"] == fraction):
             colour = COLOURS.get(band["arm"], YARDSTICK_COLOUR)
@@ -156,7 +164,7 @@ def plot_curve(result: dict[str, Any], path: Path) -> None:
             ylabel=f"{result['metric'].removesuffix('_top1').replace('_', '-')} top-1 (%)",
         )
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.17), ncol=2)  # below: off the points
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.17))  # below: off the points
     fig.suptitle("More unlabeled recordings: mean ± std over seeds")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
