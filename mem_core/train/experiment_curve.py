@@ -129,16 +129,14 @@ def plot_curve(result: dict[str, Any], path: Path) -> None:
     xs_all = sorted({p["recordings"] for p in result["points"]})
     for ax, fraction in zip(axes[0], fractions, strict=True):
         for arm, budget, style in ((a, b, s) for a in (MEM, DISTILLED) for b, s in (("epochs", "-"), ("steps", "--"))):
-            pts = sorted(
-                (
-                    p
-                    for p in result["points"]
-                    if p["arm"] == arm and p["labels"] == fraction and p["budget"] in (budget, "both")
-                ),
-                key=lambda p: p["recordings"],
-            )
-            if not pts or (len(pts) < 2 and all(p["budget"] == "both" for p in pts) and budget == "steps"):
+            mine = [p for p in result["points"] if p["arm"] == arm and p["labels"] == fraction]
+            scaled = {p["budget"] for p in mine} - {"both"}  # the budgets with points of their own
+            if (scaled and budget not in scaled) or (not scaled and budget == "steps"):
+                continue  # the recipe's point alone is drawn once, in the epochs line
+            pts = sorted((p for p in mine if p["budget"] in (budget, "both")), key=lambda p: p["recordings"])
+            if not pts:
                 continue
+            name = "MEM" if arm == MEM else "MEM distilled"
             ax.errorbar(
                 [p["recordings"] for p in pts],
                 [100 * p["mean"] for p in pts],
@@ -148,7 +146,7 @@ def plot_curve(result: dict[str, Any], path: Path) -> None:
                 linestyle=style,
                 color=COLOURS[arm],
                 alpha=1.0 if budget == "epochs" else 0.6,
-                label=f"{'MEM' if arm == MEM else 'MEM distilled'}, pretrained the same {budget}",
+                label=f"{name}, pretrained the same {budget}" if scaled else name,
             )
         for band in (b for b in result["bands"] if b["labels"] == fraction):
             colour = COLOURS.get(band["arm"], YARDSTICK_COLOUR)
