@@ -40,6 +40,7 @@ from mem_core.fields import AT_LEAST_1, SHARE, check_fields
 from mem_core.train.experiment_report import (
     DISTILLED,
     MEM,
+    PRETRAINED,
     SCRATCH,
     leads,
     markdown_report,
@@ -257,9 +258,8 @@ def run(cfg: LabelEfficiencyConfig) -> dict[str, Any]:
     ]
     todo = [(path, arm, fraction, seed) for path, arm, fraction, seed in runs if not RunDir(path).finished]
     train_source = training_split(stage_config_of(cfg, "finetune")) if todo else None
-    pretrained = (MEM, DISTILLED)  # the arms that start from the pretraining
     pending = [
-        (path, arm, finetune_config(cfg, arm, fraction, seed, train_source), pre_path if arm in pretrained else None)
+        (path, arm, finetune_config(cfg, arm, fraction, seed, train_source), pre_path if arm in PRETRAINED else None)
         for path, arm, fraction, seed in todo
     ]
     # the distilled students after every other run: their teachers are MEM's runs

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from mem_core.errors import MemError
-from mem_core.train.experiment_report import COLOURS, DISTILLED, MEM, YARDSTICK_COLOUR, arm_label, mean_std
+from mem_core.train.experiment_report import COLOURS, MEM, PRETRAINED, YARDSTICK_COLOUR, arm_label, mean_std
 
 RESULTS = "results.json"
 
@@ -66,7 +66,7 @@ def curve(outs: list[Path]) -> dict[str, Any]:
     metric = headlines.pop()
     points = []
     for e in experiments:
-        for fraction, arm in ((f, a) for f in sorted({r["labels"] for r in e["rows"]}) for a in (MEM, DISTILLED)):
+        for fraction, arm in ((f, a) for f in sorted({r["labels"] for r in e["rows"]}) for a in PRETRAINED):
             values = [r[metric] for r in e["rows"] if r["arm"] == arm and r["labels"] == fraction]
             if values:
                 points.append(
@@ -85,7 +85,7 @@ def curve(outs: list[Path]) -> dict[str, Any]:
     baselines: dict[tuple[str, float], dict[int, float]] = {}
     for e in experiments:
         for r in e["rows"]:
-            if r["arm"] not in (MEM, DISTILLED):  # the arms that see no unlabeled recordings
+            if r["arm"] not in PRETRAINED:  # the arms that see no unlabeled recordings
                 baselines.setdefault((r["arm"], r["labels"]), {})[r["seed"]] = r[metric]
     bands = [
         {"arm": arm, "labels": fraction, "seeds": len(v), **mean_std(list(v.values()))}
@@ -100,8 +100,9 @@ def markdown_curve(result: dict[str, Any]) -> str:
         f"| labels | unlabeled recordings pretrained on | pretraining | arm | {result['metric']} | per seed |",
         "|---|---|---|---|---|---|",
     ]
-    order = (MEM, DISTILLED)
-    for p in sorted(result["points"], key=lambda p: (p["labels"], p["recordings"], p["budget"], order.index(p["arm"]))):
+    for p in sorted(
+        result["points"], key=lambda p: (p["labels"], p["recordings"], p["budget"], PRETRAINED.index(p["arm"]))
+    ):
         budget = {"both": "the recipe", "epochs": "same epochs", "steps": "same steps"}[p["budget"]]
         lines.append(
             f"| {p['labels']:.0%} | {p['recordings']:,} | {budget} ({p['pretrain_epochs']} epochs) | "
@@ -128,7 +129,7 @@ def plot_curve(result: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(1, len(fractions), figsize=(5.2 * len(fractions), 4.8), squeeze=False, sharey=False)
     xs_all = sorted({p["recordings"] for p in result["points"]})
     for ax, fraction in zip(axes[0], fractions, strict=True):
-        for arm, budget, style in ((a, b, s) for a in (MEM, DISTILLED) for b, s in (("epochs", "-"), ("steps", "--"))):
+        for arm, budget, style in ((a, b, s) for a in PRETRAINED for b, s in (("epochs", "-"), ("steps", "--"))):
             mine = [p for p in result["points"] if p["arm"] == arm and p["labels"] == fraction]
             scaled = {p["budget"] for p in mine} - {"both"}  # the budgets with points of their own
             if (scaled and budget not in scaled) or (not scaled and budget == "steps"):

@@ -9,6 +9,7 @@ from typing import Any
 
 MEM, SCRATCH = "mem", "scratch"
 DISTILLED = "mem-distilled"  # a student that learnt MEM's predictions on the unlabeled recordings (SimCLRv2)
+PRETRAINED = (MEM, DISTILLED)  # the arms that start from the pretraining: they see the unlabeled recordings
 
 
 def mean_std(values: list[float]) -> dict[str, float]:
@@ -39,7 +40,7 @@ def leads(rows: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
     out = []
     arms = list(dict.fromkeys(r["arm"] for r in rows))
     for fraction in sorted({r["labels"] for r in rows}):
-        for ours in (MEM, DISTILLED):
+        for ours in PRETRAINED:
             mine = {r["seed"]: r[metric] for r in rows if r["labels"] == fraction and r["arm"] == ours}
             for arm in (a for a in arms if a not in (ours, DISTILLED)):
                 theirs = {r["seed"]: r[metric] for r in rows if r["labels"] == fraction and r["arm"] == arm}
@@ -90,7 +91,7 @@ def markdown_report(report: dict[str, Any]) -> str:
     for lead in report["leads"]:
         per_seed = " / ".join(f"{100 * d:+.1f}" for d in lead["per_seed"])
         lines.append(
-            f"| {lead['labels']:.0%} | {lead.get('of', MEM)} | {lead['over']} | "
+            f"| {lead['labels']:.0%} | {lead['of']} | {lead['over']} | "
             f"{100 * lead['mean']:+.1f} ± {100 * lead['std']:.1f} | {per_seed} |"
         )
     lines += ["", "| arm | parameters | CPU ms per live window, median / p95 |", "|---|---|---|"]

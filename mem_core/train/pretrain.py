@@ -117,8 +117,9 @@ class PretrainStage(Stage):
         occupied = None if self.cfg.mask_empty else patch_occupancy(x, self.masks.grid)
         if occupied is not None:
             mask = self.masks.batch(x.shape[0], mask_rng, occupied)
-            if (mask & occupied).any():
-                return mask, mask & occupied
+            predicted = mask & occupied
+            if predicted.any():
+                return mask, predicted
         mask = self.masks.batch(x.shape[0], mask_rng)  # every patch counts (also where too few have events)
         return mask, mask
 

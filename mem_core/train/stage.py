@@ -159,10 +159,10 @@ def _run_stage(stage_cls: type[Stage], cfg, out: Path | str, resume: bool, input
     cfg = stage_cls.configure(cfg, **inputs)
     runtime, run = start_run(stage_cls.name, cfg, out, resume=resume)
     stage = stage_cls(cfg, runtime, run, **inputs)
-    train_src, pretraining_data = open_training(cfg)
+    train_src, read = open_training(cfg)
     val_src = open_split(cfg, cfg.data.val_split)
-    if pretraining_data is not None and runtime.is_main:
-        run.note_in_config(stage.read_unlabeled, pretraining_data)
+    if read is not None and runtime.is_main:  # what the run read beside its training split
+        run.note_in_config(stage.read_unlabeled, read)
     indices = train_indices(cfg, train_src)
     stage.prepare(train_src, val_src, indices)
     loader, sampler, val_loader = build_stage_loaders(cfg, runtime, train_src, val_src, indices)
