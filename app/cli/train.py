@@ -356,3 +356,21 @@ def unlabeled_curve(
     result = write_curve(experiments, out)
     typer.echo(markdown_curve(result))
     typer.echo(f"plot: {out / 'unlabeled_curve.png'}")
+
+
+@experiment_app.command("recipes")
+def experiment_recipes(
+    base: Annotated[Path, typer.Argument(help="The finished label-efficiency experiment (its --out) with the recipe.")],
+    variants: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Finished experiments with the same data, seeds and choosing split, some arm trained otherwise."
+        ),
+    ],
+    out: Annotated[Path, typer.Option("--out", help="Where recipes.json and recipes.md go.")] = Path("runs/recipes"),
+) -> None:
+    """Each variant against the recipe, seed by seed: what changed (read off the runs' configs), the gain on every
+    scored split, taken when it gains on the split the experiments chose on: recipes.{md,json}."""
+    from mem_core.train.experiment_recipes import markdown_recipes, write_recipes
+
+    typer.echo(markdown_recipes(write_recipes(base, variants, out)))

@@ -235,12 +235,7 @@ def _check_same_config(
     new = json.loads(json.dumps(json_safe(config)))  # as it would be stored: lists for tuples, None for NaN
     if defaults is not None:
         stored = _filled(stored, json.loads(json.dumps(json_safe(defaults))))
-    differ = [
-        key
-        for key in _differences(stored, new)
-        if key not in RESUME_MAY_CHANGE
-        and not (key in PATH_KEYS and _same_place(_value_at(stored, key), _value_at(new, key)))
-    ]
+    differ = [key for key in setting_differences(stored, new) if key not in RESUME_MAY_CHANGE]
     if differ:
         shown = ", ".join(f"{k} ({_at(stored, k)!r} -> {_at(new, k)!r})" for k in differ[:4])
         more = f" and {len(differ) - 4} more" if len(differ) > 4 else ""
@@ -248,6 +243,20 @@ def _check_same_config(
             f"{where.parent}: --resume continues the run as it was started, and its {where.name} differs in "
             f"{shown}{more}: resume with its settings, or start a new --out"
         )
+
+
+def setting_differences(a: dict[str, Any], b: dict[str, Any], defaults: dict[str, Any] | None = None) -> list[str]:
+    """The dotted settings where two stored configs (``config`` objects of ``config.json``) differ: with
+    ``defaults``, a setting one of them lacks (a run started before it existed) counts as its default; a data path
+    written relative in one and absolute in the other that names the same place is the same setting."""
+    if defaults is not None:
+        filler = json.loads(json.dumps(json_safe(defaults)))
+        a, b = _filled(a, filler), _filled(b, filler)
+    return [
+        key
+        for key in _differences(a, b)
+        if not (key in PATH_KEYS and _same_place(setting_at(a, key), setting_at(b, key)))
+    ]
 
 
 def _renamed(stored: dict[str, Any]) -> dict[str, Any]:
@@ -296,7 +305,8 @@ def _differences(a: Any, b: Any, prefix: str = "") -> list[str]:
     return [d for key in sorted(a.keys() | b.keys()) for d in _differences(a.get(key), b.get(key), f"{prefix}{key}.")]
 
 
-def _value_at(config: dict[str, Any], key: str) -> Any:
+def setting_at(config: dict[str, Any], key: str) -> Any:
+    """The value of the dotted setting ``key`` in a stored config (``None`` where it has none)."""
     value: Any = config
     for part in key.split("."):
         value = value.get(part) if isinstance(value, dict) else None
@@ -305,7 +315,7 @@ def _value_at(config: dict[str, Any], key: str) -> Any:
 
 def _at(config: dict[str, Any], key: str) -> Any:
     """The value at ``key`` as an error message shows it (at most 60 characters)."""
-    value = _value_at(config, key)
+    value = setting_at(config, key)
     return value if len(repr(value)) <= 60 else f"{repr(value)[:57]}..."
 
 

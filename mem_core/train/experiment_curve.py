@@ -21,11 +21,8 @@ from mem_core.train.experiment_report import COLOURS, MEM, PRETRAINED, YARDSTICK
 RESULTS = "results.json"
 
 
-def read_experiment(out: Path) -> dict[str, Any]:
-    """One experiment's ``results.json`` and the recordings its pretraining read; ``MemError`` in one line when it
-    is not a finished label-efficiency experiment."""
-    from mem_core.runs.rundir import RunDir
-
+def load_results(out: Path) -> dict[str, Any]:
+    """A finished label-efficiency experiment's ``results.json``; ``MemError`` in one line when it is not one."""
     path = Path(out) / RESULTS
     try:
         report = json.loads(path.read_text())
@@ -35,6 +32,15 @@ def read_experiment(out: Path) -> dict[str, Any]:
         raise MemError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(report, dict) or "rows" not in report:
         raise MemError(f"{path}: not a label-efficiency experiment's results (no rows)")
+    return report
+
+
+def read_experiment(out: Path) -> dict[str, Any]:
+    """One experiment's ``results.json`` and the recordings its pretraining read; ``MemError`` in one line when it
+    is not a finished label-efficiency experiment."""
+    from mem_core.runs.rundir import RunDir
+
+    report = load_results(out)
     pretraining = report.get("pretraining") or {}
     result = Path(out) / "pretrain" / "result.json"
     if not result.is_file():
