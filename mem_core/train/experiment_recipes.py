@@ -96,7 +96,7 @@ def compare(base_out: Path, variant_out: Path) -> dict[str, Any]:
             "base's own run: nothing to compare"
         )
     comparisons = []
-    for (arm, fraction), matched in sorted(pairs.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+    for (arm, fraction), matched in sorted(pairs.items(), key=lambda kv: kv[0][1]):  # the arms in the rows' order
         matched.sort(key=lambda pair: pair[0]["seed"])
         splits = {}
         for split, key in SPLIT_KEYS.items():
