@@ -161,7 +161,8 @@ def test_a_config_file_extends_a_preset_and_states_only_its_changes(tmp_path, mo
     assert mine.lr == 3e-4 and mine.eval_every == 4  # its own change, then cpu-small's over cpu-tiny's 1
     assert mine.model == replace(tiny.model, stem="resnet")  # cpu-small's one change to cpu-tiny's model
     # a stage's dotted `input.` key changes that field alone; the rest of cpu-tiny's [input] stays
-    assert mine.input == replace(tiny.input, event_drop_p=0.75) and mine.layer_decay == tiny.layer_decay
+    cpu_small_augmentations = {"event_drop_p": 0.75, "flip_polarity_p": 0.5, "scale_jitter": 0.25}
+    assert mine.input == replace(tiny.input, **cpu_small_augmentations) and mine.layer_decay == tiny.layer_decay
     assert stage_config("pretrain", config_file=path).epochs == 200
 
     path.write_text("extends = 3\n")
