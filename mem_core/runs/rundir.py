@@ -245,18 +245,17 @@ def _check_same_config(
         )
 
 
-def setting_differences(a: dict[str, Any], b: dict[str, Any], defaults: dict[str, Any] | None = None) -> list[str]:
-    """The dotted settings where two stored configs (``config`` objects of ``config.json``) differ: with
-    ``defaults``, a setting one of them lacks (a run started before it existed) counts as its default; a data path
-    written relative in one and absolute in the other that names the same place is the same setting."""
+def setting_differences(
+    a: dict[str, Any], b: dict[str, Any], defaults: dict[str, Any] | None = None
+) -> dict[str, tuple[Any, Any]]:
+    """``{dotted setting: (a's value, b's value)}`` where two stored configs (``config`` objects of ``config.json``)
+    differ: with ``defaults``, a setting one of them lacks (a run started before it existed) counts as its default; a
+    data path written relative in one and absolute in the other that names the same place is the same setting."""
     if defaults is not None:
         filler = json.loads(json.dumps(json_safe(defaults)))
         a, b = _filled(a, filler), _filled(b, filler)
-    return [
-        key
-        for key in _differences(a, b)
-        if not (key in PATH_KEYS and _same_place(setting_at(a, key), setting_at(b, key)))
-    ]
+    values = {key: (setting_at(a, key), setting_at(b, key)) for key in _differences(a, b)}
+    return {key: v for key, v in values.items() if not (key in PATH_KEYS and _same_place(*v))}
 
 
 def _renamed(stored: dict[str, Any]) -> dict[str, Any]:

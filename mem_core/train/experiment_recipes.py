@@ -27,35 +27,23 @@ SAME_FOR_EVERY_EXPERIMENT = ("dataset", "choose_on", "headline")
 
 
 def chosen_on(report: dict[str, Any]) -> str:
-    return report.get("choose_on", "val")  # the experiment's default
+    """The split an experiment chose on (results written before the choice was recorded chose on the default)."""
+    from mem_core.train.experiment import LabelEfficiencyConfig
+
+    return report.get("choose_on", LabelEfficiencyConfig.__dataclass_fields__["choose_on"].default)
 
 
-def run_config(run: Path) -> dict[str, Any]:
-    """A run's ``config.json`` under today's setting names; ``MemError`` in one line when the run is missing."""
-    from mem_core.runs.rundir import RunDir, RunError
-
-    try:
-        return RunDir(run).read_config()
-    except RunError as e:
-        raise MemError(f"{e} (a run of the experiment)") from None
-
-
-def differences(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> dict[str, list[Any]]:
-    """``{setting: [a's, b's]}`` for every setting where two runs' configs differ, a setting one lacks counted as
-    its stage's default."""
-    from mem_core.runs.rundir import setting_at, setting_differences
+def differences(a: Path, b: Path, prefix: str = "") -> dict[str, list[Any]]:
+    """``{setting: [a's, b's]}`` for every setting where the configs of the runs ``a`` and ``b`` differ, a setting one
+    lacks counted as its stage's default (``RunDir.read_config`` gives every setting its present name)."""
+    from mem_core.runs.rundir import RunDir, setting_differences
     from mem_core.train.configs import STAGES
 
-    defaults = to_dict(STAGES[a["stage"]]()) if a.get("stage") in STAGES else {}
-
-    def value(config: dict[str, Any], key: str) -> Any:
-        found = setting_at(config, key)
-        return setting_at(defaults, key) if found is None else found
-
-    return {
-        f"{prefix}{k}": [value(a["config"], k), value(b["config"], k)]
-        for k in setting_differences(a["config"], b["config"], defaults)
-    }
+    first, second = RunDir(a).read_config(), RunDir(b).read_config()
+    stage = STAGES.get(first.get("stage"))
+    defaults = to_dict(stage()) if stage is not None else None
+    changed = setting_differences(first["config"], second["config"], defaults)
+    return {f"{prefix}{key}": list(values) for key, values in changed.items()}
 
 
 def changes(base_run: Path, variant_run: Path) -> dict[str, list[Any]]:
@@ -63,10 +51,10 @@ def changes(base_run: Path, variant_run: Path) -> dict[str, list[Any]]:
     pretraining's settings prefixed ``pretrain:`` when the two start from different pretraining runs."""
     from mem_core.runs.lineage import pretraining_run_of
 
-    changed = differences(run_config(base_run), run_config(variant_run))
+    changed = differences(base_run, variant_run)
     pre_a, pre_b = pretraining_run_of(base_run), pretraining_run_of(variant_run)
     if pre_a and pre_b and pre_a.resolve() != pre_b.resolve():
-        pretrained = differences(run_config(pre_a), run_config(pre_b), "pretrain:")
+        pretrained = differences(pre_a, pre_b, "pretrain:")
         changed |= pretrained or {"pretrain:run": [str(pre_a), str(pre_b)]}  # the same settings, pretrained again
     elif bool(pre_a) != bool(pre_b):
         changed["init"] = [str(pre_a or ""), str(pre_b or "")]  # pretrained against from scratch
@@ -115,6 +103,7 @@ def compare(base_out: Path, variant_out: Path) -> dict[str, Any]:
                 "arm": arm,
                 "labels": fraction,
                 "seeds": [b["seed"] for b, _ in matched],
+                # read off the first seed's pair: the seeds of one arm differ in their seed alone
                 "changes": changes(Path(matched[0][0]["run"]), Path(matched[0][1]["run"])),
                 "splits": splits,
                 "taken": splits[chosen_on(base)]["gain"]["mean"] > 0,
