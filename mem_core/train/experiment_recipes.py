@@ -30,7 +30,7 @@ def chosen_on(report: dict[str, Any]) -> str:
     """The split an experiment chose on (results written before the choice was recorded chose on the default)."""
     from mem_core.train.experiment import LabelEfficiencyConfig
 
-    return report.get("choose_on", LabelEfficiencyConfig.__dataclass_fields__["choose_on"].default)
+    return report.get("choose_on", LabelEfficiencyConfig.choose_on)  # the field's default
 
 
 def differences(a: Path, b: Path, prefix: str = "") -> dict[str, list[Any]]:
