@@ -779,6 +779,17 @@ def test_label_efficiency_experiment_scores_three_arms_on_test_and_runs_in_paral
     out = capsys.readouterr().out
     assert "test top-1 (kept model)" in out and "resnet10t" in out and "results:" in out
 
+    # --no-baselines: MEM and its students alone (another point of an unlabeled curve), their finished runs reused
+    monkeypatch.setattr(sys, "argv", ["mem", *args, "--no-baselines"])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    assert exit_info.value.code == 0, capsys.readouterr().err
+    assert "resnet10t" not in capsys.readouterr().out
+    alone = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert [(r["labels"], r["arm"]) for r in alone] == [(f, a) for f in (0.5, 1.0) for a in ("mem", "mem-distilled")]
+    pretrained = {r["run"]: r["test_top1"] for r in report["rows"] if r["arm"] in ("mem", "mem-distilled")}
+    assert {r["run"]: r["test_top1"] for r in alone} == pretrained
+
     # `mem evaluate` scores the yardstick's run like any other
     evaluate = ["mem", "evaluate", "--model", cnn["run"], "--dataset", "sim", "--split", "test", "--json"]
     monkeypatch.setattr(sys, "argv", evaluate)

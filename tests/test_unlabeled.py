@@ -171,10 +171,18 @@ def test_the_experiment_scales_pretraining_to_the_same_steps_or_the_same_epochs(
 
 
 def experiment_out(
-    root: Path, name: str, recordings: int, budget: str, unlabeled: int, mem: list[float], distilled: list[float] = ()
+    root: Path,
+    name: str,
+    recordings: int,
+    budget: str,
+    unlabeled: int,
+    mem: list[float],
+    distilled: list[float] = (),
+    baselines: bool = True,
 ) -> Path:
     """A finished experiment's files as `mem experiment label-efficiency` leaves them (results.json, the pretraining
-    run's config and result), with MEM's, two baselines' and the distilled MEM's test top-1 per seed at 10 %."""
+    run's config and result), with MEM's, two baselines' (unless ``--no-baselines``) and the distilled MEM's test
+    top-1 per seed at 10 %."""
     out = root / name
     (out / "pretrain").mkdir(parents=True)
     (out / "pretrain" / "result.json").write_text(json.dumps({"stage": "pretrain", "train_samples": recordings}))
@@ -183,8 +191,8 @@ def experiment_out(
         {"arm": arm, "labels": 0.1, "seed": seed, "test_top1": value}
         for arm, values in (
             ("mem", mem),
-            ("scratch", [0.80, 0.82, 0.84]),
-            ("resnet18", [0.85, 0.85, 0.85]),
+            ("scratch", [0.80, 0.82, 0.84] if baselines else []),
+            ("resnet18", [0.85, 0.85, 0.85] if baselines else []),
             ("mem-distilled", distilled),
         )
         for seed, value in enumerate(values)
@@ -232,3 +240,44 @@ def test_experiments_on_more_unlabeled_recordings_read_as_one_curve_beside_the_b
     status, err = mem_in_process(monkeypatch, capsys, "experiment", "unlabeled-curve", str(tmp_path), "--out",
                                  str(tmp_path / "curve"))  # fmt: skip
     assert status == 2 and f"{tmp_path}: no results.json" in err
+
+
+def test_a_curve_grows_by_one_experiment_without_the_run_directories_of_the_earlier_ones(tmp_path, monkeypatch, capsys):
+    """The curve's JSON is a source: a point pretrained on 4,500 recordings, MEM alone (--no-baselines), joins the
+    points and bands of experiments whose directories are gone."""
+    outs = [
+        experiment_out(tmp_path, "u3000", 3000, "epochs", 0, [0.86, 0.86, 0.86]),
+        experiment_out(tmp_path, "u9000s", 9000, "steps", 6000, [0.87, 0.87, 0.87], [0.88, 0.89, 0.90]),
+    ]
+    status, err = mem_in_process(monkeypatch, capsys, "experiment", "unlabeled-curve", *map(str, outs), "--out",
+                                 str(tmp_path / "first"))  # fmt: skip
+    assert status == 0, err
+    earlier = tmp_path / "first" / "unlabeled_curve.json"
+    for out in outs:
+        shutil.rmtree(out)
+    u4500 = experiment_out(tmp_path, "u4500s", 4500, "steps", 1500, [0.83, 0.86, 0.89], baselines=False)
+    status, err = mem_in_process(monkeypatch, capsys, "experiment", "unlabeled-curve", str(earlier), str(u4500),
+                                 "--out", str(tmp_path / "grown"))  # fmt: skip
+    assert status == 0, err
+    result = json.loads((tmp_path / "grown" / "unlabeled_curve.json").read_text())
+    points = {(p["arm"], p["recordings"]): p["mean"] for p in result["points"]}
+    assert points == pytest.approx({("mem", 3000): 0.86, ("mem", 4500): 0.86, ("mem", 9000): 0.87,
+                                    ("mem-distilled", 9000): 0.89})  # fmt: skip
+    bands = {b["arm"]: b for b in result["bands"]}  # from the earlier experiments: u4500s trained none
+    assert set(bands) == {"scratch", "resnet18"} and bands["scratch"]["seeds"] == 3
+    assert (bands["scratch"]["mean"], bands["resnet18"]["mean"]) == pytest.approx((0.82, 0.85))
+    table = (tmp_path / "grown" / "unlabeled_curve.md").read_text()
+    assert "| 10% | 4,500 | same steps (67 epochs) | MEM pretrained | 86.0 ± 2.4 |" in table
+
+    # the same experiment read again takes the place of its copy in the earlier curve
+    status, err = mem_in_process(monkeypatch, capsys, "experiment", "unlabeled-curve",
+                                 str(tmp_path / "grown" / "unlabeled_curve.json"), str(u4500),
+                                 "--out", str(tmp_path / "again"))  # fmt: skip
+    assert status == 0, err
+    again = json.loads((tmp_path / "again" / "unlabeled_curve.json").read_text())
+    assert [e["recordings"] for e in again["experiments"]] == [3000, 4500, 9000]
+
+    (tmp_path / "other.json").write_text(json.dumps({"rows": []}))
+    status, err = mem_in_process(monkeypatch, capsys, "experiment", "unlabeled-curve", str(tmp_path / "other.json"),
+                                 "--out", str(tmp_path / "bad"))  # fmt: skip
+    assert status == 2 and f"{tmp_path / 'other.json'}: not an unlabeled curve" in err and err.count("\n") <= 1

@@ -303,6 +303,15 @@ def label_efficiency(
             "(SimCLRv2), with the same steps.",
         ),
     ] = _LE.distill,
+    baselines: Annotated[
+        bool,
+        typer.Option(
+            "--baselines/--no-baselines",
+            help="Train the arms that see no unlabeled recordings (the ViT from scratch, the yardstick CNN); "
+            "--no-baselines runs MEM alone, e.g. another point of 'mem experiment unlabeled-curve', which takes "
+            "their bands from the experiments that trained them.",
+        ),
+    ] = _LE.baselines,
 ) -> None:
     """Pretrain without labels, then finetune MEM, the same ViT from scratch and a CNN yardstick per label fraction
     and seed; the --choose-on split picks each run's epoch, and every kept model is scored on the data's val,
@@ -331,6 +340,7 @@ def label_efficiency(
             unlabeled=tuple(str(p) for p in unlabeled or ()),
             pretrain_budget=pretrain_budget,
             distill=distill,
+            baselines=baselines,
         )
     except ValueError as exc:
         raise fail(f"--fractions/--seeds/--jobs/--yardstick/--choose-on/--pretrain-budget: {exc}") from None
@@ -343,7 +353,10 @@ def label_efficiency(
 def unlabeled_curve(
     experiments: Annotated[
         list[Path],
-        typer.Argument(help="Finished label-efficiency experiments (their --out) that differ in what MEM saw."),
+        typer.Argument(
+            help="Finished label-efficiency experiments (their --out) that differ in what MEM saw, or curves written "
+            "before (their unlabeled_curve.json: every experiment they were drawn from)."
+        ),
     ],
     out: Annotated[Path, typer.Option("--out", help="Where the table, JSON and plot go.")] = Path(
         "runs/unlabeled-curve"

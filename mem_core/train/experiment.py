@@ -104,6 +104,10 @@ class LabelEfficiencyConfig:
     # a student started from the same pretraining, which learns its predictions on the training split's recordings
     # and the unlabeled ones (no labels), with the steps of the other arms
     distill: bool = False
+    # the arms that see no unlabeled recordings (the ViT from scratch, the yardstick CNN); False runs MEM (and its
+    # students) alone: another point of ``mem experiment unlabeled-curve``, whose bands come from the experiments that
+    # trained them on the same labels and seeds
+    baselines: bool = True
 
     def __post_init__(self) -> None:
         from mem_core.configuration import ConfigError
@@ -130,8 +134,12 @@ class LabelEfficiencyConfig:
 
     @property
     def arms(self) -> tuple[str, ...]:
-        """The arms of every (fraction, seed): MEM, scratch, the yardstick CNN (if any), the distilled MEM (if any)."""
-        arms = (MEM, SCRATCH) if self.yardstick == NO_YARDSTICK else (MEM, SCRATCH, self.yardstick)
+        """The arms of every (fraction, seed): MEM, scratch and the yardstick CNN (if any; neither without
+        ``baselines``), the distilled MEM (if any)."""
+        if not self.baselines:
+            arms: tuple[str, ...] = (MEM,)
+        else:
+            arms = (MEM, SCRATCH) if self.yardstick == NO_YARDSTICK else (MEM, SCRATCH, self.yardstick)
         return (*arms, DISTILLED) if self.distill else arms
 
 

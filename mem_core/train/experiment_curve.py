@@ -3,10 +3,12 @@ pretrained on (``--unlabeled``, ``--pretrain-budget``) read as one curve, with t
 (the ViT from scratch, the CNN) as bands, and the students distilled from MEM on the same recordings (``--distill``)
 as points of their own.
 
-``mem experiment unlabeled-curve OUT...`` reads each experiment's ``results.json``: the recordings its pretraining
+``mem experiment unlabeled-curve SOURCE...`` reads each experiment's ``results.json``: the recordings its pretraining
 read (the pretraining run's training samples: the labelled training split and every unlabeled corpus or folder),
 how it was scaled (the same epochs or the same steps), and every kept model's top-1 on the headline split. It writes
-``unlabeled_curve.json``, ``unlabeled_curve.md`` and ``unlabeled_curve.png``.
+``unlabeled_curve.json``, ``unlabeled_curve.md`` and ``unlabeled_curve.png``. The JSON holds every experiment it was
+drawn from, rows included, and is itself a source: a curve grows by one experiment without the run directories (and
+their checkpoints) of the earlier ones.
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ from mem_core.errors import MemError
 from mem_core.train.experiment_report import COLOURS, MEM, PRETRAINED, YARDSTICK_COLOUR, arm_label, mean_std
 
 RESULTS = "results.json"
+CURVE = "unlabeled_curve.json"
+# what every experiment of a curve's JSON holds (``read_experiment``'s keys the curve is drawn from)
+EXPERIMENT_KEYS = ("out", "recordings", "budget", "pretrain_epochs", "headline", "rows")
+ROW_KEYS = ("arm", "labels", "seed")
 
 
 def load_results(out: Path) -> dict[str, Any]:
@@ -61,11 +67,41 @@ def read_experiment(out: Path) -> dict[str, Any]:
     }
 
 
-def curve(outs: list[Path]) -> dict[str, Any]:
-    """The experiments ``outs`` as points: per pretraining budget and label fraction, MEM's and the distilled MEM's
-    headline top-1 (mean and std over seeds) at each count of recordings; per label fraction, every arm that sees no
-    unlabeled recordings (pooled over the experiments that trained it on the same runs, each seed once)."""
-    experiments = sorted((read_experiment(o) for o in outs), key=lambda e: e["recordings"])
+def read_curve(path: Path) -> list[dict[str, Any]]:
+    """The experiments an earlier curve (its ``unlabeled_curve.json``) was drawn from; ``MemError`` in one line when
+    the file is not such a curve."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except ValueError as e:
+        raise MemError(f"{path}: not valid JSON ({e})") from None
+    experiments = data.get("experiments") if isinstance(data, dict) else None
+    if not isinstance(experiments, list) or not all(
+        isinstance(e, dict)
+        and all(k in e for k in EXPERIMENT_KEYS)
+        and isinstance(e["rows"], list)
+        and all(isinstance(r, dict) and all(k in r for k in (*ROW_KEYS, e["headline"])) for r in e["rows"])
+        for e in experiments
+    ):
+        raise MemError(f"{path}: not an unlabeled curve ({CURVE} of mem experiment unlabeled-curve)")
+    return experiments
+
+
+def read_sources(sources: list[Path]) -> list[dict[str, Any]]:
+    """The experiments of ``sources`` (finished experiments' directories, earlier curves' JSON files), each once: an
+    experiment read again (the same ``out``) takes the place of its earlier copy."""
+    experiments: dict[str, dict[str, Any]] = {}
+    for source in sources:
+        for e in read_curve(source) if Path(source).is_file() else [read_experiment(source)]:
+            experiments.pop(e["out"], None)
+            experiments[e["out"]] = e
+    return list(experiments.values())
+
+
+def curve(sources: list[Path]) -> dict[str, Any]:
+    """The experiments of ``sources`` as points: per pretraining budget and label fraction, MEM's and the distilled
+    MEM's headline top-1 (mean and std over seeds) at each count of recordings; per label fraction, every arm that
+    sees no unlabeled recordings (pooled over the experiments that trained it on the same runs, each seed once)."""
+    experiments = sorted(read_sources(sources), key=lambda e: e["recordings"])
     headlines = {e["headline"] for e in experiments}
     if len(headlines) != 1:
         raise MemError(f"the experiments are scored on different splits ({', '.join(sorted(headlines))})")
@@ -177,11 +213,11 @@ def plot_curve(result: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def write_curve(outs: list[Path], dest: Path) -> dict[str, Any]:
-    """``curve(outs)`` written into ``dest``: JSON, markdown table and plot."""
-    result = curve(outs)
+def write_curve(sources: list[Path], dest: Path) -> dict[str, Any]:
+    """``curve(sources)`` written into ``dest``: JSON, markdown table and plot."""
+    result = curve(sources)
     dest.mkdir(parents=True, exist_ok=True)
-    (dest / "unlabeled_curve.json").write_text(json.dumps(result, indent=2) + "\n")
+    (dest / CURVE).write_text(json.dumps(result, indent=2) + "\n")
     (dest / "unlabeled_curve.md").write_text(markdown_curve(result) + "\n")
     plot_curve(result, dest / "unlabeled_curve.png")
     return result
