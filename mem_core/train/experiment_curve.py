@@ -75,25 +75,27 @@ def read_curve(path: Path) -> list[dict[str, Any]]:
     except ValueError as e:
         raise MemError(f"{path}: not valid JSON ({e})") from None
     experiments = data.get("experiments") if isinstance(data, dict) else None
-    if not isinstance(experiments, list) or not all(
-        isinstance(e, dict)
-        and all(k in e for k in EXPERIMENT_KEYS)
-        and isinstance(e["rows"], list)
-        and all(isinstance(r, dict) and all(k in r for k in (*ROW_KEYS, e["headline"])) for r in e["rows"])
-        for e in experiments
-    ):
+    if not isinstance(experiments, list) or not all(map(_is_experiment, experiments)):
         raise MemError(f"{path}: not an unlabeled curve ({CURVE} of mem experiment unlabeled-curve)")
     return experiments
+
+
+def _is_experiment(e: Any) -> bool:
+    """Whether ``e`` holds what the curve is drawn from: ``EXPERIMENT_KEYS``, and rows with ``ROW_KEYS`` and the
+    headline figure."""
+    if not isinstance(e, dict) or not all(k in e for k in EXPERIMENT_KEYS) or not isinstance(e["rows"], list):
+        return False
+    return all(isinstance(r, dict) and all(k in r for k in (*ROW_KEYS, e["headline"])) for r in e["rows"])
 
 
 def read_sources(sources: list[Path]) -> list[dict[str, Any]]:
     """The experiments of ``sources`` (finished experiments' directories, earlier curves' JSON files), each once: an
     experiment read again (the same ``out``) takes the place of its earlier copy."""
-    experiments: dict[str, dict[str, Any]] = {}
-    for source in sources:
-        for e in read_curve(source) if Path(source).is_file() else [read_experiment(source)]:
-            experiments.pop(e["out"], None)
-            experiments[e["out"]] = e
+    experiments = {
+        e["out"]: e
+        for source in sources
+        for e in (read_curve(source) if Path(source).is_file() else [read_experiment(source)])
+    }
     return list(experiments.values())
 
 
