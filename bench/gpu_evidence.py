@@ -61,8 +61,9 @@ class Scale:
     run_overhead_s: float  # a finetuning run's cost beside its steps: loaders, validations, checkpoints, plots
     latency_windows: int
     yardstick: str = "resnet18"
-    jobs: int = 1  # finetuning runs at once (each a process of its own; a small model leaves a GPU mostly idle)
+    jobs: int = 1  # finetuning runs at once (each a process of its own)
     parallel_speedup: float = 1.0  # how much faster ``jobs`` runs at once finish than one after the other
+    min_epochs: int = 8  # a finetuning run's fewest epochs: fractions are left out (the last first) to give them
     choose_on: str = "val-apart"  # picks each run's epoch where the data has it (else val); never test
 
 
@@ -75,10 +76,11 @@ GPU = Scale(
     overrides={},
     files_per_class=None,
     calibration_steps=10,
-    run_overhead_s=6.0,  # measured on the H200: ~8.4 s a run of which 4.5 s trained (process, loaders, scoring)
+    # measured on the H200, one run at a time: ~8.4 s a run of which 4.5 s trained (process, loaders, scoring).
+    # Three at once were slower together than one alone: ~900 images/s in all against ~2,000 for one (the runs share
+    # the 16 cores' loaders and one GPU), so the runs go one after the other
+    run_overhead_s=4.0,
     latency_windows=30,
-    jobs=3,
-    parallel_speedup=2.0,
 )
 TINY_VIT = ("model.embed_dim=32", "model.depth=2", "model.num_heads=2")
 SMOKE = Scale(
@@ -98,6 +100,7 @@ SMOKE = Scale(
     run_overhead_s=1.0,
     latency_windows=5,
     yardstick="resnet10t",
+    min_epochs=1,
 )
 # of the time left after setup and calibration: on the H200, 0.08 / 0.45 / 0.47 left 3 epochs a finetuning run (not
 # trained) after 149 pretraining epochs; the finetuning runs are what the comparison is about
@@ -185,7 +188,9 @@ def _experiment(scale: Scale, data: Path, out: Path):
 
 def calibrate(experiment, events: float, steps: int) -> dict[str, float]:
     """Images/s of each stage's training step at the experiment's sizes, on batches of synthetic windows of the
-    data's mean event count on the N-Cars sensor (``mem bench train``'s measurement)."""
+    data's mean event count on the N-Cars sensor (``mem bench train``'s measurement), and the samples/s each
+    finetuning arm's own loader delivers from the training split (``loader vit``, ``loader cnn``): on the H200 the
+    loader, not the step, bounds a finetuning run."""
     from bench.bench_train import bench_stage
     from mem_core.datasets.ncars import NCARS_SENSOR
     from mem_core.models import DiscreteVAE
@@ -222,7 +227,45 @@ def calibrate(experiment, events: float, steps: int) -> dict[str, float]:
                 **inputs,
             )
             rates[name] = measured["images_per_s"]
+    for name, arm in (("loader vit", "mem"), ("loader cnn", experiment.yardstick)):
+        rates[name] = loader_rate(finetune_config(experiment, arm, 1.0, 0), batches=max(2, steps))
     return rates
+
+
+def loader_rate(cfg, batches: int) -> float:
+    """Samples/s the training loader of finetuning config ``cfg`` delivers: its workers reading the training split,
+    cutting and augmenting windows, collating and pinning them, over ``batches`` batches after the first (which pays
+    the workers' start)."""
+    import torch
+
+    from mem_core.train.data import build_loader, open_training
+    from mem_core.train.runtime import Runtime
+
+    source, _ = open_training(cfg)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    loader, sampler = build_loader(
+        source,
+        cfg.input,
+        train=True,
+        seed=0,
+        batch_size=cfg.batch_size,
+        runtime=Runtime(device),
+        num_workers=cfg.data.num_workers,
+    )
+    seen, start = 0, None
+    try:
+        for epoch in range(batches + 1):
+            sampler.set_epoch(epoch)
+            for events, _, _ in loader:
+                if start is None:
+                    start = time.perf_counter()
+                    continue
+                seen += len(events)
+                if seen >= batches * cfg.batch_size:
+                    return seen / (time.perf_counter() - start)
+    finally:
+        loader.close()
+    return seen / (time.perf_counter() - start) if start is not None and seen else float("inf")
 
 
 def _train_samples(experiment) -> int:
@@ -260,23 +303,51 @@ def train_stages(call: Call, experiment, rates: dict[str, float]) -> None:
     call.efficiency = efficiency
 
 
+def finetune_seconds_per_sample(call: Call, rates: dict[str, float]) -> float:
+    """Seconds one training sample costs the three arms of a run together: each arm at the slower of its step (at the
+    efficiency the stages before reached) and its loader."""
+    seconds = 0.0
+    for arm in ARMS_PER_RUN:
+        step = rates["finetune vit" if arm == "vit" else "finetune cnn"] * call.efficiency
+        seconds += 1 / min(step, rates.get(f"loader {arm}", math.inf))
+    return seconds
+
+
+def plan_finetuning(call: Call, experiment, rates: dict[str, float], budget: float) -> tuple[int, tuple[float, ...]]:
+    """The epochs of every finetuning run and the fractions that get them: all fractions if their runs afford
+    ``min_epochs`` each in ``budget``, else the fewest left out from the end (they come in the order that matters)."""
+    samples = _train_samples(experiment)
+    per_sample = finetune_seconds_per_sample(call, rates)
+    speedup = call.scale.parallel_speedup
+    fractions = experiment.fractions
+    while True:
+        rounds = len(fractions) * len(experiment.seeds)  # each round: one run of every arm
+        overhead = rounds * len(ARMS_PER_RUN) * call.scale.run_overhead_s / speedup
+        epochs = max(1, math.floor((budget - overhead) * speedup / (rounds * samples * per_sample)))
+        if epochs >= call.scale.min_epochs or len(fractions) == 1:
+            return epochs, fractions
+        fractions = fractions[:-1]
+
+
 def run_experiment(call: Call, experiment, rates: dict[str, float]) -> dict[str, Any]:
     """The finetuning runs of the experiment, a fraction at a time (each call reuses the finished runs and writes
     the report so far), with the epochs every run can afford in the time left; a fraction that would not finish in
-    time is left out and named."""
+    time, or whose runs would leave every run fewer than ``min_epochs``, is left out and named."""
     from mem_core.train.experiment import run as run_experiment
 
     samples = _train_samples(experiment)
-    runs = len(experiment.fractions) * len(experiment.seeds) * len(ARMS_PER_RUN)
-    step_seconds = sum(1 / rates["finetune vit" if a == "vit" else "finetune cnn"] for a in ARMS_PER_RUN)
     budget = call.left()
-    efficiency = call.efficiency
     speedup = call.scale.parallel_speedup
-    per_epoch = samples * step_seconds / efficiency * len(experiment.seeds) * len(experiment.fractions) / speedup
-    epochs = max(1, math.floor((budget - runs * call.scale.run_overhead_s / speedup) / per_epoch))
-    run_budget = epochs * samples * step_seconds / efficiency / len(ARMS_PER_RUN) + call.scale.run_overhead_s
+    epochs, fractions = plan_finetuning(call, experiment, rates, budget)
+    if fractions != experiment.fractions:
+        call.not_run += [f"{f:.0%} of the labels" for f in experiment.fractions[len(fractions) :]]
+        log(f"left out to give each run {call.scale.min_epochs} epochs or more: {', '.join(call.not_run)}")
+        experiment = dataclasses.replace(experiment, fractions=fractions)
+    runs = len(fractions) * len(experiment.seeds) * len(ARMS_PER_RUN)
+    run_budget = epochs * samples * finetune_seconds_per_sample(call, rates) / len(ARMS_PER_RUN)
+    run_budget += call.scale.run_overhead_s
     stage = call.stages["finetune"] = Stage("finetune", budget_s=budget, epochs=epochs)
-    stage.images_per_s = rates["finetune vit"]
+    stage.images_per_s = min(rates["finetune vit"], rates.get("loader vit", math.inf))
     log(f"finetune: {runs} runs of {epochs} epochs in a budget of {budget:.0f} s")
     shared = max(1.0, call.scale.jobs / speedup)  # a run beside others runs this much slower than alone
     limits = [f"epochs={epochs}", f"time_limit_s={2 * run_budget * shared:.1f}"]
@@ -286,8 +357,9 @@ def run_experiment(call: Call, experiment, rates: dict[str, float]) -> dict[str,
     for k, fraction in enumerate(experiment.fractions):
         needed = len(experiment.seeds) * len(ARMS_PER_RUN) * run_budget / speedup
         if k > 0 and call.left() < 0.8 * needed:
-            call.not_run += [f"{f:.0%} of the labels" for f in experiment.fractions[k:]]
-            log(f"out of time: {', '.join(call.not_run)} left out ({call.left():.0f} s left, {needed:.0f} needed)")
+            late = [f"{f:.0%} of the labels" for f in experiment.fractions[k:]]
+            call.not_run += late
+            log(f"out of time: {', '.join(late)} left out ({call.left():.0f} s left, {needed:.0f} needed)")
             break
         step = dataclasses.replace(experiment, fractions=experiment.fractions[: k + 1], overrides=overrides)
         report = run_experiment(step)
@@ -318,6 +390,7 @@ def write_report(call: Call, experiment, info: dict, rates: dict[str, float], re
         "not_run": call.not_run,
         "pretrain_config": _config_of(Path(experiment.out) / "pretrain"),
         "experiment": report,
+        "run_timing": run_timing(report),
     }
     parts = export_parts(Path(experiment.out) / "pretrain", call.out)
     header["pretrained_parts"] = [p.name for p in parts]
@@ -338,7 +411,7 @@ def write_report(call: Call, experiment, info: dict, rates: dict[str, float], re
     if call.not_run:
         lines += ["", f"Left out for lack of time: {', '.join(call.not_run)}."]
     if report:
-        lines += ["", markdown_report(report)]
+        lines += ["", markdown_report(report), "", timing_table(header["run_timing"])]
         shutil.copy(Path(experiment.out) / "label_efficiency.png", call.out / "label_efficiency.png")
     text = "\n".join(lines) + "\n"
     (call.out / "results.md").write_text(text)
@@ -352,6 +425,43 @@ def stage_table(call: Call) -> str:
         rows.append(
             f"| {stage.name} | {stage.budget_s:.0f} | {stage.seconds:.0f} | {stage.epochs} | "
             f"{stage.images_per_s:,.0f} | {flag} |"
+        )
+    return "\n".join(rows)
+
+
+def run_timing(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Where each finetuning run's time went (from its metrics): the epochs it trained, its first epoch (the
+    workers' start), the median of the others, and the whole of its epochs."""
+    from mem_core.runs.rundir import RunDir
+
+    timing = []
+    for row in report.get("rows", []):
+        seconds = [r["epoch_seconds"] for r in RunDir(Path(row["run"])).metrics() if "epoch_seconds" in r]
+        if seconds:
+            rest = sorted(seconds[1:]) or seconds
+            timing.append(
+                {
+                    "arm": row["arm"],
+                    "labels": row["labels"],
+                    "seed": row["seed"],
+                    "epochs": len(seconds),
+                    "first_epoch_s": seconds[0],
+                    "epoch_s": rest[len(rest) // 2],
+                    "epochs_s": sum(seconds),
+                }
+            )
+    return timing
+
+
+def timing_table(timing: list[dict[str, Any]]) -> str:
+    rows = [
+        "| labels | arm | seed | epochs | first epoch s | epoch s (median) | all epochs s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for t in timing:
+        rows.append(
+            f"| {t['labels']:.0%} | {t['arm']} | {t['seed']} | {t['epochs']} | {t['first_epoch_s']:.1f} | "
+            f"{t['epoch_s']:.1f} | {t['epochs_s']:.1f} |"
         )
     return "\n".join(rows)
 
