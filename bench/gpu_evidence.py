@@ -5,7 +5,7 @@ everything the call needs is prepared on a CPU and the call itself does one thin
 (``bash bench/gpu_evidence.sh MODE``, which runs ``python -m bench.gpu_evidence MODE``):
 
 ``prepare`` (``bench/gpu_pack.py``)
-    packs ``ncars-dev`` (train, val, val-apart and test) as ``.evz`` files (``mem_core.io.pack``) into one uncompressed zip,
+    packs ``ncars-dev`` (train, test, val-apart, and val when it fits) as ``.evz`` files (``mem_core.io.pack``) into one uncompressed zip,
     and downloads the wheels the GPU machine lacks (pydantic and its parts, timm at the locked version) into the
     git-ignored ``.gpu/``; prints the sizes, tracked code included, against the 60 MiB the call may carry.
 ``run``
@@ -95,7 +95,7 @@ SMOKE = Scale(
         "pretrain": TINY_VIT,
         "finetune": TINY_VIT,
     },
-    files_per_class={"train": 24, "val": 8, "val-apart": 8, "test": 8},
+    files_per_class={"train": 24, "val-apart": 8, "test": 8},  # as the GPU call packs ncars-dev: val left out
     calibration_steps=1,
     run_overhead_s=1.0,
     latency_windows=5,
@@ -156,7 +156,8 @@ def run(scale: Scale, out: Path, data_zip: Path, work: Path | None = None) -> di
         archive.extractall(data)
     info = json.loads((data_zip.parent / PACK_INFO).read_text())
     log(f"unpacked {info['files']} files ({info['events'] / 1e6:.1f} M events) in {call.elapsed():.1f} s")
-    experiment = _experiment(scale, data, work / "experiment")
+    has_val = keep_train_whole(data)
+    experiment = _experiment(scale, data, work / "experiment", has_val)
     rates = calibrate(experiment, info["mean_events"], scale.calibration_steps)
     log("images/s: " + ", ".join(f"{k} {v:,.0f}" for k, v in rates.items()) + f" ({call.elapsed():.0f} s in)")
     report: dict[str, Any] = {}
@@ -168,9 +169,23 @@ def run(scale: Scale, out: Path, data_zip: Path, work: Path | None = None) -> di
     return report
 
 
-def _experiment(scale: Scale, data: Path, out: Path):
+def keep_train_whole(data: Path) -> bool:
+    """Whether the call carried ``data/val``; where it did not, an empty ``val/`` keeps N-Cars from carving one out of
+    ``train`` (the arms train on the whole split, as on a CPU) and leaves nothing to score there."""
+    if (data / "val").is_dir():
+        return True
+    (data / "val").mkdir()
+    return False
+
+
+def _experiment(scale: Scale, data: Path, out: Path, has_val: bool = True):
     from mem_core.train.experiment import LabelEfficiencyConfig
 
+    choose_on = scale.choose_on if (data / scale.choose_on).is_dir() else "val"
+    overrides = {stage: list(values) for stage, values in scale.overrides.items()}
+    if not has_val:  # the tokenizer and pretraining watch the choosing split (they choose nothing)
+        for stage in ("tokenizer", "pretrain"):
+            overrides[stage] = [*overrides.get(stage, []), f"data.val_split={choose_on}"]
     return LabelEfficiencyConfig(
         dataset="ncars",
         data=str(data),
@@ -179,10 +194,10 @@ def _experiment(scale: Scale, data: Path, out: Path):
         fractions=scale.fractions,
         seeds=scale.seeds,
         yardstick=scale.yardstick,
-        overrides={stage: list(values) for stage, values in scale.overrides.items()},
+        overrides=overrides,
         latency_windows=scale.latency_windows,
         jobs=scale.jobs,
-        choose_on=scale.choose_on if (data / scale.choose_on).is_dir() else "val",
+        choose_on=choose_on,
     )
 
 

@@ -21,8 +21,10 @@ CARRY_LIMIT = 60 * 2**20  # what the call may carry, tracked code included (the 
 WHEELS = ("pydantic", "pydantic-core", "annotated-types", "typing-inspection", "timm")  # not on the GPU image
 DEVICE_PYTHON = "3.12"  # the GPU image's python3
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
-SPLITS = ("train", "val", "test")
-OPTIONAL_SPLITS = ("val-apart",)  # packed when the data has it and the call can carry it
+SPLITS = ("train", "test")
+# the splits that choose, best first: the first the data has is packed, each other one when the call can carry it
+# (ncars-dev's val-apart, recorded apart from training, leaves no room for val: val is left out)
+CHOOSING_SPLITS = ("val-apart", "val")
 ZIP_ENTRY_BYTES = 2 * 100  # a stored member's local header and central directory entry, with its name
 
 
@@ -31,15 +33,17 @@ def log(message: str) -> None:
 
 
 def prepare(src: Path, dst: Path = PACK, files_per_class: dict[str, int] | None = None, wheels: bool = True) -> dict:
-    """Pack ``src`` (an N-Cars folder with ``train/``, ``val/`` and ``test/``) into ``dst/DATA_ZIP`` and the GPU
-    machine's missing wheels into ``dst/WHEELS_DIR``; an ``OPTIONAL_SPLITS`` folder of ``src`` joins the zip when
-    the call still carries at most ``CARRY_LIMIT`` with it, else it is left out and named. Returns what
-    ``PACK_INFO`` records (files, events, bytes, per split, left out)."""
+    """Pack ``src`` (an N-Cars folder with ``train/``, ``test/`` and ``val-apart/`` or ``val/``) into
+    ``dst/DATA_ZIP`` and the GPU machine's missing wheels into ``dst/WHEELS_DIR``: ``SPLITS`` and the first of
+    ``CHOOSING_SPLITS`` ``src`` has; each other one joins the zip when the call still carries at most
+    ``CARRY_LIMIT`` with it, else it is left out and named. Returns what ``PACK_INFO`` records (files, events,
+    bytes, per split, left out)."""
     from mem_core.io.pack import pack_folder
 
-    missing = [split for split in SPLITS if not (src / split).is_dir()]
+    choosing = [split for split in CHOOSING_SPLITS if (src / split).is_dir()]
+    missing = [f"{split}/" for split in SPLITS if not (src / split).is_dir()] + ([] if choosing else ["val/"])
     if missing:
-        raise SystemExit(f"{src}: no {', '.join(f'{s}/' for s in missing)} folder: give an ncars-dev-like folder")
+        raise SystemExit(f"{src}: no {', '.join(missing)} folder: give an ncars-dev-like folder")
     dst.mkdir(parents=True, exist_ok=True)
     if wheels:
         download_wheels(dst / WHEELS_DIR)
@@ -50,13 +54,14 @@ def prepare(src: Path, dst: Path = PACK, files_per_class: dict[str, int] | None 
     with tempfile.TemporaryDirectory(prefix="gpu-evidence-") as tmp:
         source = _subset(src, Path(tmp) / "subset", files_per_class) if files_per_class else src
         with zipfile.ZipFile(dst / DATA_ZIP, "w", zipfile.ZIP_STORED) as archive:  # .evz is compressed already
-            for split in (*SPLITS, *(s for s in OPTIONAL_SPLITS if (source / s).is_dir())):
+            for split in (*SPLITS, *(s for s in CHOOSING_SPLITS if (source / s).is_dir())):
                 packed = Path(tmp) / "packed" / split
                 report = pack_folder(source / split, packed, progress=lambda m, s=split: log(f"{s}: {m}"))
                 if report.skipped:
                     raise SystemExit(f"{src}: {len(report.skipped)} file(s) did not pack, e.g. {report.skipped[0]}")
                 size = report.packed_bytes + ZIP_ENTRY_BYTES * report.packed
-                if split in OPTIONAL_SPLITS and sum(v["bytes"] for v in per_split.values()) + size > room:
+                optional = split in CHOOSING_SPLITS and split != choosing[0]
+                if optional and sum(v["bytes"] for v in per_split.values()) + size > room:
                     left_out.append(split)
                     log(f"{split}/ left out: with it the call would carry more than {CARRY_LIMIT / 2**20:.0f} MiB")
                     continue

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -29,6 +30,8 @@ def test_the_gpu_call_runs_as_its_cpu_smoke_and_its_model_comes_back(tmp_path, d
     assert "# GPU evidence: smoke on CPU" in done.stdout and "**test top-1 (kept model)**" in done.stdout
     report = json.loads((out / "results.json").read_text())
     assert report["scale"] == "smoke" and report["seconds"] > 0
+    # packed as the GPU call packs ncars-dev: val-apart, recorded apart from training, chooses; val stays behind
+    assert report["choose_on"] == "val-apart" and "val" not in report["data"]["per_split"]
     assert set(report["stages"]) == {"tokenizer", "pretrain", "finetune"}
     assert all(stage["epochs"] >= 1 and stage["images_per_s"] > 0 for stage in report["stages"].values())
     rows = report["experiment"]["rows"]
@@ -102,3 +105,23 @@ def test_finetuning_leaves_out_the_last_fractions_rather_than_train_every_run_a_
     faster = dict(rates, **{"loader vit": 20_000, "loader cnn": 20_000})  # then the steps bind
     assert evidence.plan_finetuning(call, experiment, faster, budget=300) == (13, (0.1, 1.0))  # 2,360 / 10,172 img/s
     assert loader_bound == 8
+
+
+def test_a_call_without_val_trains_on_the_whole_training_split(tmp_path, data_dir):
+    """The call carries val-apart in val's place; N-Cars carves a val out of a train/ that has no val/ beside it,
+    which would train the call's arms on 90 % of the split the CPU's arms train on."""
+    from bench.gpu_evidence import keep_train_whole
+    from mem_core.datasets import DatasetError
+    from mem_core.datasets.ncars import ncars
+
+    for split in ("train", "val-apart"):
+        for cls in ("cars", "background"):
+            (tmp_path / split / cls).mkdir(parents=True)
+            for path in sorted((data_dir / "ncars-dev" / split / cls).iterdir())[:20]:
+                shutil.copy(path, tmp_path / split / cls / path.name)
+    assert len(ncars(tmp_path, "train")) < 40  # what the call would have trained on
+    assert keep_train_whole(tmp_path) is False
+    assert len(ncars(tmp_path, "train")) == 40
+    with pytest.raises(DatasetError):  # nothing is scored on a val that was not carried
+        ncars(tmp_path, "val")
+    assert keep_train_whole(tmp_path) is True  # with a val/ of its own, nothing changes
