@@ -5,17 +5,20 @@ everything the call needs is prepared on a CPU and the call itself does one thin
 (``bash bench/gpu_evidence.sh MODE``, which runs ``python -m bench.gpu_evidence MODE``):
 
 ``prepare`` (``bench/gpu_pack.py``)
-    packs ``ncars-dev`` (train, test, val-apart, and val when it fits) as ``.evz`` files (``mem_core.io.pack``) into one uncompressed zip,
-    and downloads the wheels the GPU machine lacks (pydantic and its parts, timm at the locked version) into the
-    git-ignored ``.gpu/``; prints the sizes, tracked code included, against the 60 MiB the call may carry.
+    packs ``ncars-dev`` (train, test, val-apart, and val when it fits) as ``.evz`` files (``mem_core.io.pack``) into
+    one uncompressed zip, and downloads the wheels the GPU machine lacks (pydantic and its parts, timm at the locked
+    version) into the git-ignored ``.gpu/``; prints the sizes, tracked code included, against the 60 MiB the call may
+    carry.
 ``run``
-    the device command: unpack, measure each stage's images/s at the ``gpu-small`` sizes (a ViT-S/8 at 112 x 112),
-    size every stage's epochs to the time left from those measurements, then the tokenizer, MEM pretraining, and
-    the label-efficiency experiment (MEM, scratch, ResNet-18; 10 %, 100 % and 1 % of the labels in that order;
-    seeds 0-2; ``val-apart`` picks each run's epoch, ``val``, ``val-apart`` and ``test`` score the kept model).
-    Every stage has a time limit and the report names any stage or run it cut short or left out; the call ends within ``budget`` seconds (540 on a
-    GPU, under the device tool's 570-s limit). It writes ``results.json``, ``results.md``, ``label_efficiency.png``
-    and the pretrained model in bf16 safetensors parts of at most 15 MiB to ``--out`` ($OUT on the device).
+    the device command: unpack, measure each stage's images/s at the ``gpu-small`` sizes (a ViT-S/8 at 112 x 112)
+    and each finetuning arm's loader on the training split, size every stage's epochs to the time left from those
+    measurements, then the tokenizer, MEM pretraining, and the label-efficiency experiment (MEM, scratch, ResNet-18;
+    10 %, 100 % and 1 % of the labels in that order, as many as give every run ``min_epochs``; seeds 0-2; one run at
+    a time; ``val-apart`` picks each run's epoch, ``test`` and ``val`` where carried score the kept model). Every
+    stage has a time limit and the report names any stage or run it cut short or left out; the call ends within
+    ``budget`` seconds (540 on a GPU, under the device tool's 570-s limit). It writes ``results.json``,
+    ``results.md`` (each run's epoch times too), ``label_efficiency.png`` and the pretrained model in bf16
+    safetensors parts of at most 15 MiB to ``--out`` ($OUT on the device).
 ``smoke``
     the same ``run`` on this CPU at a tiny scale (a few files of each split, a tiny model, one seed, two fractions,
     seconds per stage): the test suite runs it.
