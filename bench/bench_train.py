@@ -280,15 +280,23 @@ def bench_loader(cfg, workers: int, epochs: int = 2, sensor: SensorSize = SENSOR
             runtime=Runtime(torch.device("cpu")),
             num_workers=workers,
         )
-        seen, start = 0, None
-        for epoch in range(epochs):
-            sampler.set_epoch(epoch)
-            for events, _, _ in loader:
-                if start is None:  # the first batch pays the workers' start
-                    start = time.perf_counter()
-                    continue
-                seen += len(events)
-        return seen / (time.perf_counter() - start)
+        return loader_samples_per_s(loader, sampler, epochs)
+
+
+def loader_samples_per_s(loader, sampler, epochs: int, limit: int = 0) -> float:
+    """Samples/s a training ``loader`` delivers over ``epochs`` epochs of its ``sampler`` (or until ``limit``
+    samples, when given), not counting the first batch, which pays the workers' start."""
+    seen, start = 0, None
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        for events, _, _ in loader:
+            if start is None:
+                start = time.perf_counter()
+                continue
+            seen += len(events)
+            if 0 < limit <= seen:
+                return seen / (time.perf_counter() - start)
+    return seen / (time.perf_counter() - start) if start is not None and seen else float("inf")
 
 
 def parse_variant(name: str) -> frozenset[str]:

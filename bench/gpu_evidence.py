@@ -256,6 +256,7 @@ def loader_rate(cfg, batches: int) -> float:
     the workers' start)."""
     import torch
 
+    from bench.bench_train import loader_samples_per_s
     from mem_core.train.data import build_loader, open_training
     from mem_core.train.runtime import Runtime
 
@@ -270,20 +271,10 @@ def loader_rate(cfg, batches: int) -> float:
         runtime=Runtime(device),
         num_workers=cfg.data.num_workers,
     )
-    seen, start = 0, None
     try:
-        for epoch in range(batches + 1):
-            sampler.set_epoch(epoch)
-            for events, _, _ in loader:
-                if start is None:
-                    start = time.perf_counter()
-                    continue
-                seen += len(events)
-                if seen >= batches * cfg.batch_size:
-                    return seen / (time.perf_counter() - start)
+        return loader_samples_per_s(loader, sampler, epochs=batches + 1, limit=batches * cfg.batch_size)
     finally:
         loader.close()
-    return seen / (time.perf_counter() - start) if start is not None and seen else float("inf")
 
 
 def _train_samples(experiment) -> int:
@@ -331,10 +322,12 @@ def finetune_seconds_per_sample(call: Call, rates: dict[str, float]) -> float:
     return seconds
 
 
-def plan_finetuning(call: Call, experiment, rates: dict[str, float], budget: float) -> tuple[int, tuple[float, ...]]:
-    """The epochs of every finetuning run and the fractions that get them: all fractions if their runs afford
-    ``min_epochs`` each in ``budget``, else the fewest left out from the end (they come in the order that matters)."""
-    samples = _train_samples(experiment)
+def plan_finetuning(
+    call: Call, experiment, rates: dict[str, float], budget: float, samples: int
+) -> tuple[int, tuple[float, ...]]:
+    """The epochs of every finetuning run (each epoch ``samples`` training samples) and the fractions that get
+    them: all fractions if their runs afford ``min_epochs`` each in ``budget``, else the fewest left out from the end
+    (they come in the order that matters)."""
     per_sample = finetune_seconds_per_sample(call, rates)
     speedup = call.scale.parallel_speedup
     fractions = experiment.fractions
@@ -356,7 +349,7 @@ def run_experiment(call: Call, experiment, rates: dict[str, float]) -> dict[str,
     samples = _train_samples(experiment)
     budget = call.left()
     speedup = call.scale.parallel_speedup
-    epochs, fractions = plan_finetuning(call, experiment, rates, budget)
+    epochs, fractions = plan_finetuning(call, experiment, rates, budget, samples)
     if fractions != experiment.fractions:
         call.not_run += [f"{f:.0%} of the labels" for f in experiment.fractions[len(fractions) :]]
         log(f"left out to give each run {call.scale.min_epochs} epochs or more: {', '.join(call.not_run)}")

@@ -81,29 +81,31 @@ def test_a_call_whose_setup_overran_its_budget_plans_no_negative_time(tmp_path, 
     assert call.left() == 0.0
 
 
-def test_finetuning_leaves_out_the_last_fractions_rather_than_train_every_run_a_few_epochs(tmp_path, monkeypatch):
+def test_finetuning_leaves_out_the_last_fractions_rather_than_train_every_run_a_few_epochs(tmp_path):
     """An H200 call gave 27 runs 4-7 epochs each: none trained. The plan keeps the fractions that matter most and
     gives their runs ``min_epochs`` or more, at the slower of each arm's step and its loader."""
     from types import SimpleNamespace
 
     import bench.gpu_evidence as evidence
 
-    monkeypatch.setattr(evidence, "_train_samples", lambda experiment: 3000)
     call = evidence.Call(evidence.GPU, tmp_path / "out", tmp_path / "work")
     call.efficiency = 0.6
     experiment = SimpleNamespace(fractions=(0.1, 1.0, 0.01), seeds=(0, 1, 2))
     # the H200's steps (images/s) and loaders (samples/s): every arm is bound by its loader
     rates = {"finetune vit": 3934, "finetune cnn": 16954, "loader vit": 2000, "loader cnn": 2000}
-    epochs, fractions = evidence.plan_finetuning(call, experiment, rates, budget=300)
+    epochs, fractions = evidence.plan_finetuning(call, experiment, rates, budget=300, samples=3000)
     assert fractions == (0.1, 1.0) and epochs >= evidence.GPU.min_epochs
     loader_bound = epochs
     overhead = len(fractions) * 3 * 3 * evidence.GPU.run_overhead_s
     assert overhead + epochs * len(fractions) * 3 * 3000 * 3 / 2000 <= 300  # the plan fits its budget
 
-    epochs, fractions = evidence.plan_finetuning(call, experiment, rates, budget=1200)
+    epochs, fractions = evidence.plan_finetuning(call, experiment, rates, budget=1200, samples=3000)
     assert fractions == (0.1, 1.0, 0.01) and epochs >= evidence.GPU.min_epochs
     faster = dict(rates, **{"loader vit": 20_000, "loader cnn": 20_000})  # then the steps bind
-    assert evidence.plan_finetuning(call, experiment, faster, budget=300) == (13, (0.1, 1.0))  # 2,360 / 10,172 img/s
+    assert evidence.plan_finetuning(call, experiment, faster, budget=300, samples=3000) == (
+        13,
+        (0.1, 1.0),
+    )  # 2,360 / 10,172 img/s
     assert loader_bound == 8
 
 
