@@ -4,7 +4,8 @@ Measures in one run, single-threaded (torch and numba on one core), so the numbe
 histogram Mev/s for the numba kernel vs ``np.bincount`` on a flat index vs ``np.add.at`` on the same 1M-event
 real N-Cars stream, then milliseconds per window -> model input (the paper's 224 x 224 and cpu-tiny's 64 x 64), per
 sample (``preprocess``) and batched (``prepare_events`` + ``collate_events`` + ``batch_preprocess`` at B = 64,
-amortized per sample).
+amortized per sample), the DataLoader's training windows from a corpus, and from samples stored one per file
+(read at every epoch as ``.dat`` or LZMA ``.evz``, or preloaded once).
 
 Run: ``uv run mem bench data --json-out out.json``
 """
@@ -27,9 +28,12 @@ from rich.table import Table
 from mem_core import shared_data_dir
 from mem_core.adapters import loader_worker_pids
 from mem_core.corpus import CorpusWriter
+from mem_core.datasets import FileSource
 from mem_core.datasets.corpus import CorpusSource
 from mem_core.events import SensorSize, make_events
 from mem_core.io import read_events
+from mem_core.io.evz import EXTENSION as EVZ
+from mem_core.io.evz import write_evz
 from mem_core.representation import (
     InputSpec,
     batch_preprocess,
@@ -264,6 +268,52 @@ def loader_rows(stream: np.ndarray, sensor: SensorSize) -> list[dict]:
     return rows
 
 
+FILE_SAMPLES = 512  # N-Cars training files, read in turn with and without preloading
+
+
+def file_rows() -> list[dict]:
+    """Training windows of samples stored one per file, in the main process: read from the N-Cars ``.dat`` files at
+    every epoch, from the same samples packed as ``.evz`` (LZMA, what a GPU call carries), and preloaded once
+    (``datasets.preload``, from the ``.evz`` files; the preload's own CPU time in its row's name). Samples per CPU
+    second of the process (what a loader worker's core gives; the wall clock of a shared machine would not be) over
+    two epochs of the same windows, augmentations and collation; no rows without the N-Cars data."""
+    paths = sorted((shared_data_dir() / "ncars-dev" / "train").glob("*/*.dat"))[:FILE_SAMPLES]
+    if not paths:
+        return []
+    spec, labels = InputSpec(), [0] * len(paths)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="mem-bench-files-") as tmp:
+        packed = []
+        for k, path in enumerate(paths):
+            packed.append(Path(tmp) / f"{k}{EVZ}")
+            write_evz(packed[-1], read_events(path).events, NCARS_SENSOR)
+        for name, files, preload_mib in (
+            ("N-Cars .dat files, read at every epoch", paths, 0),
+            ("N-Cars .evz files (LZMA), read at every epoch", packed, 0),
+            ("N-Cars .evz files, preloaded", packed, 1024),
+        ):
+            source = FileSource("ncars", files, labels, ["car"], NCARS_SENSOR)
+            started = time.process_time()
+            loader, sampler = build_loader(
+                source,
+                spec,
+                train=True,
+                seed=0,
+                batch_size=BATCH,
+                runtime=Runtime(torch.device("cpu")),
+                num_workers=0,
+                preload_mib=preload_mib,
+            )
+            if preload_mib:
+                name += f" once ({time.process_time() - started:.1f} CPU s)"
+            seen, started = 0, time.process_time()
+            for epoch in range(2):
+                sampler.set_epoch(epoch)
+                seen += sum(len(batch) for batch, _, _ in loader)
+            rows.append(row(name, seen / (time.process_time() - started), "samples/CPU s"))
+    return rows
+
+
 def row(name: str, value: float, unit: str, target: str | None = None, ok: bool | None = None) -> dict:
     return {"name": name, "value": round(value, 4), "unit": unit, "target": target, "ok": ok}
 
@@ -273,7 +323,7 @@ def main(json_path: str | Path | None = None) -> list[dict]:
     torch.set_num_threads(1)
     numba.set_num_threads(1)
     stream, sensor, source = load_stream(STREAM_EVENTS)
-    rows = histogram_rows(stream, sensor) + pipeline_rows(stream, sensor) + loader_rows(stream, sensor)
+    rows = histogram_rows(stream, sensor) + pipeline_rows(stream, sensor) + loader_rows(stream, sensor) + file_rows()
 
     title = (
         f"MEM data pipeline, 1 thread, CPU time ({len(stream):,} events from {source}, sensor "

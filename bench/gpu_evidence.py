@@ -270,6 +270,7 @@ def loader_rate(cfg, batches: int) -> float:
         batch_size=cfg.batch_size,
         runtime=Runtime(device),
         num_workers=cfg.data.num_workers,
+        preload_mib=cfg.data.preload_mib,
     )
     try:
         return loader_samples_per_s(loader, sampler, epochs=batches + 1, limit=batches * cfg.batch_size)

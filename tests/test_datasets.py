@@ -8,6 +8,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+import torch
 from conftest import synthetic_events
 
 from mem_core.corpus import CorpusError, CorpusWriter
@@ -315,3 +316,75 @@ def test_windows_are_random_at_train_and_fixed_at_evaluation():
     assert np.array_equal(a, train[(0, 0)][0]) and not np.array_equal(a, b)
     batch, labels, masks = collate_windows([evaluation[(i, 0)] for i in range(4)], src.sensor)
     assert batch.t.shape[0] == 4 and labels.tolist() == [0, 1, 2, 3] and masks.shape == (4, 128, 128)
+
+
+def ncars_files(data_dir: Path, per_class: int) -> tuple[list[Path], list[int]]:
+    files, labels = [], []
+    for label, cls in enumerate(("background", "cars")):
+        found = sorted((data_dir / "ncars-dev" / "val" / cls).glob("*.dat"))[:per_class]
+        files += found
+        labels += [label] * len(found)
+    return files, labels
+
+
+@pytest.mark.slow  # a loader worker process
+def test_a_loader_of_preloaded_files_draws_the_batches_it_draws_reading_them_at_every_epoch(data_dir):
+    from mem_core.datasets import FileSource
+    from mem_core.datasets.preload import PreloadedSource
+    from mem_core.train.data import build_loader
+    from mem_core.train.runtime import Runtime
+
+    files, labels = ncars_files(data_dir, 12)
+    source = FileSource("ncars", files, labels, ["background", "cars"], SensorSize(100, 120))
+    spec = InputSpec(n_max=3000, size=(112, 112), event_drop_p=0.75, hflip_p=0.5, shift_px=15)
+    indices = np.arange(2, 22)
+    drawn = []
+    for workers, preload_mib in ((0, 0), (1, 64)):  # a worker process forked after the preload shares it
+        loader, sampler = build_loader(
+            source,
+            spec,
+            train=True,
+            seed=3,
+            batch_size=8,
+            runtime=Runtime(torch.device("cpu")),
+            num_workers=workers,
+            indices=indices,
+            preload_mib=preload_mib,
+        )
+        assert isinstance(loader.dataset.source, PreloadedSource) == bool(preload_mib)
+        batches = []
+        for epoch in range(2):
+            sampler.set_epoch(epoch)
+            batches += [(b.t, b.x, b.y, b.p, b.lengths, y) for b, y, _ in loader]
+        drawn.append(batches)
+    assert len(drawn[0]) == 4
+    for read, held in zip(*drawn, strict=True):
+        for a, b in zip(read, held, strict=True):
+            assert torch.equal(a, b)
+
+
+def test_preloading_holds_copies_within_its_budget_and_says_when_the_files_are_read_instead(data_dir, tmp_path):
+    from mem_core.datasets import FileSource
+    from mem_core.datasets.preload import preload
+    from mem_core.datasets.unlabeled import JoinedSource, open_unlabeled
+
+    files, labels = ncars_files(data_dir, 4)
+    labelled = FileSource("ncars", files, labels, ["background", "cars"], SensorSize(100, 120))
+    folder = tmp_path / "recorded"
+    folder.mkdir()
+    for k in range(5):
+        write_events(folder / f"r{k}.evz", synthetic_events(400, SensorSize(100, 120), seed=k), SensorSize(100, 120))
+    joined = JoinedSource([labelled, open_unlabeled(folder, SensorSize(100, 120), 500)])
+    said = []
+    held = preload(joined, np.array([1, 3, 9, 11]), 2**20, say=said.append)
+    assert [len(part.slot) for part in held.sources] == [8, 5] and held.name == joined.name
+    assert (held.labels == -1).all() and len(held) == 13
+    for i in range(13):  # held (1, 3, 9, 11) or read (the others), every sample is what its file holds
+        np.testing.assert_array_equal(held.load(i), joined.load(i))
+    window = held.load(9)
+    window["x"] = 0  # what a loader does to a window never reaches the held events
+    np.testing.assert_array_equal(held.load(9), joined.load(9))
+
+    events = sum(len(labelled.load(i)) for i in range(8)) * 13
+    assert preload(labelled, np.arange(8), events // 2, say=said.append) is labelled
+    assert len(said) == 1 and said[0].startswith("ncars: 8 samples read from their files at every epoch: about ")

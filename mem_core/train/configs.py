@@ -65,6 +65,9 @@ class DataConfig:
     sample_ms: WindowMs | None = None
     # loader processes per training process; -1: one per core it gets, at most 8
     num_workers: Annotated[int, Range(-1)] = -1
+    # samples stored one per file (N-Cars, N-MNIST, folders of recordings) are decoded once into memory when those a
+    # loader reads take at most this many MiB, not at every epoch (``datasets.preload``); 0: read at every epoch
+    preload_mib: Count = 2048
     split_file: str = ""  # ncaltech101: where the fixed split is stored (default: inside the dataset root)
     # recordings without labels (corpora or folders of event files) that the tokenizer and the pretraining read
     # beside the training split, its labels dropped (``datasets.unlabeled``); a stage that learns labels refuses them

@@ -9,6 +9,7 @@ samples a step sees do not depend on the number of DDP processes or DataLoader w
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +20,7 @@ from torch.utils.data import DataLoader, Sampler
 from mem_core.adapters import shutdown_loader_workers
 from mem_core.cores import usable_cores
 from mem_core.datasets import EventSource, WindowDataset, collate_windows, label_subset, open_source
+from mem_core.datasets.preload import preload
 from mem_core.errors import MemError
 from mem_core.train.runtime import Runtime
 
@@ -175,11 +177,16 @@ def build_loader(
     num_workers: int,
     indices: np.ndarray | None = None,
     epoch_samples: int = 0,
+    preload_mib: int = 0,
 ) -> tuple[DataLoader, EpochBatchSampler]:
     """A DataLoader of padded event windows; ``batch_size`` is global (split over the DDP processes);
     ``num_workers`` -1 is ``loader_workers``' automatic count; ``epoch_samples`` (training): the samples an epoch
-    draws, in passes over the dataset (``EpochBatchSampler``)."""
+    draws, in passes over the dataset (``EpochBatchSampler``); ``preload_mib``: samples stored one per file are
+    decoded once into memory when they fit (``datasets.preload``), before the workers start and share them."""
     num_workers = loader_workers(num_workers, runtime.world_size)
+    if preload_mib > 0:
+        used = np.arange(len(source)) if indices is None else np.asarray(indices, dtype=np.int64)
+        source = preload(source, used, preload_mib * 2**20, say=_say if runtime.is_main else None)
     dataset = WindowDataset(source, spec, train=train, seed=seed, indices=indices)
     sampler = EpochBatchSampler(
         len(dataset),
@@ -203,6 +210,10 @@ def build_loader(
         generator=torch.Generator().manual_seed(seed),
     )
     return loader, sampler
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def worker_error(exc: BaseException) -> MemError | None:
@@ -244,7 +255,13 @@ class _Loader(DataLoader):
 
 def build_stage_loaders(cfg, runtime: Runtime, train_src: EventSource, val_src: EventSource, indices=None):
     """The training loader (random windows, augmented), its sampler, and the validation loader (deterministic)."""
-    common = {"seed": cfg.seed, "batch_size": cfg.batch_size, "runtime": runtime, "num_workers": cfg.data.num_workers}
+    common = {
+        "seed": cfg.seed,
+        "batch_size": cfg.batch_size,
+        "runtime": runtime,
+        "num_workers": cfg.data.num_workers,
+        "preload_mib": cfg.data.preload_mib,
+    }
     loader, sampler = build_loader(
         train_src, cfg.input, train=True, indices=indices, epoch_samples=cfg.data.epoch_samples, **common
     )

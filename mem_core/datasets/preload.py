@@ -1,0 +1,110 @@
+"""Samples stored one per file, decoded once into memory for the epochs that read them again.
+
+A training epoch reads every sample of its split, and every epoch reads them all again: decoding a 100 ms N-Cars
+``.dat`` file costs about as much as cutting and augmenting its window, and an LZMA-packed ``.evz`` file three times
+that, so a loader whose workers decode files at every epoch feeds a GPU at a fraction of its rate. ``preload`` reads
+the files a loader will use once, in threads (file reads and LZMA decompression release the GIL), into one array; the
+loader's worker processes, forked after it, share its pages. Sources that are no files (a corpus reads its shards
+in slices, the simulator draws its samples) are left as they are.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from mem_core.cores import usable_cores
+from mem_core.datasets.base import EventSource, FileSource
+from mem_core.datasets.unlabeled import JoinedSource
+from mem_core.events import EVENT_DTYPE
+
+PROBE_SAMPLES = 32  # decoded first, to judge what all of them take in memory
+
+
+class PreloadedSource(EventSource):
+    """``source`` with the samples ``indices`` held in memory (one array of their events, and where each starts);
+    any other sample is read from ``source`` as before."""
+
+    def __init__(self, source: EventSource, indices: np.ndarray, events: np.ndarray, starts: np.ndarray) -> None:
+        self.source = source
+        self.name, self.sensor, self.classes, self.labels = source.name, source.sensor, source.classes, source.labels
+        self.events, self.starts = events, starts
+        self.slot = np.full(len(source), -1, dtype=np.int64)
+        self.slot[indices] = np.arange(len(indices))
+
+    def load(self, index: int) -> np.ndarray:
+        k = int(self.slot[index])
+        if k < 0:
+            return self.source.load(index)
+        # a copy: what the loader does to a window (augmentation) must never reach the preloaded events
+        return self.events[self.starts[k] : self.starts[k + 1]].copy()
+
+    def mask(self, index: int) -> np.ndarray | None:
+        return self.source.mask(index)
+
+    @property
+    def mask_classes(self) -> list[str]:
+        return self.source.mask_classes
+
+
+def preload(
+    source: EventSource,
+    indices: np.ndarray,
+    budget_bytes: int,
+    threads: int = 0,
+    say: Callable[[str], None] | None = None,
+) -> EventSource:
+    """``source`` with the samples ``indices`` decoded into memory when it reads files (``FileSource``, or sources
+    joined of them) and they take at most ``budget_bytes``; ``source`` itself otherwise. ``threads``: 0 is one per
+    usable core. ``say`` hears one line of what was held (or why not) when it took a moment."""
+    if budget_bytes <= 0 or len(indices) == 0:
+        return source
+    if isinstance(source, JoinedSource):
+        return _preload_joined(source, indices, budget_bytes, threads, say)
+    if not isinstance(source, FileSource):
+        return source
+    started = time.perf_counter()
+    indices = np.asarray(indices, dtype=np.int64)
+    with ThreadPoolExecutor(max_workers=threads or usable_cores()) as pool:
+        probe = list(pool.map(source.load, indices[:PROBE_SAMPLES].tolist()))
+        expected = sum(len(w) for w in probe) * EVENT_DTYPE.itemsize * len(indices) / len(probe)
+        if expected > budget_bytes:
+            if say is not None:
+                say(
+                    f"{source.name}: {len(indices):,} samples read from their files at every epoch: about "
+                    f"{expected / 2**20:,.0f} MiB decoded, over the {budget_bytes / 2**20:,.0f} MiB held in memory"
+                )
+            return source
+        windows = probe + list(pool.map(source.load, indices[PROBE_SAMPLES:].tolist()))
+    starts = np.cumsum([0, *(len(w) for w in windows)], dtype=np.int64)
+    if starts[-1] * EVENT_DTYPE.itemsize > budget_bytes:  # the probe was no fair share of the samples
+        return source
+    events = np.concatenate(windows) if windows else np.empty(0, EVENT_DTYPE)
+    held = PreloadedSource(source, indices, events, starts)
+    seconds = time.perf_counter() - started
+    if say is not None and seconds >= 1:
+        say(
+            f"{source.name}: {len(indices):,} samples held in memory ({events.nbytes / 2**20:,.0f} MiB, read in {seconds:.0f} s)"
+        )
+    return held
+
+
+def _preload_joined(
+    source: JoinedSource, indices: np.ndarray, budget_bytes: int, threads: int, say: Callable[[str], None] | None
+) -> JoinedSource:
+    """The joined sources each preloaded with their share of ``indices`` and of the budget left."""
+    indices = np.asarray(indices, dtype=np.int64)
+    parts, left = [], budget_bytes
+    for k, part in enumerate(source.sources):
+        lo, hi = int(source._starts[k]), int(source._starts[k + 1])
+        mine = indices[(indices >= lo) & (indices < hi)] - lo
+        loaded = preload(part, mine, left, threads, say)
+        if isinstance(loaded, PreloadedSource):
+            left -= loaded.events.nbytes
+        parts.append(loaded)
+    joined = JoinedSource(parts)
+    joined.name = source.name
+    return joined
