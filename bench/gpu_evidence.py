@@ -159,8 +159,7 @@ def run(scale: Scale, out: Path, data_zip: Path, work: Path | None = None) -> di
         archive.extractall(data)
     info = json.loads((data_zip.parent / PACK_INFO).read_text())
     log(f"unpacked {info['files']} files ({info['events'] / 1e6:.1f} M events) in {call.elapsed():.1f} s")
-    has_val = keep_train_whole(data)
-    experiment = _experiment(scale, data, work / "experiment", has_val)
+    experiment = _experiment(scale, data, work / "experiment")
     rates = calibrate(experiment, info["mean_events"], scale.calibration_steps)
     log("images/s: " + ", ".join(f"{k} {v:,.0f}" for k, v in rates.items()) + f" ({call.elapsed():.0f} s in)")
     report: dict[str, Any] = {}
@@ -172,23 +171,13 @@ def run(scale: Scale, out: Path, data_zip: Path, work: Path | None = None) -> di
     return report
 
 
-def keep_train_whole(data: Path) -> bool:
-    """Whether the call carried ``data/val``; where it did not, an empty ``val/`` keeps N-Cars from carving one out of
-    ``train`` (the arms train on the whole split, as on a CPU) and leaves nothing to score there."""
-    if (data / "val").is_dir():
-        return True
-    (data / "val").mkdir()
-    return False
-
-
-def _experiment(scale: Scale, data: Path, out: Path, has_val: bool = True):
+def _experiment(scale: Scale, data: Path, out: Path):
+    """The call's experiment on ``data``; choosing on val-apart (what the call carries in val's place), nothing is
+    held out of train and the pretraining stages watch val-apart (``experiment.stage_config_of``)."""
     from mem_core.train.experiment import LabelEfficiencyConfig
 
     choose_on = scale.choose_on if (data / scale.choose_on).is_dir() else "val"
     overrides = {stage: list(values) for stage, values in scale.overrides.items()}
-    if not has_val:  # the tokenizer and pretraining watch the choosing split (they choose nothing)
-        for stage in ("tokenizer", "pretrain"):
-            overrides[stage] = [*overrides.get(stage, []), f"data.val_split={choose_on}"]
     return LabelEfficiencyConfig(
         dataset="ncars",
         data=str(data),

@@ -9,7 +9,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -109,21 +108,33 @@ def test_finetuning_leaves_out_the_last_fractions_rather_than_train_every_run_a_
     assert loader_bound == 8
 
 
-def test_a_call_without_val_trains_on_the_whole_training_split(tmp_path, data_dir):
-    """The call carries val-apart in val's place; N-Cars carves a val out of a train/ that has no val/ beside it,
-    which would train the call's arms on 90 % of the split the CPU's arms train on."""
-    from bench.gpu_evidence import keep_train_whole
-    from mem_core.datasets import DatasetError
+def test_choosing_on_val_apart_trains_on_the_whole_training_split_where_the_data_has_no_val(tmp_path, data_dir):
+    """A GPU call carries val-apart in val's place; N-Cars carves a val out of a train/ that has no val/ beside it,
+    which would train the arms on 90 % of the split the CPU's arms train on (and score them on their own split)."""
     from mem_core.datasets.ncars import ncars
+    from mem_core.train.experiment import (
+        LabelEfficiencyConfig,
+        finetune_config,
+        score_on_splits,
+        stage_config_of,
+        training_split,
+    )
 
-    for split in ("train", "val-apart"):
+    for split in ("train", "val-apart", "test"):
         for cls in ("cars", "background"):
             (tmp_path / split / cls).mkdir(parents=True)
             for path in sorted((data_dir / "ncars-dev" / split / cls).iterdir())[:20]:
                 shutil.copy(path, tmp_path / split / cls / path.name)
-    assert len(ncars(tmp_path, "train")) < 40  # what the call would have trained on
-    assert keep_train_whole(tmp_path) is False
-    assert len(ncars(tmp_path, "train")) == 40
-    with pytest.raises(DatasetError):  # nothing is scored on a val that was not carried
-        ncars(tmp_path, "val")
-    assert keep_train_whole(tmp_path) is True  # with a val/ of its own, nothing changes
+    assert len(ncars(tmp_path, "train")) < 40  # what a run validating on a carved val trains on
+    common = {"dataset": "ncars", "data": str(tmp_path), "out": str(tmp_path / "x"), "preset": "cpu-tiny"}
+    carving = LabelEfficiencyConfig(**common)
+    assert len(training_split(finetune_config(carving, "mem", 1.0, 0))) < 40
+
+    experiment = LabelEfficiencyConfig(**common, choose_on="val-apart")
+    for arm in ("mem", "scratch", "resnet18"):
+        cfg = finetune_config(experiment, arm, 1.0, 0)
+        assert len(training_split(cfg)) == 40 and cfg.data.val_split == "val-apart"
+    for stage in ("tokenizer", "pretrain"):  # they choose nothing, and watch the split that chooses
+        cfg = stage_config_of(experiment, stage)
+        assert (cfg.data.held_out, cfg.data.val_split) == (False, "val-apart")
+    assert list(score_on_splits(experiment, [])) == ["test"]  # no val is scored: a carved one would be train's

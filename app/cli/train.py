@@ -283,7 +283,8 @@ def label_efficiency(
         str,
         typer.Option(
             "--choose-on",
-            help="The validation split that picks each run's epoch: val, or val-apart (recorded apart from training).",
+            help="The validation split that picks each run's epoch: val, or val-apart (recorded apart from training; "
+            "then nothing is held out of the training split, and the pretraining watches val-apart).",
         ),
     ] = _LE.choose_on,
     unlabeled: UnlabeledOpt = None,

@@ -71,14 +71,15 @@ def dataset_names() -> list[str]:
     return sorted(REGISTRY)
 
 
-def open_shipped(name: str, root: Path | str | None, split: str) -> EventSource:
+def open_shipped(name: str, root: Path | str | None, split: str, **options) -> EventSource:
     """``split`` of dataset ``name`` as the dataset ships it, nothing held out of it: the validation split a dataset
     carves from its training samples and the guards around it (which neither split uses) stay in train. What
     ``mem ingest`` keeps: every file goes into the corpus, and the splits are carved when training reads it.
     A dataset that carves takes ``held_out=False``; the others ship their splits whole."""
     _check_root(name, root)
     factory = REGISTRY[name]
-    options = {"held_out": False} if "held_out" in inspect.signature(factory).parameters else {}
+    if "held_out" in inspect.signature(factory).parameters:
+        options["held_out"] = False
     return factory(root, split, **options)
 
 

@@ -219,6 +219,7 @@ RESUME_MAY_CHANGE = (
     "time_limit_s",
     "checkpoint_every_s",
     "data.num_workers",
+    "data.preload_mib",
     "data.verify",
     "data.skip_bad",
 )

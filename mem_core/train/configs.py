@@ -68,6 +68,10 @@ class DataConfig:
     # samples stored one per file (N-Cars, N-MNIST, folders of recordings) are decoded once into memory when those a
     # loader reads take at most this many MiB, not at every epoch (``datasets.preload``); 0: read at every epoch
     preload_mib: Count = 2048
+    # False: the splits as the dataset ships them, nothing held out of train: no validation split carved from the
+    # training recordings (and no guards around it) where the data has none of its own; what a run that validates
+    # on a split recorded apart (N-Cars' val-apart) trains on
+    held_out: bool = True
     split_file: str = ""  # ncaltech101: where the fixed split is stored (default: inside the dataset root)
     # recordings without labels (corpora or folders of event files) that the tokenizer and the pretraining read
     # beside the training split, its labels dropped (``datasets.unlabeled``); a stage that learns labels refuses them

@@ -19,7 +19,14 @@ from torch.utils.data import DataLoader, Sampler
 
 from mem_core.adapters import shutdown_loader_workers
 from mem_core.cores import usable_cores
-from mem_core.datasets import EventSource, WindowDataset, collate_windows, label_subset, open_source
+from mem_core.datasets import (
+    EventSource,
+    WindowDataset,
+    collate_windows,
+    label_subset,
+    open_shipped,
+    open_source,
+)
 from mem_core.datasets.preload import preload
 from mem_core.errors import MemError
 from mem_core.train.runtime import Runtime
@@ -30,7 +37,9 @@ MAX_AUTO_WORKERS = 8  # on a many-core host, not dozens of processes each holdin
 def open_split(cfg, split: str) -> EventSource:
     data = cfg.data
     checks = {"verify": data.verify, "skip_bad": data.skip_bad} if data.dataset == "corpus" else {}
-    return open_for_input(data.dataset, data.path or None, split, cfg.input, split_file=data.split_file, **checks)
+    return open_for_input(
+        data.dataset, data.path or None, split, cfg.input, split_file=data.split_file, held_out=data.held_out, **checks
+    )
 
 
 def open_training(cfg) -> tuple[EventSource, dict[str, Any] | None]:
@@ -49,13 +58,16 @@ def open_training(cfg) -> tuple[EventSource, dict[str, Any] | None]:
     return joined, {"samples": len(joined), "train_split": split, "unlabeled": described}
 
 
-def open_for_input(dataset: str, path, split: str, spec, *, split_file: str = "", **options) -> EventSource:
-    """A dataset's samples as a model with input ``spec`` sees them, for training and evaluation alike."""
+def open_for_input(
+    dataset: str, path, split: str, spec, *, split_file: str = "", held_out: bool = True, **options
+) -> EventSource:
+    """A dataset's samples as a model with input ``spec`` sees them, for training and evaluation alike; without
+    ``held_out`` the splits as shipped (``registry.open_shipped``)."""
     if dataset == "ncaltech101" and split_file:
         options["split_file"] = split_file
     if dataset == "corpus":  # one sample per model window, so an epoch reads the corpus once
         options["window"] = spec.n_max
-    return open_source(dataset, path, split, **options)
+    return (open_source if held_out else open_shipped)(dataset, path, split, **options)
 
 
 def train_indices(cfg, source: EventSource) -> np.ndarray:

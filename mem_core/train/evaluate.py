@@ -22,7 +22,8 @@ def evaluate_run(run_path: Path | str, dataset: str, data: Path | str | None, sp
     ``options`` as for ``evaluate_runs`` (batch size, loader workers, device).
 
     Under torchrun every process evaluates its share and the metrics are summed: each sample counts once. A run
-    trained on the same dataset with a split file of its own (``data.split_file``) is evaluated on that split.
+    trained on the same dataset with a split file of its own (``data.split_file``) is evaluated on that split, one
+    trained on its splits as shipped (``data.held_out`` false) on the splits as shipped.
     """
     (result,) = evaluate_runs([run_path], dataset, data, split, **options)
     return result
@@ -46,10 +47,11 @@ def evaluate_runs(
     for run_path in run_paths:
         model, meta = load_model(run_path, runtime.device)
         spec = from_dict(InputSpec, meta["input"])
-        split_file = _split_file(Path(run_path), dataset)
-        if (spec, split_file) not in sources:
-            sources[spec, split_file] = open_for_input(dataset, data, split, spec, split_file=split_file)
-        source = sources[spec, split_file]
+        split_file, held_out = _opened_as(Path(run_path), dataset)
+        key = (spec, split_file, held_out)
+        if key not in sources:
+            sources[key] = open_for_input(dataset, data, split, spec, split_file=split_file, held_out=held_out)
+        source = sources[key]
         classification = meta["task"] == "classification"
         classes = source.classes if classification else source.mask_classes
         if classification and classes != meta["classes"] and sorted(classes) == sorted(meta["classes"]):
@@ -83,9 +85,12 @@ class _ClassOrder(torch.nn.Module):
         return self.model(x)[:, self.order]
 
 
-def _split_file(path: Path, dataset: str) -> str:
-    """The split file a run of ``dataset`` trained with ("" for an export, another dataset or the default)."""
+def _opened_as(path: Path, dataset: str) -> tuple[str, bool]:
+    """The split file a run of ``dataset`` trained with and whether anything was held out of its training split
+    (``("", True)`` for an export, another dataset or the defaults): the same split means the same samples."""
     if not (path / "config.json").is_file():
-        return ""
+        return "", True
     data = RunDir(path).read_config()["config"].get("data", {})
-    return data.get("split_file", "") if data.get("dataset") == dataset else ""
+    if data.get("dataset") != dataset:
+        return "", True
+    return data.get("split_file", ""), data.get("held_out", True)

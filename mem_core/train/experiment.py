@@ -2,14 +2,15 @@
 when labels are few?
 
 One command runs the paper's central comparison on a dataset the user has: train the tokenizer and pretrain on the
-training split *without labels*, then, for every label fraction and seed, finetune a MEM-initialised ViT, the same
-ViT from scratch and a yardstick CNN from scratch (timm's ResNet-18 by default) on the same labelled samples with
-the same number of steps and the same validations. The choosing split (``choose_on``: ``val``, or ``val-apart``,
-a validation split recorded apart from the training recordings) picks each run's kept model (its best epoch); every
-kept model is then scored once on each of ``val``, ``val-apart`` and ``test`` the data has, and the test top-1 is
-the headline: validation was used to choose, so only the test split says how a model holds up on recordings nobody
-chose anything on (N-Cars' official test split was recorded apart from its training split). Without a test split
-the headline is the final epoch's top-1 on the choosing split, which involves no choice made on it.
+training split *without labels*, then, for every label fraction and seed, finetune a MEM-initialised ViT, the same ViT
+from scratch and a yardstick CNN from scratch (timm's ResNet-18 by default) on the same labelled samples with the same
+number of steps and the same validations. The choosing split (``choose_on``: ``val``, or ``val-apart``, a validation
+split recorded apart from the training recordings, where nothing is then held out of the training split:
+``data.held_out``) picks each run's kept model (its best epoch); every kept model is then scored once on each of
+``val``, ``val-apart`` and ``test`` the data has, and the test top-1 is the headline: validation was used to choose, so
+only the test split says how a model holds up on recordings nobody chose anything on (N-Cars' official test split was
+recorded apart from its training split). Without a test split the headline is the final epoch's top-1 on the choosing
+split, which involves no choice made on it.
 
 It writes ``results.json`` (every run: validation curve, kept epoch, its top-1 on every split; per arm the mean and
 spread over seeds, its parameters and CPU latency per live window; the leads over seeds), ``results.md`` (the
@@ -152,7 +153,11 @@ def stage_config_of(cfg: LabelEfficiencyConfig, stage: str, *extra: str):
     """The config of ``stage`` in the experiment ``cfg``: its preset, config file and ``--set`` overrides."""
     from mem_core.train.configs import stage_config
 
-    values = {"data.dataset": cfg.dataset, **({"data.path": cfg.data} if cfg.data else {})}
+    values: dict[str, Any] = {"data.dataset": cfg.dataset, **({"data.path": cfg.data} if cfg.data else {})}
+    if cfg.choose_on != "val":  # a split recorded apart chooses: nothing is held out of train to validate on
+        values["data.held_out"] = False
+        if stage in PRETRAINING_STAGES:  # they choose nothing; they watch the split that does
+            values["data.val_split"] = cfg.choose_on
     if stage in PRETRAINING_STAGES and cfg.unlabeled:
         values["data.unlabeled"] = list(cfg.unlabeled)
     overrides = [*cfg.overrides.get("all", []), *cfg.overrides.get(stage, []), *extra]
@@ -215,7 +220,8 @@ def training_split(cfg):
     """The training split a finetuning config ``cfg`` reads, as its model sees it."""
     from mem_core.train.data import open_for_input
 
-    return open_for_input(cfg.data.dataset, cfg.data.path or None, cfg.data.train_split, cfg.input)
+    data = cfg.data
+    return open_for_input(data.dataset, data.path or None, data.train_split, cfg.input, held_out=data.held_out)
 
 
 def equal_steps(cfg, train_source):
@@ -352,18 +358,18 @@ def score_on_splits(cfg: LabelEfficiencyConfig, paths: list[Path]) -> dict[str, 
     from mem_core.train.data import open_for_input
     from mem_core.train.evaluate import evaluate_runs
 
-    spec = stage_config_of(cfg, "finetune").input
+    finetune = stage_config_of(cfg, "finetune")
     scored: dict[str, dict[Path, dict[str, Any]]] = {}
     for split in SCORED_SPLITS:
         if split == cfg.choose_on:
             continue
         try:
-            open_for_input(cfg.dataset, cfg.data, split, spec)
+            open_for_input(cfg.dataset, cfg.data, split, finetune.input, held_out=finetune.data.held_out)
         except DatasetError:
             continue
         todo = [path for path in paths if not (path / scores_file(split)).is_file()]
         if todo:
-            workers = stage_config_of(cfg, "finetune").data.num_workers
+            workers = finetune.data.num_workers
             print(f"scoring {len(todo)} kept model(s) on the {split} split", file=sys.stderr, flush=True)
             scores = evaluate_runs(todo, cfg.dataset, cfg.data, split, num_workers=workers)
             for path, result in zip(todo, scores, strict=True):
@@ -385,8 +391,8 @@ def describe_arms(cfg: LabelEfficiencyConfig, runs: dict[str, Path]) -> dict[str
 
     predictors = {arm: Predictor(path, device="cpu") for arm, path in runs.items()}
     spec = next(iter(predictors.values())).spec
-    split = "test" if (Path(next(iter(runs.values()))) / TEST_SCORES).is_file() else "val"
-    source = open_for_input(cfg.dataset, cfg.data, split, spec)
+    split = "test" if (Path(next(iter(runs.values()))) / TEST_SCORES).is_file() else cfg.choose_on
+    source = open_for_input(cfg.dataset, cfg.data, split, spec, held_out=cfg.choose_on == "val")
     picks = np.linspace(0, len(source) - 1, cfg.latency_windows + 5).astype(int)
     timings: dict[str, list[float]] = {arm: [] for arm in predictors}
     for i, index in enumerate(picks):
