@@ -1,11 +1,12 @@
 """Samples stored one per file, decoded once into memory for the epochs that read them again.
 
 A training epoch reads every sample of its split, and every epoch reads them all again: decoding a 100 ms N-Cars
-``.dat`` file costs about as much as cutting and augmenting its window, and an LZMA-packed ``.evz`` file three times
-that, so a loader whose workers decode files at every epoch feeds a GPU at a fraction of its rate. ``preload`` reads
-the files a loader will use once, in threads (file reads and LZMA decompression release the GIL), into one array; the
-loader's worker processes, forked after it, share its pages. Sources that are no files (a corpus reads its shards
-in slices, the simulator draws its samples) are left as they are.
+``.dat`` file costs over half of what cutting, augmenting and collating its window does, and an LZMA-packed ``.evz``
+file nearly five times that (docs/BENCHMARKS.md), so a loader whose workers decode files at every epoch feeds a GPU
+at a fraction of its rate. ``preload`` reads the files a loader will use once, in threads (file reads and LZMA
+decompression release the GIL), into one array; the loader's worker processes, forked after it, share its pages.
+Sources that are no files (a corpus reads its shards in slices, the simulator draws its samples) are left as they
+are.
 """
 
 from __future__ import annotations
@@ -98,9 +99,8 @@ def _preload_joined(
     """The joined sources each preloaded with their share of ``indices`` and of the budget left."""
     indices = np.asarray(indices, dtype=np.int64)
     parts, left = [], budget_bytes
-    for k, part in enumerate(source.sources):
-        lo, hi = int(source._starts[k]), int(source._starts[k + 1])
-        mine = indices[(indices >= lo) & (indices < hi)] - lo
+    for part, lo in source.parts():
+        mine = indices[(indices >= lo) & (indices < lo + len(part))] - lo
         loaded = preload(part, mine, left, threads, say)
         if isinstance(loaded, PreloadedSource):
             left -= loaded.events.nbytes

@@ -127,6 +127,10 @@ class JoinedSource(EventSource):
         self._starts = np.cumsum([0, *(len(s) for s in sources)])
         self.labels = np.full(int(self._starts[-1]), -1, dtype=np.int64)
 
+    def parts(self) -> list[tuple[EventSource, int]]:
+        """Each joined source with the index its first sample has here."""
+        return [(source, int(start)) for source, start in zip(self.sources, self._starts, strict=False)]
+
     def _locate(self, index: int) -> tuple[EventSource, int]:
         k = int(np.searchsorted(self._starts, index, side="right")) - 1
         return self.sources[k], index - int(self._starts[k])
