@@ -314,6 +314,49 @@ def file_rows() -> list[dict]:
     return rows
 
 
+STREAM_EPOCHS, STREAM_STEPS, STREAM_BATCH, STREAM_STEP_S, STREAM_VALIDATION_S = 3, 10, 256, 0.1, 0.2
+
+
+def stream_rows() -> list[dict]:
+    """Epoch boundaries: epochs of 10 batches of 256 N-Cars windows (gpu-small's finetuning input, preloaded) from 2
+    loader workers, each batch taken by a stand-in step of 100 ms and each epoch ended by a 200 ms stand-in
+    validation (a GPU's pace, which the workers keep up with between epochs). Seconds an epoch takes, the loader
+    started anew for each epoch and read on as one stream (``train.data.EpochStream``, what the stages do); no rows
+    without the N-Cars data."""
+    from mem_core.train.data import EpochStream
+    from mem_core.train.experiment import LabelEfficiencyConfig, finetune_config
+
+    root = shared_data_dir() / "ncars-dev"
+    if not (root / "train").is_dir():
+        return []
+    experiment = LabelEfficiencyConfig(dataset="ncars", data=str(root), out="", preset="gpu-small")
+    spec = finetune_config(experiment, "mem", 1.0, 0).input
+    files = sorted((root / "train").glob("*/*.dat"))[: STREAM_STEPS * STREAM_BATCH]
+    source = FileSource("ncars", files, [0] * len(files), ["car"], NCARS_SENSOR)
+    rows = []
+    for name, streamed in (("loader started anew each epoch", False), ("one stream across epochs", True)):
+        loader, sampler = build_loader(
+            source, spec, train=True, seed=0, batch_size=STREAM_BATCH, runtime=Runtime(torch.device("cpu")),
+            num_workers=2, preload_mib=1024,
+        )  # fmt: skip
+        batches = EpochStream(loader, sampler) if streamed else loader
+        epochs = []
+        try:
+            for epoch in range(STREAM_EPOCHS + 1):  # the first epoch pays the workers' start: not counted
+                (batches if streamed else sampler).set_epoch(epoch)
+                started = time.perf_counter()
+                for _ in batches:
+                    time.sleep(STREAM_STEP_S)
+                time.sleep(STREAM_VALIDATION_S)
+                epochs.append(time.perf_counter() - started)
+        finally:
+            loader.close()
+        rows.append(
+            row(f"an epoch of {STREAM_STEPS} steps of 100 ms + 200 ms: {name}", float(np.mean(epochs[1:])), "s")
+        )
+    return rows
+
+
 def row(name: str, value: float, unit: str, target: str | None = None, ok: bool | None = None) -> dict:
     return {"name": name, "value": round(value, 4), "unit": unit, "target": target, "ok": ok}
 
@@ -323,7 +366,13 @@ def main(json_path: str | Path | None = None) -> list[dict]:
     torch.set_num_threads(1)
     numba.set_num_threads(1)
     stream, sensor, source = load_stream(STREAM_EVENTS)
-    rows = histogram_rows(stream, sensor) + pipeline_rows(stream, sensor) + loader_rows(stream, sensor) + file_rows()
+    rows = (
+        histogram_rows(stream, sensor)
+        + pipeline_rows(stream, sensor)
+        + loader_rows(stream, sensor)
+        + file_rows()
+        + stream_rows()
+    )
 
     title = (
         f"MEM data pipeline, 1 thread, CPU time ({len(stream):,} events from {source}, sensor "

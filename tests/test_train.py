@@ -226,6 +226,45 @@ def test_a_label_fraction_trains_the_steps_and_validations_of_all_labels():
         assert counts.min() >= passes - 2 and counts.max() <= passes  # every labelled sample in (almost) every pass
 
 
+@pytest.mark.slow  # loader worker processes
+def test_a_training_stream_draws_each_epoch_s_batches_while_the_last_epoch_ends():
+    """The training loader is read on from one iterator across epochs (its workers build the next epoch's first
+    batches before it is asked for): every epoch's batches are those of a loader started for that epoch alone, and
+    an epoch out of turn (a resumed run) starts afresh."""
+    from mem_core.datasets import open_source
+    from mem_core.representation import InputSpec
+    from mem_core.train.data import EpochStream, build_loader
+    from mem_core.train.runtime import Runtime
+
+    source = open_source("sim", None, "val")
+    spec = InputSpec(n_max=400, size=(32, 32), event_drop_p=0.5, hflip_p=0.5, shift_px=4)
+
+    def loader(workers):
+        return build_loader(
+            source, spec, train=True, seed=1, batch_size=8, runtime=Runtime(torch.device("cpu")), num_workers=workers
+        )
+
+    def drawn(batches):
+        return [(b.x.clone(), b.y.clone(), b.lengths.clone(), labels.clone()) for b, labels, _ in batches]
+
+    alone, alone_sampler = loader(0)
+    expected = {}
+    for epoch in (0, 1, 2, 6):
+        alone_sampler.set_epoch(epoch)
+        expected[epoch] = drawn(alone)
+    streamed, sampler = loader(2)
+    stream = EpochStream(streamed, sampler)
+    try:
+        for epoch in (0, 1, 2, 6):
+            stream.set_epoch(epoch)
+            got = drawn(stream)
+            assert len(got) == len(stream) == len(expected[epoch]) > 1
+            for a, b in zip(got, expected[epoch], strict=True):
+                assert all(torch.equal(u, v) for u, v in zip(a, b, strict=True)), epoch
+    finally:
+        streamed.close()
+
+
 def test_a_time_limit_stops_a_run_after_the_epoch_that_passes_it(tmp_path):
     """``time_limit_s`` ends a run at the first epoch boundary past the limit, validated and kept there, and the
     result says the run was cut short (a budgeted GPU call reports what its caps cut)."""

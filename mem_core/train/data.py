@@ -8,6 +8,7 @@ samples a step sees do not depend on the number of DDP processes or DataLoader w
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 from collections.abc import Iterator
@@ -123,19 +124,20 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
         self.samples = epoch_samples or n  # drawn per epoch
         self.passes = -(-self.samples // n)
         self.epoch = 0
+        self.endless = False  # iterate on into the epochs after ``epoch`` (``EpochStream``)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def _order(self) -> tuple[np.ndarray, np.ndarray]:
-        """(sample positions, augmentation keys) of this epoch, in order."""
+    def _order(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """(sample positions, augmentation keys) of ``epoch``, in order."""
         if not self.shuffle:
-            return np.arange(self.n), np.full(self.n, self.epoch)
+            return np.arange(self.n), np.full(self.n, epoch)
         if self.passes == 1:
-            order = np.random.default_rng([self.seed, self.epoch]).permutation(self.n)[: self.samples]
-            return order, np.full(len(order), self.epoch)
-        passes = [np.random.default_rng([self.seed, self.epoch, k]).permutation(self.n) for k in range(self.passes)]
-        keys = self.epoch * self.passes + np.repeat(np.arange(self.passes), self.n)
+            order = np.random.default_rng([self.seed, epoch]).permutation(self.n)[: self.samples]
+            return order, np.full(len(order), epoch)
+        passes = [np.random.default_rng([self.seed, epoch, k]).permutation(self.n) for k in range(self.passes)]
+        keys = epoch * self.passes + np.repeat(np.arange(self.passes), self.n)
         return np.concatenate(passes)[: self.samples], keys[: self.samples]
 
     def _global_batches(self) -> int:
@@ -158,7 +160,15 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
         return sum(1 for size in sizes if self._share(0, size)[1] > 0)
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
-        order, keys = self._order()
+        epoch = self.epoch
+        while True:
+            yield from self._batches(epoch)
+            if not self.endless:
+                return
+            epoch += 1
+
+    def _batches(self, epoch: int) -> Iterator[list[tuple[int, int]]]:
+        order, keys = self._order(epoch)
         if self.drop_last and len(order) < self.global_batch:
             # fewer samples than one batch (a few labelled captures): repeat the permutation to fill one batch
             order, keys = np.resize(order, self.global_batch), np.resize(keys, self.global_batch)
@@ -168,6 +178,38 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
             if count > 0:
                 pairs = zip(order[first : first + count], keys[first : first + count], strict=True)
                 yield [(int(i), int(k)) for i, k in pairs]
+
+
+class EpochStream:
+    """A training loader read epoch after epoch from one iterator, ``set_epoch`` then one epoch's batches at a time.
+
+    A loader iterated anew each epoch leaves its workers idle from its last batch until the next epoch asks for its
+    first, and then one worker builds that whole batch while the device waits: on a GPU an epoch of a few thousand
+    windows lasts about a second and a batch of 256 takes a worker a fifth of that. Read on from one iterator, the
+    workers build the next epoch's first batches during the last steps of this one, its validation and checkpoint.
+    The batches are the same: each epoch's order and augmentations come from the seed and the epoch alone
+    (``EpochBatchSampler``, ``WindowDataset``). An epoch other than the next one (a resumed run) starts afresh.
+    """
+
+    def __init__(self, loader: DataLoader, sampler: EpochBatchSampler) -> None:
+        self.loader, self.sampler = loader, sampler
+        self._batches: Iterator[Any] | None = None
+        self._next_epoch: int | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        if self._batches is None or epoch != self._next_epoch:
+            self.sampler.set_epoch(epoch)
+            self.sampler.endless = True
+            self._batches = iter(self.loader)
+        self._next_epoch = epoch + 1
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._batches is None:
+            raise RuntimeError("EpochStream: set_epoch before the first epoch")
+        return itertools.islice(self._batches, len(self.sampler))
+
+    def __len__(self) -> int:
+        return len(self.sampler)
 
 
 def loader_workers(num_workers: int, world_size: int = 1) -> int:

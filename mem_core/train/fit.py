@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 
 from mem_core.limits import is_int
 from mem_core.runs.rundir import RunDir, RunError, load_checkpoint, load_state
-from mem_core.train.data import EpochBatchSampler
+from mem_core.train.data import EpochBatchSampler, EpochStream
 from mem_core.train.engine import StepResult, seed_everything, train_one_epoch
 from mem_core.train.plots import plot_curves
 from mem_core.train.runtime import Runtime
@@ -64,8 +64,8 @@ class Training:
     model: torch.nn.Module
     train_model: torch.nn.Module
     optimizer: torch.optim.Optimizer
-    loader: DataLoader
-    sampler: EpochBatchSampler
+    loader: DataLoader | EpochStream  # an epoch's batches, after ``sampler.set_epoch``
+    sampler: EpochBatchSampler | EpochStream
     step: Callable[[Any, int, int], StepResult]
     evaluate: Callable[[int], dict[str, Any]]
     select: str | None = None

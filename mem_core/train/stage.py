@@ -25,7 +25,7 @@ from mem_core.representation import EventBatch, batch_preprocess
 from mem_core.runs.lineage import INIT_LINK
 from mem_core.runs.rundir import RunDir, RunError, discarded_if_it_fails_unstarted, load_checkpoint, load_state
 from mem_core.train.common import batch_generator, fit_input, start_run, wrap_model
-from mem_core.train.data import build_stage_loaders, open_split, open_training, train_indices
+from mem_core.train.data import EpochStream, build_stage_loaders, open_split, open_training, train_indices
 from mem_core.train.engine import StepResult
 from mem_core.train.fit import Training, fit
 from mem_core.train.runtime import Runtime, interruptible, teardown_runtime
@@ -186,8 +186,8 @@ def _run_stage(stage_cls: type[Stage], cfg, out: Path | str, resume: bool, input
             model=model,
             train_model=wrap_model(model, cfg, runtime),
             optimizer=stage.build_optimizer(model),
-            loader=loader,
-            sampler=sampler,
+            loader=(stream := EpochStream(loader, sampler)),
+            sampler=stream,
             step=lambda batch, epoch, step: stage.step(training.train_model, batch, epoch, step),
             evaluate=evaluate,
             select=stage.select,
