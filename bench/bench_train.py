@@ -55,7 +55,7 @@ from mem_core.runs.export import export_tokenizer
 from mem_core.runs.rundir import RunDir
 from mem_core.train.common import wrap_model
 from mem_core.train.configs import stage_config
-from mem_core.train.data import build_loader, loader_workers
+from mem_core.train.data import EpochStream, build_loader, loader_workers
 from mem_core.train.engine import train_one_epoch
 from mem_core.train.finetune import FinetuneStage
 from mem_core.train.pretrain import PretrainStage
@@ -285,11 +285,13 @@ def bench_loader(cfg, workers: int, epochs: int = 2, sensor: SensorSize = SENSOR
 
 def loader_samples_per_s(loader, sampler, epochs: int, limit: int = 0) -> float:
     """Samples/s a training ``loader`` delivers over ``epochs`` epochs of its ``sampler`` (or until ``limit``
-    samples, when given), not counting the first batch, which pays the workers' start."""
+    samples, when given), read as the stages read it (``EpochStream``), not counting the first batch, which pays the
+    workers' start."""
+    stream = EpochStream(loader, sampler)
     seen, start = 0, None
     for epoch in range(epochs):
-        sampler.set_epoch(epoch)
-        for events, _, _ in loader:
+        stream.set_epoch(epoch)
+        for events, _, _ in stream:
             if start is None:
                 start = time.perf_counter()
                 continue
