@@ -363,8 +363,11 @@ def test_a_loader_of_preloaded_files_draws_the_batches_it_draws_reading_them_at_
             assert torch.equal(a, b)
 
 
-def test_preloading_holds_copies_within_its_budget_and_says_when_the_files_are_read_instead(data_dir, tmp_path):
+def test_preloading_holds_copies_within_its_budget_and_says_when_the_files_are_read_instead(
+    data_dir, tmp_path, monkeypatch
+):
     from mem_core.datasets import FileSource
+    from mem_core.datasets import preload as preloading
     from mem_core.datasets.preload import preload
     from mem_core.datasets.unlabeled import JoinedSource, open_unlabeled
 
@@ -384,6 +387,12 @@ def test_preloading_holds_copies_within_its_budget_and_says_when_the_files_are_r
     window = held.load(9)
     window["x"] = 0  # what a loader does to a window never reaches the held events
     np.testing.assert_array_equal(held.load(9), joined.load(9))
+
+    monkeypatch.setattr(preloading, "CHUNK_SAMPLES", 3)  # the samples held in three arrays
+    chunked = preload(labelled, np.arange(8), 2**20)
+    assert len(chunked.chunks) == 3
+    for i in range(8):
+        np.testing.assert_array_equal(chunked.load(i), labelled.load(i))
 
     events = sum(len(labelled.load(i)) for i in range(8)) * 13
     assert preload(labelled, np.arange(8), events // 2, say=said.append) is labelled

@@ -2,7 +2,7 @@
 
 A training epoch reads every sample of its split, and every epoch reads them all again: decoding a 100 ms N-Cars
 ``.dat`` file costs over half of what cutting, augmenting and collating its window does, and an LZMA-packed ``.evz``
-file nearly five times that (docs/BENCHMARKS.md), so a loader whose workers decode files at every epoch feeds a GPU
+file about four times that (docs/BENCHMARKS.md), so a loader whose workers decode files at every epoch feeds a GPU
 at a fraction of its rate. ``preload`` reads the files a loader will use once, in threads (file reads and LZMA
 decompression release the GIL), into one array; the loader's worker processes, forked after it, share its pages.
 Sources that are no files (a corpus reads its shards in slices, the simulator draws its samples) are left as they
@@ -20,28 +20,32 @@ import numpy as np
 from mem_core.cores import usable_cores
 from mem_core.datasets.base import EventSource, FileSource
 from mem_core.datasets.unlabeled import JoinedSource
-from mem_core.events import EVENT_DTYPE
 
-PROBE_SAMPLES = 32  # decoded first, to judge what all of them take in memory
+CHUNK_SAMPLES = 256  # decoded and joined at a time: memory holds the samples once, and the newest chunk twice
 
 
 class PreloadedSource(EventSource):
-    """``source`` with the samples ``indices`` held in memory (one array of their events, and where each starts);
-    any other sample is read from ``source`` as before."""
+    """``source`` with the samples ``indices`` held in memory (arrays of their events, each holding a chunk of them,
+    and where each sample is); any other sample is read from ``source`` as before."""
 
-    def __init__(self, source: EventSource, indices: np.ndarray, events: np.ndarray, starts: np.ndarray) -> None:
+    def __init__(self, source: EventSource, indices: np.ndarray, chunks: list[np.ndarray], where: np.ndarray) -> None:
         self.source = source
         self.name, self.sensor, self.classes, self.labels = source.name, source.sensor, source.classes, source.labels
-        self.events, self.starts = events, starts
+        self.chunks, self.where = chunks, where  # where: (len(indices), 3) chunk, first event, end
         self.slot = np.full(len(source), -1, dtype=np.int64)
         self.slot[indices] = np.arange(len(indices))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(chunk.nbytes for chunk in self.chunks)
 
     def load(self, index: int) -> np.ndarray:
         k = int(self.slot[index])
         if k < 0:
             return self.source.load(index)
+        chunk, lo, hi = (int(v) for v in self.where[k])
         # a copy: what the loader does to a window (augmentation) must never reach the preloaded events
-        return self.events[self.starts[k] : self.starts[k + 1]].copy()
+        return self.chunks[chunk][lo:hi].copy()
 
     def mask(self, index: int) -> np.ndarray | None:
         return self.source.mask(index)
@@ -59,8 +63,9 @@ def preload(
     say: Callable[[str], None] | None = None,
 ) -> EventSource:
     """``source`` with the samples ``indices`` decoded into memory when it reads files (``FileSource``, or sources
-    joined of them) and they take at most ``budget_bytes``; ``source`` itself otherwise. ``threads``: 0 is one per
-    usable core. ``say`` hears one line of what was held (or why not) when it took a moment."""
+    joined of them) and they take at most ``budget_bytes``; ``source`` itself otherwise, given up as soon as the
+    samples decoded so far say the rest would not fit. ``threads``: 0 is one per usable core. ``say`` hears one line
+    of what was held when it took a moment, or why the files are read at every epoch."""
     if budget_bytes <= 0 or len(indices) == 0:
         return source
     if isinstance(source, JoinedSource):
@@ -69,28 +74,30 @@ def preload(
         return source
     started = time.perf_counter()
     indices = np.asarray(indices, dtype=np.int64)
+    chunks, where, held = [], [], 0
     with ThreadPoolExecutor(max_workers=threads or usable_cores()) as pool:
-        probe = list(pool.map(source.load, indices[:PROBE_SAMPLES].tolist()))
-        expected = sum(len(w) for w in probe) * EVENT_DTYPE.itemsize * len(indices) / len(probe)
-        if expected > budget_bytes:
-            if say is not None:
-                say(
-                    f"{source.name}: {len(indices):,} samples read from their files at every epoch: about "
-                    f"{expected / 2**20:,.0f} MiB decoded, over the {budget_bytes / 2**20:,.0f} MiB held in memory"
-                )
-            return source
-        windows = probe + list(pool.map(source.load, indices[PROBE_SAMPLES:].tolist()))
-    starts = np.cumsum([0, *(len(w) for w in windows)], dtype=np.int64)
-    if starts[-1] * EVENT_DTYPE.itemsize > budget_bytes:  # the probe was no fair share of the samples
-        return source
-    events = np.concatenate(windows) if windows else np.empty(0, EVENT_DTYPE)
-    held = PreloadedSource(source, indices, events, starts)
+        for first in range(0, len(indices), CHUNK_SAMPLES):
+            windows = list(pool.map(source.load, indices[first : first + CHUNK_SAMPLES].tolist()))
+            ends = np.cumsum([len(w) for w in windows])
+            where += [(len(chunks), end - len(w), end) for w, end in zip(windows, ends, strict=True)]
+            chunks.append(np.concatenate(windows))
+            held += chunks[-1].nbytes
+            expected = held * len(indices) / len(where)
+            if expected > budget_bytes:
+                if say is not None:
+                    say(
+                        f"{source.name}: {len(indices):,} samples read from their files at every epoch: about "
+                        f"{expected / 2**20:,.0f} MiB decoded, over the {budget_bytes / 2**20:,.0f} MiB held in memory"
+                        " (data.preload_mib)"
+                    )
+                return source
+    loaded = PreloadedSource(source, indices, chunks, np.asarray(where, dtype=np.int64))
     seconds = time.perf_counter() - started
     if say is not None and seconds >= 1:
         say(
-            f"{source.name}: {len(indices):,} samples held in memory ({events.nbytes / 2**20:,.0f} MiB, read in {seconds:.0f} s)"
+            f"{source.name}: {len(indices):,} samples held in memory ({held / 2**20:,.0f} MiB, read in {seconds:.0f} s)"
         )
-    return held
+    return loaded
 
 
 def _preload_joined(
@@ -103,7 +110,7 @@ def _preload_joined(
         mine = indices[(indices >= lo) & (indices < lo + len(part))] - lo
         loaded = preload(part, mine, left, threads, say)
         if isinstance(loaded, PreloadedSource):
-            left -= loaded.events.nbytes
+            left -= loaded.nbytes
         parts.append(loaded)
     joined = JoinedSource(parts)
     joined.name = source.name
