@@ -1,12 +1,11 @@
 """Samples stored one per file, decoded once into memory for the epochs that read them again.
 
 A training epoch reads every sample of its split, and every epoch reads them all again: decoding a 100 ms N-Cars
-``.dat`` file costs over half of what cutting, augmenting and collating its window does, and an LZMA-packed ``.evz``
-file about four times that (docs/BENCHMARKS.md), so a loader whose workers decode files at every epoch feeds a GPU
-at a fraction of its rate. ``preload`` reads the files a loader will use once, in threads (file reads and LZMA
-decompression release the GIL), into one array; the loader's worker processes, forked after it, share its pages.
-Sources that are no files (a corpus reads its shards in slices, the simulator draws its samples) are left as they
-are.
+``.dat`` file costs about half of what cutting, augmenting and collating its window does, and an LZMA-packed ``.evz``
+file about four times that (docs/BENCHMARKS.md), so a loader whose workers decode files at every epoch feeds a GPU at a
+fraction of its rate. ``preload`` reads the files a loader will use once, in threads (file reads and LZMA decompression
+release the GIL), into arrays of 256 samples each; the loader's worker processes, forked after it, share its pages.
+Sources that are no files (a corpus reads its shards in slices, the simulator draws its samples) are left as they are.
 """
 
 from __future__ import annotations
