@@ -1062,3 +1062,24 @@ def test_the_estimate_of_what_is_left_follows_the_recent_pace():
         pace.add(float(t), 6000 + (t - 600))
     assert pace.rate() == pytest.approx(1.0)
     assert [duration(s) for s in (45, 720, 12_000)] == ["45 s", "12 min", "3 h 20 min"]
+
+
+def test_a_run_trained_on_its_splits_as_shipped_is_never_evaluated_on_a_val_carved_from_its_training_split(
+    tmp_path, data_dir
+):
+    """N-Cars carves a val out of a train/ with no val/ beside it; a run that held nothing out (``data.held_out``
+    false, choosing on val-apart) trained on those samples, so `mem evaluate` opens the splits as the run did."""
+    from mem_core.datasets import DatasetError
+
+    for split in ("train", "val-apart"):
+        for cls in ("cars", "background"):
+            (tmp_path / split / cls).mkdir(parents=True)
+            for path in sorted((data_dir / "ncars-dev" / split / cls).iterdir())[:10]:
+                (tmp_path / split / cls / path.name).symlink_to(path)
+    settings = (f"data.path={tmp_path}", "data.val_split=val-apart")
+    shipped = finetune.run(config("finetune", *settings, "data.held_out=false", dataset="ncars"), tmp_path / "shipped")
+    with pytest.raises(DatasetError, match="no N-Cars split 'val'"):
+        evaluate_run(shipped.path, "ncars", tmp_path, "val")
+    assert evaluate_run(shipped.path, "ncars", tmp_path, "train")["n"] == 20  # all of train, as it trained
+    carving = finetune.run(config("finetune", *settings, dataset="ncars"), tmp_path / "carving")
+    assert 0 < evaluate_run(carving.path, "ncars", tmp_path, "val")["n"] < 20  # carved out of train, held out
