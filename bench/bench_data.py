@@ -336,9 +336,15 @@ def stream_rows() -> list[dict]:
     rows = []
     for name, streamed in (("loader started anew each epoch", False), ("one stream across epochs", True)):
         loader, sampler = build_loader(
-            source, spec, train=True, seed=0, batch_size=STREAM_BATCH, runtime=Runtime(torch.device("cpu")),
-            num_workers=2, preload_mib=1024,
-        )  # fmt: skip
+            source,
+            spec,
+            train=True,
+            seed=0,
+            batch_size=STREAM_BATCH,
+            runtime=Runtime(torch.device("cpu")),
+            num_workers=2,
+            preload_mib=1024,
+        )
         batches = EpochStream(loader, sampler) if streamed else loader
         epochs = []
         try:
