@@ -209,6 +209,20 @@ def process_cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def cpu_training_loader(source, spec: InputSpec, batch: int, workers: int, preload_mib: int = 0):
+    """The training stages' own loader (and its sampler) of ``source`` on the CPU, seed 0."""
+    return build_loader(
+        source,
+        spec,
+        train=True,
+        seed=0,
+        batch_size=batch,
+        runtime=Runtime(torch.device("cpu")),
+        num_workers=workers,
+        preload_mib=preload_mib,
+    )
+
+
 def loader_rows(stream: np.ndarray, sensor: SensorSize) -> list[dict]:
     """DataLoader samples/s per worker core: 30 000-event training windows read from a corpus, event-augmented.
 
@@ -231,15 +245,7 @@ def loader_rows(stream: np.ndarray, sensor: SensorSize) -> list[dict]:
             writer.end_recording()
         source = CorpusSource(Path(tmp), "all")
         for workers in (0, 1):  # the training stages' own loader
-            loader, sampler = build_loader(
-                source,
-                spec,
-                train=True,
-                seed=0,
-                batch_size=BATCH,
-                runtime=Runtime(torch.device("cpu")),
-                num_workers=workers,
-            )
+            loader, sampler = cpu_training_loader(source, spec, BATCH, workers)
             seen, epoch, start, worker_cpu = 0, 0, None, None
             while seen < LOADER_SAMPLES:
                 sampler.set_epoch(epoch)
@@ -294,16 +300,7 @@ def file_rows() -> list[dict]:
         ):
             source = FileSource("ncars", files, labels, ["car"], NCARS_SENSOR)
             started = time.process_time()
-            loader, sampler = build_loader(
-                source,
-                spec,
-                train=True,
-                seed=0,
-                batch_size=BATCH,
-                runtime=Runtime(torch.device("cpu")),
-                num_workers=0,
-                preload_mib=preload_mib,
-            )
+            loader, sampler = cpu_training_loader(source, spec, BATCH, 0, preload_mib)
             if preload_mib:
                 name += f" once ({time.process_time() - started:.1f} CPU s)"
             seen, started = 0, time.process_time()
@@ -335,16 +332,7 @@ def stream_rows() -> list[dict]:
     source = FileSource("ncars", files, [0] * len(files), ["car"], NCARS_SENSOR)
     rows = []
     for name, streamed in (("loader started anew each epoch", False), ("one stream across epochs", True)):
-        loader, sampler = build_loader(
-            source,
-            spec,
-            train=True,
-            seed=0,
-            batch_size=STREAM_BATCH,
-            runtime=Runtime(torch.device("cpu")),
-            num_workers=2,
-            preload_mib=1024,
-        )
+        loader, sampler = cpu_training_loader(source, spec, STREAM_BATCH, 2, 1024)
         batches = EpochStream(loader, sampler) if streamed else loader
         epochs = []
         try:
