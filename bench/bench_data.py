@@ -255,7 +255,7 @@ def loader_rows(stream: np.ndarray, sensor: SensorSize) -> list[dict]:
                         pid = loader_worker_pids(loader)[0] if workers else os.getpid()
                         worker_cpu = process_cpu_seconds(pid)
                         continue
-                    seen += batch.t.shape[0]
+                    seen += len(batch)
                     if seen >= LOADER_SAMPLES:
                         break
                 epoch += 1

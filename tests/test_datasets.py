@@ -315,7 +315,7 @@ def test_windows_are_random_at_train_and_fixed_at_evaluation():
     a, b = train[(0, 0)][0], train[(0, 1)][0]
     assert np.array_equal(a, train[(0, 0)][0]) and not np.array_equal(a, b)
     batch, labels, masks = collate_windows([evaluation[(i, 0)] for i in range(4)], src.sensor)
-    assert batch.t.shape[0] == 4 and labels.tolist() == [0, 1, 2, 3] and masks.shape == (4, 128, 128)
+    assert len(batch) == 4 and labels.tolist() == [0, 1, 2, 3] and masks.shape == (4, 128, 128)
 
 
 def ncars_files(data_dir: Path, per_class: int) -> tuple[list[Path], list[int]]:

@@ -229,12 +229,14 @@ def test_resize_to_then_crop_centre_at_eval_random_at_train(events_factory):
     assert len(crops) > 1
 
 
-def test_collate_pads_windows_and_keeps_lengths(events_factory):
+def test_collate_puts_the_windows_back_to_back_without_padding(events_factory):
     windows = [events_factory(50, SENSOR, seed=1), np.empty(0, EVENT_DTYPE), events_factory(20, SENSOR, seed=2)]
     batch = collate_events(windows, SENSOR)
-    assert batch.t.shape == (3, 50) and batch.lengths.tolist() == [50, 0, 20]
-    np.testing.assert_array_equal(batch.x[2, :20].numpy(), windows[2]["x"])
-    assert not batch.x[2, 20:].any() and len(batch) == 3
+    assert batch.t.shape == (70,) and batch.lengths.tolist() == [50, 0, 20] and len(batch) == 3
+    assert batch.starts().tolist() == [0, 50, 50]
+    for b, w in enumerate(windows):
+        for column, field in zip(batch.window(b), "txyp", strict=True):
+            np.testing.assert_array_equal(column.numpy(), w[field])
     with pytest.raises(ValueError, match="window 1"):
         collate_events([windows[0], np.zeros(5)], SENSOR)
 
@@ -471,6 +473,9 @@ def test_an_event_batch_slices_into_micro_batches_of_whole_windows(events_factor
     batch = collate_events(windows, SENSOR)
     part = batch[1:3]
     assert len(part) == 2 and part.lengths.tolist() == [9, 3] and part.sensor == batch.sensor
-    assert part.t[0, :9].tolist() == windows[1]["t"].tolist() and part.x[1, :3].tolist() == windows[2]["x"].tolist()
+    assert part.window(0)[0].tolist() == windows[1]["t"].tolist() and part.x[9:].tolist() == windows[2]["x"].tolist()
+    assert len(batch[3:]) == 0 and batch[3:].t.shape == (0,) and batch[:1].t.tolist() == windows[0]["t"].tolist()
     with pytest.raises(TypeError, match="sliced by a slice"):
         batch[0]
+    with pytest.raises(ValueError, match="contiguous rows"):
+        batch[::2]

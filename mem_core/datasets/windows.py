@@ -50,7 +50,7 @@ class WindowDataset(Dataset):
 
 
 def collate_windows(items, sensor: SensorSize):
-    """DataLoader collate: padded event batch, labels (B,), masks (B, H, W) or None."""
+    """DataLoader collate: the windows in an EventBatch, labels (B,), masks (B, H, W) or None."""
     events, labels, masks = zip(*items, strict=True)
     batch = collate_events(list(events), sensor)
     label_t = torch.as_tensor(np.asarray(labels, dtype=np.int64))

@@ -1,4 +1,4 @@
-"""Event histograms at sensor resolution, for one window or a padded batch of windows.
+"""Event histograms at sensor resolution, for one window or a batch of windows.
 
 Histograms are float32 with exact counts (no uint8/int16 wrap-around):
 
@@ -6,14 +6,15 @@ Histograms are float32 with exact counts (no uint8/int16 wrap-around):
 - ``temporal_histogram``   (2 * bins, H, W): channel ``2 * b + p`` counts polarity ``p`` in time bin ``b``.
 - ``timestamp_histogram``  (3, H, W): OFF and ON counts, then the normalized time of each pixel's newest event.
 
-A batch of windows travels as an ``EventBatch`` (padded columns, made by ``collate_events`` in the DataLoader
-worker); ``batch_histogram`` counts it with the numba kernels on CPU and one scatter-add elsewhere.
+A batch of windows travels as an ``EventBatch`` (the windows' events back to back in columns, made by
+``collate_events`` in the DataLoader worker); ``batch_histogram`` counts it with the numba kernels on CPU and one
+scatter-add elsewhere.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -145,26 +146,43 @@ def timestamp_histogram(events: np.ndarray, sensor: SensorSize) -> np.ndarray:
 
 @dataclass
 class EventBatch:
-    """Padded event windows of one sensor: row ``b`` holds ``lengths[b]`` valid events, then zero padding."""
+    """Event windows of one sensor back to back: window ``b`` is ``lengths[b]`` events of the columns, from
+    ``starts()[b]`` on. No padding: a batch of N-Cars windows moves its events, not 5 times their bytes."""
 
-    t: torch.Tensor  # (B, N) int64, microseconds
-    x: torch.Tensor  # (B, N) int32
-    y: torch.Tensor  # (B, N) int32
-    p: torch.Tensor  # (B, N) uint8, 0 = OFF, 1 = ON
-    lengths: torch.Tensor  # (B,) int64
+    t: torch.Tensor  # (E,) int64, microseconds
+    x: torch.Tensor  # (E,) int32
+    y: torch.Tensor  # (E,) int32
+    p: torch.Tensor  # (E,) uint8, 0 = OFF, 1 = ON
+    lengths: torch.Tensor  # (B,) int64, summing to E
     # (B, 2) int64 on the CPU, counted by collate_events: events off the sensor or with polarity > 1, and events
     # outside [t_first, t_last] of their window; read there, so refusing a bad batch never waits for a GPU
     flaws: torch.Tensor
     sensor: SensorSize
 
     def __len__(self) -> int:
-        return self.t.shape[0]
+        return self.lengths.shape[0]
+
+    def starts(self) -> torch.Tensor:
+        """(B,) the column index of each window's first event."""
+        return self.lengths.cumsum(0) - self.lengths
+
+    def window(self, b: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The columns ``t, x, y, p`` of window ``b`` (views)."""
+        start = int(self.starts()[b])
+        events = slice(start, start + int(self.lengths[b]))
+        return self.t[events], self.x[events], self.y[events], self.p[events]
 
     def __getitem__(self, rows: slice) -> EventBatch:
-        """The windows ``rows`` of the batch (a micro-batch), with the same padding."""
+        """The windows ``rows`` of the batch (a micro-batch), their events views of these columns."""
         if not isinstance(rows, slice):
             raise TypeError(f"an EventBatch is sliced by a slice of rows, got {type(rows).__name__}")
-        return replace(self._map(lambda v: v[rows]), flaws=self.flaws[rows])
+        first, last, step = rows.indices(len(self))
+        if step != 1:
+            raise ValueError(f"an EventBatch is sliced by contiguous rows, got step {step}")
+        bounds = torch.cat([self.lengths.new_zeros(1), self.lengths.cumsum(0)])
+        events = slice(int(bounds[first]), int(bounds[max(first, last)]))
+        columns = (v[events] for v in (self.t, self.x, self.y, self.p))
+        return EventBatch(*columns, self.lengths[rows], self.flaws[rows], self.sensor)
 
     def _map(self, fn) -> EventBatch:
         """``fn`` applied to the events and lengths (the flaw counts stay where they are)."""
@@ -190,41 +208,42 @@ class EventBatch:
 
 
 def collate_events(windows: Sequence[np.ndarray], sensor: SensorSize) -> EventBatch:
-    """Pad a list of ``EVENT_DTYPE`` windows into an ``EventBatch`` (usable inside a DataLoader ``collate_fn``).
+    """The ``EVENT_DTYPE`` windows back to back in an ``EventBatch`` (usable inside a DataLoader ``collate_fn``).
 
-    Inside a DataLoader worker the padded tensors are allocated in shared memory, as torch's default collate
-    does: sending them to the main process then moves no data (otherwise pickling copies them there).
+    Inside a DataLoader worker the columns are allocated in shared memory, as torch's default collate does: sending
+    them to the main process then moves no data (otherwise pickling copies them there).
     """
     for i, w in enumerate(windows):
         if not isinstance(w, np.ndarray) or w.dtype != EVENT_DTYPE or w.ndim != 1:
             raise ValueError(f"window {i} must be a 1-D numpy array of EVENT_DTYPE, got {getattr(w, 'dtype', w)}")
     lengths = np.array([len(w) for w in windows], np.int64)
-    shape = (len(windows), int(lengths.max(initial=0)))
+    bounds = np.concatenate([[0], np.cumsum(lengths)])
     shared = get_worker_info() is not None
-    columns = tuple(_empty(shape, dtype, shared) for dtype in (np.int64, np.int32, np.int32, np.uint8))
+    columns = tuple(_empty(int(bounds[-1]), dtype, shared) for dtype in (np.int64, np.int32, np.int32, np.uint8))
     t, x, y, p = (c.numpy() for c in columns)
     flaws = np.zeros((len(windows), 2), np.int64)
     for i, w in enumerate(windows):
-        flaws[i] = _unpack_kernel(w, t[i], x[i], y[i], p[i], sensor[0], sensor[1])
+        a, b = bounds[i], bounds[i + 1]
+        flaws[i] = _unpack_kernel(w, t[a:b], x[a:b], y[a:b], p[a:b], sensor[0], sensor[1])
     return EventBatch(*columns, torch.from_numpy(lengths), torch.from_numpy(flaws), sensor=SensorSize(*sensor))
 
 
-def _empty(shape: tuple[int, int], dtype: type, shared: bool) -> torch.Tensor:
-    """An uninitialized tensor, with its storage created in shared memory if ``shared``.
+def _empty(n: int, dtype: type, shared: bool) -> torch.Tensor:
+    """An uninitialized 1-D tensor, with its storage created in shared memory if ``shared``.
 
     Otherwise the memory comes from numpy, which backs arrays of >= 4 MB with transparent huge pages and so
     saves the page fault per 4 KB that a fresh torch tensor of the same size costs on first touch.
     """
-    if not shared or shape[0] * shape[1] == 0:
-        return torch.from_numpy(np.empty(shape, dtype))
-    storage = torch.UntypedStorage._new_shared(shape[0] * shape[1] * np.dtype(dtype).itemsize)
-    return torch.empty(0, dtype=torch.from_numpy(np.empty(0, dtype)).dtype).set_(storage, 0, shape)
+    if not shared or n == 0:
+        return torch.from_numpy(np.empty(n, dtype))
+    storage = torch.UntypedStorage._new_shared(n * np.dtype(dtype).itemsize)
+    return torch.empty(0, dtype=torch.from_numpy(np.empty(0, dtype)).dtype).set_(storage, 0, (n,))
 
 
 @njit(cache=True, nogil=True)
 def _unpack_kernel(events, t, x, y, p, height, width):
-    """The fields of one window into the rows ``t, x, y, p``, zero-padded past its length; returns (events off the
-    sensor or with polarity > 1, events outside [t_first, t_last])."""
+    """The fields of one window into the columns ``t, x, y, p`` (of its length); returns (events off the sensor or
+    with polarity > 1, events outside [t_first, t_last])."""
     n = events.shape[0]
     off_sensor = 0
     out_of_span = 0
@@ -233,10 +252,6 @@ def _unpack_kernel(events, t, x, y, p, height, width):
         t[i], x[i], y[i], p[i] = e.t, e.x, e.y, e.p
         off_sensor += e.x >= width or e.y >= height or e.p > 1
         out_of_span += e.t < events[0].t or e.t > events[n - 1].t
-    t[n:] = 0
-    x[n:] = 0
-    y[n:] = 0
-    p[n:] = 0
     return off_sensor, out_of_span
 
 
@@ -245,8 +260,8 @@ def _batch_histogram_numba(batch: EventBatch, channels: str, num_channels: int) 
     height, width = batch.sensor
     out = np.zeros((len(batch), num_channels, height, width), np.float32)
     t, x, y, p = (v.numpy() for v in (batch.t, batch.x, batch.y, batch.p))
-    for b, n in enumerate(batch.lengths.tolist()):
-        skipped = _fill_histogram(out[b], channels, t[b, :n], x[b, :n], y[b, :n], p[b, :n])
+    for b, (a, n) in enumerate(zip(batch.starts().tolist(), batch.lengths.tolist(), strict=True)):
+        skipped = _fill_histogram(out[b], channels, t[a : a + n], x[a : a + n], y[a : a + n], p[a : a + n])
         if skipped:
             raise ValueError(f"batch sample {b}: {_skipped_error(skipped, n, batch.sensor)}")
     return torch.from_numpy(out)
@@ -263,37 +278,42 @@ def scatter_histogram(batch: EventBatch, channels: Channels = "hist", bins: int 
     """
     num_channels = n_channels(channels, bins)
     height, width = batch.sensor
-    n_batch, n_events = batch.x.shape
+    n_batch, n_events = len(batch), batch.x.shape[0]
     cells = n_batch * num_channels * height * width
     device = batch.x.device
-    # the events left out land past the histograms, one slot per event position (no single contended slot)
+    # the events left out land past the histograms, one slot per event (no single contended slot)
     counts = torch.zeros(cells + n_events, device=device)
     if n_events == 0:
         return counts[:cells].view(n_batch, num_channels, height, width)
     index_dtype = torch.int32 if cells + n_events < 2**31 else torch.int64
     x, y, p = (v.to(index_dtype) for v in (batch.x, batch.y, batch.p))
-    position = torch.arange(n_events, device=device, dtype=index_dtype)  # (N,)
-    keep = (position < batch.lengths[:, None]) & (x >= 0) & (x < width) & (y >= 0) & (y < height) & (p <= 1)
+    position = torch.arange(n_events, device=device, dtype=index_dtype)  # (E,)
+    lengths = batch.lengths.to(device)
+    # each event's window; the output size is known here, so the device is not asked for it
+    sample = torch.repeat_interleave(
+        torch.arange(n_batch, device=device, dtype=index_dtype), lengths, output_size=n_events
+    )
+    keep = (x >= 0) & (x < width) & (y >= 0) & (y < height) & (p <= 1)
     channel = p
     if channels != "hist":
         t = batch.t
-        t0 = t[:, :1]  # (B, 1)
-        t_last = t.gather(1, (batch.lengths - 1).clamp_min(0)[:, None])  # (B, 1)
+        first = lengths.cumsum(0) - lengths  # (B,) an empty window's bounds are read by none of its events
+        t0 = t[first.clamp_max(n_events - 1)][sample]  # (E,) the first and last time of each event's window
+        t_last = t[(first + lengths - 1).clamp_min(0)][sample]
         keep &= (t >= t0) & (t <= t_last)
         if channels == "temporal":  # the even split of _temporal_kernel
             channel = 2 * ((t - t0) * bins // (t_last - t0 + 1)).to(index_dtype) + p
-    sample = torch.arange(n_batch, device=device, dtype=index_dtype)[:, None]  # (B, 1)
-    cell = ((sample * num_channels + channel) * height + y) * width + x  # (B, N) into (B, C, H, W)
+    cell = ((sample * num_channels + channel) * height + y) * width + x  # (E,) into (B, C, H, W)
     cell = torch.where(keep, cell, cells + position)
-    counts.index_add_(0, cell.flatten(), torch.ones((), device=device).expand(cell.numel()))
+    counts.index_add_(0, cell, torch.ones((), device=device).expand(n_events))
     out = counts[:cells].view(n_batch, num_channels, height, width)
     if channels == "timestamp":
         span = (t_last - t0).to(torch.float64)
-        newest = torch.where(span > 0, (t - t0) / span.clamp_min(1), 1.0).to(torch.float32)  # (B, N)
+        newest = torch.where(span > 0, (t - t0) / span.clamp_min(1), 1.0).to(torch.float32)  # (E,)
         pixels = n_batch * height * width
         pixel = torch.where(keep, (sample * height + y) * width + x, pixels + position).long()
         plane = torch.zeros(pixels + n_events, device=device)
-        plane.scatter_reduce_(0, pixel.flatten(), newest.flatten(), reduce="amax")  # sorted times: the newest
+        plane.scatter_reduce_(0, pixel, newest, reduce="amax")  # sorted times: the newest
         out[:, 2] = plane[:pixels].view(n_batch, height, width)
     return out
 
@@ -306,7 +326,7 @@ def batch_histogram(
     device: str | torch.device = "cpu",
     backend: Literal["auto", "numba", "torch"] = "auto",
 ) -> torch.Tensor:
-    """Histograms of a padded batch, float32 (B, C, H, W) on ``device``, equal to ``input_histogram`` per row.
+    """Histograms of a batch, float32 (B, C, H, W) on ``device``, equal to ``input_histogram`` per row.
 
     ``backend="auto"`` runs the numba kernels per sample on CPU (faster than a CPU scatter) and ``scatter_histogram``
     elsewhere. A window holding events that ``input_histogram`` refuses is an error naming it either way.

@@ -1,6 +1,6 @@
 """The model input pipeline (docs/ARCHITECTURE.md, "The model input"): event windows -> normalized, resized tensors.
 
-For one sample (``preprocess``) or a padded batch (``collate_events`` + ``batch_preprocess``): window of up to
+For one sample (``preprocess``) or a batch (``collate_events`` + ``batch_preprocess``): window of up to
 ``n_max`` events (random at train, centred at evaluation) -> event augmentations (train) -> histogram -> hot pixels
 zeroed -> normalize to [0, 1] -> resize (+ crop) -> log scale (``scale="log"``) -> RandAugment (train). After the
 histogram every step is a torch op on ``(B, C, H, W)``, so the same code runs on the CPU and on the model's GPU.
@@ -257,7 +257,7 @@ def batch_preprocess(
     device: str | torch.device = "cpu",
     labels: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """A padded batch of windows -> model inputs, float32 (B, C, *spec.size) in [0, 1] on ``device``.
+    """A batch of windows -> model inputs, float32 (B, C, *spec.size) in [0, 1] on ``device``.
 
     The windows must already be cut and, for training, event-augmented by ``prepare_events`` (in the dataset or
     DataLoader worker, before ``collate_events``); this function does the histogram and ``histograms_to_input``

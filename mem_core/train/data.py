@@ -233,7 +233,7 @@ def build_loader(
     epoch_samples: int = 0,
     preload_mib: int = 0,
 ) -> tuple[DataLoader, EpochBatchSampler]:
-    """A DataLoader of padded event windows; ``batch_size`` is global (split over the DDP processes);
+    """A DataLoader of event windows (EventBatch); ``batch_size`` is global (split over the DDP processes);
     ``num_workers`` -1 is ``loader_workers``' automatic count; ``epoch_samples`` (training): the samples an epoch
     draws, in passes over the dataset (``EpochBatchSampler``); ``preload_mib``: samples stored one per file are
     decoded once into memory when they fit (``datasets.preload``), before the workers start and share them."""
