@@ -170,6 +170,42 @@ def test_the_experiment_scales_pretraining_to_the_same_steps_or_the_same_epochs(
         LabelEfficiencyConfig(pretrain_budget="time")
 
 
+def test_each_seed_can_pretrain_its_own_model_and_the_curve_says_so(tmp_path, recordings, monkeypatch, capsys):
+    """``--pretrain-per-seed``: seed S's MEM runs start from a tokenizer and a pretraining of their own, seeded by S,
+    so the spread over seeds holds the pretraining's; the results and the curve say each seed pretrained."""
+    import torch
+
+    from mem_core.train.experiment_curve import markdown_curve, write_curve
+
+    out = tmp_path / "exp"
+    stage_sets = [*sets(*(f"all:{s}" for s in TINY)), *sets(*(f"tokenizer:{s}" for s in TINY_TOK))]
+    stage_sets += [arg for stage in ("pretrain", "finetune") for arg in sets(*(f"{stage}:{s}" for s in TINY_VIT))]
+    status, err = mem_in_process(
+        monkeypatch, capsys, "experiment", "label-efficiency", "--dataset", "ncars", "--data", str(recordings["ncars"]),
+        "--preset", "cpu-tiny", "--out", str(out), "--fractions", "1.0", "--seeds", "0,1", "--no-baselines",
+        "--pretrain-per-seed", "--unlabeled", str(recordings["folder"]), *stage_sets,
+    )  # fmt: skip
+    assert status == 0, err
+    assert not (out / "pretrain").exists() and not (out / "tokenizer").exists()
+    weights = {}
+    for seed in (0, 1):
+        for stage in ("tokenizer", "pretrain"):
+            assert json.loads((out / f"{stage}-seed{seed}" / "config.json").read_text())["config"]["seed"] == seed
+        checkpoint = torch.load(out / f"pretrain-seed{seed}" / "checkpoint.pt", weights_only=True, map_location="cpu")
+        weights[seed] = checkpoint["model"]
+        finetuned = json.loads((out / f"finetune-mem-labels1-seed{seed}" / "config.json").read_text())
+        assert finetuned["pretrained_on"]["run"] == str((out / f"pretrain-seed{seed}").resolve())
+    assert any(not torch.equal(weights[0][k], weights[1][k]) for k in weights[0])  # two pretrainings, not one twice
+    pretraining = json.loads((out / "results.json").read_text())["pretraining"]
+    assert pretraining["per_seed"] and set(pretraining["epochs"]) == {
+        f"{stage}-seed{seed}" for stage in ("tokenizer", "pretrain") for seed in (0, 1)
+    }
+    drawn = write_curve([out], tmp_path / "curve")
+    (point,) = drawn["points"]
+    assert point["pretrain_per_seed"] and point["recordings"] == 24 and point["seeds"] == 2  # TINY: 24 samples at most
+    assert "epochs, one per seed)" in markdown_curve(drawn)
+
+
 def experiment_out(
     root: Path,
     name: str,

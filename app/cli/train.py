@@ -296,6 +296,14 @@ def label_efficiency(
             "steps of the training split alone).",
         ),
     ] = _LE.pretrain_budget,
+    pretrain_per_seed: Annotated[
+        bool,
+        typer.Option(
+            "--pretrain-per-seed",
+            help="Each seed pretrains a tokenizer and MEM of its own (seed=SEED), so the spread over seeds holds the "
+            "pretraining's; the pretraining takes as many times as there are seeds.",
+        ),
+    ] = _LE.pretrain_per_seed,
     distill: Annotated[
         bool,
         typer.Option(
@@ -340,6 +348,7 @@ def label_efficiency(
             choose_on=choose_on,
             unlabeled=tuple(str(p) for p in unlabeled or ()),
             pretrain_budget=pretrain_budget,
+            pretrain_per_seed=pretrain_per_seed,
             distill=distill,
             baselines=baselines,
         )

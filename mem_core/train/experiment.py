@@ -105,6 +105,10 @@ class LabelEfficiencyConfig:
     # a student started from the same pretraining, which learns its predictions on the training split's recordings
     # and the unlabeled ones (no labels), with the steps of the other arms
     distill: bool = False
+    # each seed pretrains a tokenizer and MEM of its own (``seed=SEED`` in both stages; ``tokenizer-seedS``,
+    # ``pretrain-seedS``) for its MEM runs: the spread over seeds then holds the pretraining's, not only the
+    # finetuning's (one pretraining serves every seed otherwise); the pretraining's time times the seeds
+    pretrain_per_seed: bool = False
     # the arms that see no unlabeled recordings (the ViT from scratch, the yardstick CNN); False runs MEM (and its
     # students) alone: another point of ``mem experiment unlabeled-curve``, whose bands come from the experiments that
     # trained them on the same labels and seeds
@@ -164,12 +168,19 @@ def stage_config_of(cfg: LabelEfficiencyConfig, stage: str, *extra: str):
     return stage_config(stage, preset=cfg.preset, config_file=cfg.config_file, values=values, overrides=overrides)
 
 
-def pretraining_config(cfg: LabelEfficiencyConfig, stage: str):
-    """The config of ``stage`` (tokenizer or pretrain): ``stage_config_of``'s, with ``pretrain_budget`` "steps" its
-    epochs scaled by the training split's share of the samples it reads (the steps of the training split alone)."""
+def pretraining_runs(cfg: LabelEfficiencyConfig, seed: int) -> tuple[Path, Path]:
+    """The tokenizer and pretraining runs that the MEM runs of ``seed`` start from."""
+    suffix = f"-seed{seed}" if cfg.pretrain_per_seed else ""
+    return Path(cfg.out) / f"tokenizer{suffix}", Path(cfg.out) / f"pretrain{suffix}"
+
+
+def pretraining_config(cfg: LabelEfficiencyConfig, stage: str, seed: int | None = None):
+    """The config of ``stage`` (tokenizer or pretrain): ``stage_config_of``'s (with ``pretrain_per_seed``, seeded by
+    ``seed``), with ``pretrain_budget`` "steps" its epochs scaled by the training split's share of the samples it
+    reads (the steps of the training split alone)."""
     from mem_core.train.data import open_training
 
-    stage_cfg = stage_config_of(cfg, stage)
+    stage_cfg = stage_config_of(cfg, stage, *([f"seed={seed}"] if cfg.pretrain_per_seed else []))
     if cfg.pretrain_budget != "steps" or not cfg.unlabeled:
         return stage_cfg
     source, data = open_training(stage_cfg)
@@ -251,19 +262,20 @@ def run(cfg: LabelEfficiencyConfig) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
 
-    def timed(name: str, fn):
+    def timed(name: str, fn, *args, **kwargs):
         t0 = time.perf_counter()
-        result = fn()
+        result = fn(*args, **kwargs)
         timings[name] = timings.get(name, 0.0) + time.perf_counter() - t0
         return result
 
-    tok_path, pre_path = out / "tokenizer", out / "pretrain"
-    if not RunDir(tok_path).finished:
-        tok_cfg = pretraining_config(cfg, "tokenizer")
-        timed("tokenizer", lambda: tokenizer.run(tok_cfg, tok_path, resume=tok_path.exists()))
-    if not RunDir(pre_path).finished:
-        pre_cfg = pretraining_config(cfg, "pretrain")
-        timed("pretrain", lambda: pretrain.run(pre_cfg, pre_path, tokenizer=tok_path, resume=pre_path.exists()))
+    pretrained = {seed: pretraining_runs(cfg, seed) for seed in cfg.seeds}
+    for seed, (tok_path, pre_path) in pretrained.items():
+        if not RunDir(tok_path).finished:
+            tok_cfg = pretraining_config(cfg, "tokenizer", seed)
+            timed("tokenizer", tokenizer.run, tok_cfg, tok_path, resume=tok_path.exists())
+        if not RunDir(pre_path).finished:
+            pre_cfg = pretraining_config(cfg, "pretrain", seed)
+            timed("pretrain", pretrain.run, pre_cfg, pre_path, tokenizer=tok_path, resume=pre_path.exists())
     runs = [
         (run_path(cfg, arm, fraction, seed), arm, fraction, seed)
         for fraction in cfg.fractions
@@ -273,15 +285,20 @@ def run(cfg: LabelEfficiencyConfig) -> dict[str, Any]:
     todo = [(path, arm, fraction, seed) for path, arm, fraction, seed in runs if not RunDir(path).finished]
     train_source = training_split(stage_config_of(cfg, "finetune")) if todo else None
     pending = [
-        (path, arm, finetune_config(cfg, arm, fraction, seed, train_source), pre_path if arm in PRETRAINED else None)
+        (
+            path,
+            arm,
+            finetune_config(cfg, arm, fraction, seed, train_source),
+            pretrained[seed][1] if arm in PRETRAINED else None,
+        )
         for path, arm, fraction, seed in todo
     ]
     # the distilled students after every other run: their teachers are MEM's runs
     for phase in ([p for p in pending if p[1] != DISTILLED], [p for p in pending if p[1] == DISTILLED]):
         if phase:
-            timed("finetune (all runs, wall clock)", lambda phase=phase: finetune_all(phase, cfg.jobs, out / "logs"))
+            timed("finetune (all runs, wall clock)", finetune_all, phase, cfg.jobs, out / "logs")
     paths = [path for path, *_ in runs]
-    scored = timed("scoring", lambda: score_on_splits(cfg, paths))
+    scored = timed("scoring", score_on_splits, cfg, paths)
     test = scored.get("test", {})
     rows = []
     for path, arm, fraction, seed in runs:
@@ -312,14 +329,14 @@ def run(cfg: LabelEfficiencyConfig) -> dict[str, Any]:
         )
     headline = "test_top1" if test else "final_top1"
     first_runs = {arm: next(path for path, a, *_ in runs if a == arm) for arm in cfg.arms}
-    arms = timed("latency", lambda: describe_arms(cfg, first_runs))
+    arms = timed("latency", describe_arms, cfg, first_runs)
     report = {
         "dataset": cfg.dataset,
         "data": cfg.data,
         "preset": cfg.preset,
         "headline": headline,
         "choose_on": cfg.choose_on,
-        "pretraining": pretraining_of(cfg, tok_path, pre_path),
+        "pretraining": pretraining_of(cfg, *dict.fromkeys(run for runs in pretrained.values() for run in runs)),
         "test_samples": next(iter(test.values()))["n"] if test else None,
         "scored_samples": {split: next(iter(by_run.values()))["n"] for split, by_run in scored.items()},
         "arms": arms,
@@ -336,8 +353,9 @@ def run(cfg: LabelEfficiencyConfig) -> dict[str, Any]:
 
 
 def pretraining_of(cfg: LabelEfficiencyConfig, *runs: Path) -> dict[str, Any]:
-    """What the tokenizer and the pretraining read and for how long: the budget rule, each run's epochs, and the
-    data (the training split and every unlabeled corpus or folder, with its digest, recordings and events)."""
+    """What the tokenizer and the pretraining read and for how long: the budget rule, each run's epochs (by its
+    name), whether each seed pretrained its own, and the data (the training split and every unlabeled corpus or
+    folder, with its digest, recordings and events)."""
     from mem_core.runs.rundir import RunDir
     from mem_core.train.stage import PRETRAINING_DATA
 
@@ -345,6 +363,7 @@ def pretraining_of(cfg: LabelEfficiencyConfig, *runs: Path) -> dict[str, Any]:
     data = next((c[PRETRAINING_DATA] for c in configs.values() if PRETRAINING_DATA in c), None)
     return {
         "budget": cfg.pretrain_budget,
+        "per_seed": cfg.pretrain_per_seed,
         "epochs": {name: c["config"]["epochs"] for name, c in configs.items()},
         "data": data or {"train_split": {"dataset": cfg.dataset, "path": cfg.data, "split": "train"}, "unlabeled": []},
     }

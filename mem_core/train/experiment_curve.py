@@ -48,10 +48,12 @@ def read_experiment(out: Path) -> dict[str, Any]:
 
     report = load_results(out)
     pretraining = report.get("pretraining") or {}
-    result = Path(out) / "pretrain" / "result.json"
-    if not result.is_file():
+    # one pretraining run, or one per seed (``--pretrain-per-seed``): the same recordings and epochs in each
+    runs = [Path(out) / "pretrain", *sorted(Path(out).glob("pretrain-seed*"))]
+    run = next((r for r in runs if (r / "result.json").is_file()), None)
+    if run is None:
         raise MemError(f"{out}: no pretrain/result.json: the pretraining run is missing")
-    recordings = json.loads(result.read_text())["train_samples"]
+    recordings = json.loads((run / "result.json").read_text())["train_samples"]
     data = pretraining.get("data") or {}
     unlabeled = data.get("unlabeled") or []
     return {
@@ -59,8 +61,9 @@ def read_experiment(out: Path) -> dict[str, Any]:
         "recordings": int(recordings),
         "unlabeled": [{k: u.get(k) for k in ("path", "kind", "digest", "recordings", "events")} for u in unlabeled],
         "budget": pretraining.get("budget", "epochs") if unlabeled else "both",
-        "pretrain_epochs": (pretraining.get("epochs") or {}).get("pretrain")
-        or RunDir(Path(out) / "pretrain").read_config()["config"]["epochs"],
+        "pretrain_epochs": (pretraining.get("epochs") or {}).get(run.name)
+        or RunDir(run).read_config()["config"]["epochs"],
+        "pretrain_per_seed": bool(pretraining.get("per_seed", False)),
         "headline": report["headline"],
         "rows": report["rows"],
         "seconds": report.get("seconds", {}),
@@ -119,6 +122,7 @@ def curve(sources: list[Path]) -> dict[str, Any]:
                         "recordings": e["recordings"],
                         "budget": e["budget"],
                         "pretrain_epochs": e["pretrain_epochs"],
+                        "pretrain_per_seed": e.get("pretrain_per_seed", False),
                         "labels": fraction,
                         "seeds": len(values),
                         "per_seed": values,
@@ -145,11 +149,13 @@ def markdown_curve(result: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|",
     ]
     for p in sorted(
-        result["points"], key=lambda p: (p["labels"], p["recordings"], p["budget"], PRETRAINED.index(p["arm"]))
+        result["points"],
+        key=lambda p: (p["labels"], p["recordings"], p["budget"], _per_seed(p), PRETRAINED.index(p["arm"])),
     ):
         budget = {"both": "the recipe", "epochs": "same epochs", "steps": "same steps"}[p["budget"]]
+        each = ", one per seed" if _per_seed(p) else ""
         lines.append(
-            f"| {p['labels']:.0%} | {p['recordings']:,} | {budget} ({p['pretrain_epochs']} epochs) | "
+            f"| {p['labels']:.0%} | {p['recordings']:,} | {budget} ({p['pretrain_epochs']} epochs{each}) | "
             f"{arm_label(p['arm'])} | {100 * p['mean']:.1f} ± {100 * p['std']:.1f} | "
             f"{' / '.join(f'{100 * v:.1f}' for v in p['per_seed'])} |"
         )
@@ -160,10 +166,15 @@ def markdown_curve(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _per_seed(point: dict[str, Any]) -> bool:
+    """Whether each seed of ``point`` pretrained its own model (curves drawn before the choice existed: no)."""
+    return bool(point.get("pretrain_per_seed", False))
+
+
 def plot_curve(result: dict[str, Any], path: Path) -> None:
     """One panel per label fraction: MEM's top-1 against the recordings it was pretrained on (log x), a line per
-    pretraining budget (mean ± std over seeds), the distilled MEM likewise, the arms without pretraining as bands
-    (mean ± std)."""
+    pretraining budget (mean ± std over seeds), hollow where each seed pretrained its own, the distilled MEM likewise,
+    the arms without pretraining as bands (mean ± std)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -173,21 +184,24 @@ def plot_curve(result: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(1, len(fractions), figsize=(5.2 * len(fractions), 4.8), squeeze=False, sharey=False)
     xs_all = sorted({p["recordings"] for p in result["points"]})
     for ax, fraction in zip(axes[0], fractions, strict=True):
-        for arm, budget, style in ((a, b, s) for a in PRETRAINED for b, s in (("epochs", "-"), ("steps", "--"))):
-            mine = [p for p in result["points"] if p["arm"] == arm and p["labels"] == fraction]
+        lines = ((a, b, s, e) for e in (False, True) for a in PRETRAINED for b, s in (("epochs", "-"), ("steps", "--")))
+        for arm, budget, style, each in lines:
+            mine = [p for p in result["points"] if p["arm"] == arm and p["labels"] == fraction and _per_seed(p) == each]
             scaled = {p["budget"] for p in mine} - {"both"}  # the budgets with points of their own
             if (scaled and budget not in scaled) or (not scaled and budget == "steps"):
                 continue  # the recipe's point alone is drawn once, in the epochs line
             pts = sorted((p for p in mine if p["budget"] in (budget, "both")), key=lambda p: p["recordings"])
             if not pts:
                 continue
-            name = "MEM" if arm == MEM else "MEM distilled"
-            shift = 1.0 if arm == MEM else 1.04  # beside MEM's point at the same recordings, not on it
+            name = ("MEM" if arm == MEM else "MEM distilled") + (" (a pretraining per seed)" if each else "")
+            # beside MEM's point at the same recordings, not on it
+            shift = (1.0 if arm == MEM else 1.04) * (0.96 if each else 1.0)
             ax.errorbar(
                 [p["recordings"] * shift for p in pts],
                 [100 * p["mean"] for p in pts],
                 yerr=[100 * p["std"] for p in pts],
                 marker="o" if arm == MEM else "D",
+                markerfacecolor="white" if each else COLOURS[arm],
                 capsize=4,
                 linestyle=style,
                 color=COLOURS[arm],
