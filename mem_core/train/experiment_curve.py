@@ -167,7 +167,7 @@ def markdown_curve(result: dict[str, Any]) -> str:
 
 
 def _per_seed(point: dict[str, Any]) -> bool:
-    """Whether each seed of ``point`` pretrained its own model (curves drawn before the choice existed: no)."""
+    """Whether each seed of ``point`` pretrained its own model (a point without the key: no)."""
     return bool(point.get("pretrain_per_seed", False))
 
 
