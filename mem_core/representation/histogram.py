@@ -162,9 +162,13 @@ class EventBatch:
     def __len__(self) -> int:
         return self.lengths.shape[0]
 
+    def bounds(self) -> torch.Tensor:
+        """(B + 1,) window ``b``'s events are columns ``bounds[b]:bounds[b + 1]``."""
+        return torch.cat([self.lengths.new_zeros(1), self.lengths.cumsum(0)])
+
     def starts(self) -> torch.Tensor:
         """(B,) the column index of each window's first event."""
-        return self.lengths.cumsum(0) - self.lengths
+        return self.bounds()[:-1]
 
     def window(self, b: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The columns ``t, x, y, p`` of window ``b`` (views)."""
@@ -179,7 +183,7 @@ class EventBatch:
         first, last, step = rows.indices(len(self))
         if step != 1:
             raise ValueError(f"an EventBatch is sliced by contiguous rows, got step {step}")
-        bounds = torch.cat([self.lengths.new_zeros(1), self.lengths.cumsum(0)])
+        bounds = self.bounds()
         events = slice(int(bounds[first]), int(bounds[max(first, last)]))
         columns = (v[events] for v in (self.t, self.x, self.y, self.p))
         return EventBatch(*columns, self.lengths[rows], self.flaws[rows], self.sensor)
@@ -297,7 +301,7 @@ def scatter_histogram(batch: EventBatch, channels: Channels = "hist", bins: int 
     channel = p
     if channels != "hist":
         t = batch.t
-        first = lengths.cumsum(0) - lengths  # (B,) an empty window's bounds are read by none of its events
+        first = batch.starts().to(device)  # (B,) an empty window's bounds are read by none of its events
         t0 = t[first.clamp_max(n_events - 1)][sample]  # (E,) the first and last time of each event's window
         t_last = t[(first + lengths - 1).clamp_min(0)][sample]
         keep &= (t >= t0) & (t <= t_last)

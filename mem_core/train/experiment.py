@@ -174,6 +174,11 @@ def pretraining_runs(cfg: LabelEfficiencyConfig, seed: int) -> tuple[Path, Path]
     return Path(cfg.out) / f"tokenizer{suffix}", Path(cfg.out) / f"pretrain{suffix}"
 
 
+def pretrain_runs_in(out: Path) -> list[Path]:
+    """The pretraining runs an experiment's directory ``out`` holds: one, or one per seed (``pretraining_runs``)."""
+    return [run for run in (Path(out) / "pretrain", *sorted(Path(out).glob("pretrain-seed*"))) if run.is_dir()]
+
+
 def pretraining_config(cfg: LabelEfficiencyConfig, stage: str, seed: int | None = None):
     """The config of ``stage`` (tokenizer or pretrain): ``stage_config_of``'s (with ``pretrain_per_seed``, seeded by
     ``seed``), with ``pretrain_budget`` "steps" its epochs scaled by the training split's share of the samples it

@@ -45,12 +45,12 @@ def read_experiment(out: Path) -> dict[str, Any]:
     """One experiment's ``results.json`` and the recordings its pretraining read; ``MemError`` in one line when it
     is not a finished label-efficiency experiment."""
     from mem_core.runs.rundir import RunDir
+    from mem_core.train.experiment import pretrain_runs_in
 
     report = load_results(out)
     pretraining = report.get("pretraining") or {}
     # one pretraining run, or one per seed (``--pretrain-per-seed``): the same recordings and epochs in each
-    runs = [Path(out) / "pretrain", *sorted(Path(out).glob("pretrain-seed*"))]
-    run = next((r for r in runs if (r / "result.json").is_file()), None)
+    run = next((r for r in pretrain_runs_in(out) if (r / "result.json").is_file()), None)
     if run is None:
         raise MemError(f"{out}: no pretrain/result.json: the pretraining run is missing")
     recordings = json.loads((run / "result.json").read_text())["train_samples"]
